@@ -1,0 +1,34 @@
+# Two commands do everything on a fresh machine:  make demo  and  make test.
+PYTHON_BOOT ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.hvd_edl-deps
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+	@cmake -S . -B build -DPython3_EXECUTABLE=$(abspath $(PY)) > build.cmake.log 2>&1 || (cat build.cmake.log; exit 1)
+	@cmake --build build
+	@$(VENV)/bin/horovodrun --check-build | grep -q '\[X\] PyTorch' || (echo "Horovod lacks PyTorch"; exit 1)
+	@echo "set-up ok: $$($(PY) -c 'import torch, horovod; print("torch", torch.__version__, "horovod", horovod.__version__)')"
+
+$(STAMP): requirements.txt setup.py
+	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
+	$(PY) -m pip install --quiet -r requirements.txt 2>&1 | grep -v "is ignored" || true
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e . 2>&1 | grep -v "is ignored" || true
+	$(PY) -c "import torch, sklearn, requests, filelock, psutil, tqdm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $@
+
+demo: setup
+	$(VENV)/bin/python examples/elastic_demo.py
+
+test: setup
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS) tests
+
+bench: setup
+	$(VENV)/bin/python benchmarks/switch.py
+
+clean:
+	rm -rf build build.cmake.log

@@ -1,0 +1,167 @@
+"""Messages between training processes (``hvd_edl``) and the driver (``launcher``).
+
+Both sides import this module; the worker side never imports the launcher.  Every message is a
+dataclass sent as JSON over HTTP on the coordinator's port; nothing received from the network is
+unpickled.  Every request carries an HMAC-SHA256 of ``METHOD path body`` under the per-job secret
+(the scheme of Horovod's ``horovod.runner.common.util.secret``), checked before the body is parsed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass, field
+from typing import List, Optional, Type, TypeVar
+
+# Environment the launcher sets for every worker it spawns.
+ENV_COORD_ADDR = "HVD_EDL_COORDINATOR_ADDR"
+ENV_COORD_PORT = "HVD_EDL_COORDINATOR_PORT"
+ENV_SECRET = "HVD_EDL_SECRET"
+ENV_WORKER_ID = "HVD_EDL_WORKER_ID"
+ENV_HOST = "HVD_EDL_HOST"
+ENV_SLOT = "HVD_EDL_SLOT"
+ENV_ELASTIC = "HVD_EDL_ELASTIC"
+
+AUTH_HEADER = "X-Hvd-Edl-Auth"
+MAX_BODY_BYTES = 1 << 20  # requests larger than this are refused unread
+
+T = TypeVar("T")
+
+
+def new_secret() -> str:
+    """A fresh per-job secret: 32 random bytes, hex encoded (64 characters)."""
+    return secrets.token_hex(32)
+
+
+def sign(secret: str, method: str, path: str, body: bytes) -> str:
+    """HMAC-SHA256 (hex) of ``METHOD path`` and the body under ``secret``."""
+    mac = hmac.new(secret.encode(), digestmod=hashlib.sha256)
+    mac.update(f"{method} {path}\n".encode())
+    mac.update(body)
+    return mac.hexdigest()
+
+
+def verify(secret: str, method: str, path: str, body: bytes, signature: Optional[str]) -> bool:
+    """True when ``signature`` is the HMAC :func:`sign` gives; constant-time comparison."""
+    if not signature:
+        return False
+    return hmac.compare_digest(sign(secret, method, path, body), signature)
+
+
+def encode(msg) -> bytes:
+    """A message dataclass as UTF-8 JSON bytes."""
+    return json.dumps(dataclasses.asdict(msg)).encode()
+
+
+def decode(cls: Type[T], body: bytes) -> T:
+    """Parse JSON ``body`` into dataclass ``cls``; unknown keys are ignored.
+
+    Raises:
+        ValueError: the body is not a JSON object or lacks a required field.
+    """
+    data = json.loads(body.decode() or "{}")
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__}: expected a JSON object")
+    names = {f.name for f in dataclasses.fields(cls)}
+    try:
+        return cls(**{k: v for k, v in data.items() if k in names})
+    except TypeError as e:
+        raise ValueError(f"{cls.__name__}: {e}") from None
+
+
+# ---- worker -> coordinator -------------------------------------------------------------------
+
+@dataclass
+class Register:
+    """``POST /register``: a process announces itself after ``init()`` (state pending)."""
+    worker_id: str
+
+
+@dataclass
+class Ready:
+    """``POST /ready``: the script entered ``hvd.elastic.run`` (or needs the ring now)."""
+    worker_id: str
+
+
+@dataclass
+class SwitchRequest:
+    """``POST /switch``: a worker is at a step boundary and asks for its next generation.
+
+    ``reason`` is "join" (not yet a member), "update" (the ring agreed to switch at a commit) or
+    "failure" (a collective failed: HorovodInternalError).  ``step`` is the worker's optimizer step
+    count after restore; ``steps_before_restore`` its count before (equal unless rolled back).
+    The call long-polls: it answers ``Assignment(action="wait")`` after ``wait_s`` seconds.
+    """
+    worker_id: str
+    generation: int
+    reason: str
+    step: int = 0
+    steps_before_restore: int = 0
+    wait_s: float = 10.0
+
+
+@dataclass
+class Started:
+    """``POST /started``: the worker began its first step in ``generation`` after ``stall_s`` s
+    (end of its last step in the previous ring to the start of its first in this one)."""
+    worker_id: str
+    generation: int
+    stall_s: float
+    step: int
+
+
+@dataclass
+class WatchRequest:
+    """``POST /watch``: long-poll; answered when a change is pending after ``generation`` or after
+    ``wait_s`` seconds, whichever is first."""
+    worker_id: str
+    generation: int
+    wait_s: float = 20.0
+
+
+# ---- coordinator -> worker -------------------------------------------------------------------
+
+@dataclass
+class Registered:
+    """Answer to :class:`Register`: the slot the worker holds on its host and provisional figures
+    (rank and size it would have if the next generation formed now) for scripts that read
+    ``hvd.rank()`` / ``hvd.size()`` before joining."""
+    worker_id: str
+    host: str
+    local_rank: int
+    provisional_rank: int
+    provisional_size: int
+    generation: int
+
+
+@dataclass
+class Assignment:
+    """Answer to :class:`SwitchRequest`.
+
+    ``action``: "join" (set the Horovod environment below and ``hvd.init()``), "exit" (leave with
+    code 0: scaled in, or the job is over), or "wait" (ask again).  Ranks follow Horovod: ``rank``
+    in [0, size), ``local_rank`` in [0, local_size) within ``hostname``, ``cross_rank`` in
+    [0, cross_size) over hosts.  ``rendezvous_port`` is this generation's Gloo rendezvous.
+    """
+    action: str
+    generation: int = 0
+    rank: int = 0
+    size: int = 0
+    local_rank: int = 0
+    local_size: int = 0
+    cross_rank: int = 0
+    cross_size: int = 0
+    hostname: str = ""
+    rendezvous_addr: str = ""
+    rendezvous_port: int = 0
+    members: List[str] = field(default_factory=list)
+    reason: str = ""
+
+
+@dataclass
+class WatchReply:
+    """Answer to :class:`WatchRequest`: ``change_pending`` when the coordinator wants a switch."""
+    change_pending: bool
+    latest_generation: int

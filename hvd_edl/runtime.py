@@ -1,0 +1,195 @@
+"""The worker side of the membership protocol: one :class:`WorkerRuntime` per training process.
+
+Life of a worker (see ../shared/DESIGN.md, "The membership protocol"):
+
+* ``init()`` registers with the coordinator as *pending* and returns at once with the worker's
+  local rank (its slot on the host) known, so the script can pin its device and build its model
+  while the current ring trains.
+* ``join()`` (called when the script enters ``hvd.elastic.run``, or by the first collective)
+  reports *ready* and waits for the generation that includes it, then sets Horovod's environment
+  and calls ``horovod.torch.init()``.
+* At every ``state.commit()`` the members agree through one allreduce whether to switch;
+  :meth:`rejoin` then shuts Horovod down and initialises it for the next generation, or exits 0
+  when this worker is scaled in.
+
+Outside ``hvd-edl-run`` (no coordinator in the environment) everything falls back to plain Horovod.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+from hvd_edl import messages
+from hvd_edl.client import CoordinatorClient, CoordinatorUnreachable
+
+log = logging.getLogger(__name__)
+
+
+class WorkerRuntime:
+    """State of this process in the elastic job.
+
+    Attributes:
+        worker_id: the launcher's name for this process (stable for its life).
+        host, local_rank: where it runs; ``local_rank`` is its slot on the host (device index).
+        generation: the generation it is a member of, 0 before it joined.
+        assignment: the :class:`messages.Assignment` of that generation.
+        steps: optimizer steps taken (counted by the DistributedOptimizer wrapper, committed and
+            restored with the state); ``last_step_end`` their monotonic end time (seconds).
+    """
+
+    def __init__(self, env=os.environ):
+        self.worker_id = env[messages.ENV_WORKER_ID]
+        self.elastic = env.get(messages.ENV_ELASTIC, "0") == "1"
+        self.client = CoordinatorClient(env[messages.ENV_COORD_ADDR],
+                                        int(env[messages.ENV_COORD_PORT]),
+                                        env[messages.ENV_SECRET])
+        reg = self.client.post("/register", messages.Register(self.worker_id),
+                               messages.Registered)
+        self.host = reg.host
+        self.local_rank = reg.local_rank
+        self.provisional_rank = reg.provisional_rank
+        self.provisional_size = reg.provisional_size
+        self.generation = 0
+        self.assignment: Optional[messages.Assignment] = None
+        self.steps = 0
+        self.last_step_end: Optional[float] = None
+        self._change = threading.Event()
+        self._watcher: Optional[threading.Thread] = None
+        self._switch_started: Optional[float] = None
+        self._pending_stall: Optional[float] = None
+
+    # ---- joining ------------------------------------------------------------------------------
+
+    @property
+    def joined(self) -> bool:
+        return self.assignment is not None
+
+    def join(self) -> None:
+        """Report ready and block until a generation includes this worker, then ``hvd.init()``.
+
+        Exits the process with code 0 when the coordinator says this worker is not needed (the
+        job ended or the worker was scaled in before it joined).
+        """
+        if self.joined:
+            return
+        self.client.post("/ready", messages.Ready(self.worker_id), messages.WatchReply)
+        self._switch("join", step=self.steps, steps_before_restore=self.steps)
+
+    def rejoin(self, reason: str, steps_before_restore: int) -> None:
+        """Leave the current ring at a step boundary and enter the next generation.
+
+        ``reason`` is "update" (agreed switch) or "failure" (a collective failed).  Shuts
+        Horovod down, asks the coordinator for the next assignment (exit 0 if scaled in) and
+        initialises Horovod again.  Raises :class:`CoordinatorUnreachable` if the launcher died.
+        """
+        import horovod.torch as _hvd
+        if self._switch_started is None:
+            self._switch_started = self.last_step_end or time.monotonic()
+        _hvd.shutdown()
+        self._switch(reason, step=self.steps, steps_before_restore=steps_before_restore)
+
+    def _switch(self, reason: str, step: int, steps_before_restore: int) -> None:
+        import horovod.torch as _hvd
+        while True:
+            a = self.client.post("/switch", messages.SwitchRequest(
+                self.worker_id, self.generation, reason, step, steps_before_restore),
+                messages.Assignment)
+            if a.action != "wait":
+                break
+        if a.action == "exit":
+            log.info("worker %s leaves: %s", self.worker_id, a.reason)
+            sys.stdout.flush()
+            os._exit(0) if os.environ.get("HVD_EDL_HARD_EXIT") else sys.exit(0)
+        env = os.environ
+        env["HOROVOD_RANK"] = str(a.rank)
+        env["HOROVOD_SIZE"] = str(a.size)
+        env["HOROVOD_LOCAL_RANK"] = str(a.local_rank)
+        env["HOROVOD_LOCAL_SIZE"] = str(a.local_size)
+        env["HOROVOD_CROSS_RANK"] = str(a.cross_rank)
+        env["HOROVOD_CROSS_SIZE"] = str(a.cross_size)
+        env["HOROVOD_HOSTNAME"] = a.hostname
+        env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = a.rendezvous_addr
+        env["HOROVOD_GLOO_RENDEZVOUS_PORT"] = str(a.rendezvous_port)
+        env.setdefault("HOROVOD_CONTROLLER", "gloo")
+        env.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
+        _hvd.init()
+        self.generation = a.generation
+        self.assignment = a
+        self._change.clear()
+        if self.elastic and self._watcher is None:
+            self._watcher = threading.Thread(target=self._watch, name="hvd_edl-watch", daemon=True)
+            self._watcher.start()
+
+    # ---- step boundaries ----------------------------------------------------------------------
+
+    def change_pending(self) -> bool:
+        """True when the coordinator has asked for a switch after this generation (local view)."""
+        return self._change.is_set()
+
+    def mark_switch_start(self) -> None:
+        """Remember when this worker stopped training in the old ring (for ``stall_s``)."""
+        self._switch_started = self.last_step_end or time.monotonic()
+
+    def mark_first_step(self) -> None:
+        """Called when the user's function is (re-)entered after a switch: reports ``stall_s``."""
+        if self._switch_started is None:
+            return
+        stall_s = time.monotonic() - self._switch_started
+        self._switch_started = None
+        msg = messages.Started(self.worker_id, self.generation, stall_s, self.steps)
+        threading.Thread(target=self._report, args=(msg,), daemon=True).start()
+
+    def _report(self, msg) -> None:
+        try:
+            self.client.post("/started", msg, messages.WatchReply)
+        except (CoordinatorUnreachable, RuntimeError) as e:
+            log.warning("could not report start of generation %s: %s", msg.generation, e)
+
+    def on_step_end(self) -> None:
+        self.steps += 1
+        self.last_step_end = time.monotonic()
+
+    def _watch(self) -> None:
+        """Background long-poll: sets the change flag when the coordinator wants a switch."""
+        client = self.client
+        while True:
+            gen = self.generation
+            try:
+                r = client.post("/watch", messages.WatchRequest(self.worker_id, gen),
+                                messages.WatchReply, timeout_s=60)
+            except (CoordinatorUnreachable, RuntimeError) as e:
+                log.warning("watch failed: %s", e)
+                time.sleep(1.0)
+                continue
+            if r.change_pending and gen == self.generation:
+                self._change.set()
+                # wait until the switch happened before watching the next generation
+                while gen == self.generation:
+                    time.sleep(0.05)
+
+
+_runtime: Optional[WorkerRuntime] = None
+_lock = threading.Lock()
+
+
+def under_launcher() -> bool:
+    """True when this process was started by ``hvd-edl-run``."""
+    return messages.ENV_WORKER_ID in os.environ
+
+
+def get() -> Optional[WorkerRuntime]:
+    """The process's runtime, or None outside ``hvd-edl-run`` / before ``init()``."""
+    return _runtime
+
+
+def start() -> Optional[WorkerRuntime]:
+    """Create the runtime once (registering with the coordinator); None outside the launcher."""
+    global _runtime
+    with _lock:
+        if _runtime is None and under_launcher():
+            _runtime = WorkerRuntime()
+        return _runtime

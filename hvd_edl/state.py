@@ -1,0 +1,153 @@
+"""Elastic state and the elastic run loop (Horovod's ``horovod.common.elastic``, made generational).
+
+Semantics follow Horovod's: ``commit()`` saves, then checks for host updates; after a failure
+(``HorovodInternalError``) ``restore()`` goes back to the last save; ``sync()`` broadcasts from
+rank 0.  Differences from Horovod: the host-update check is one allreduce of a flag that the
+coordinator set (all ranks agree on the same step boundary); ``sync()`` runs after every
+generation change, removal-only ones included (Horovod skips it, horovod issue 3399); and the
+state also carries the worker's optimizer-step count, so the launcher can report step boundaries
+and rolled-back steps.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+from typing import Callable, Dict, List
+
+from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
+
+from hvd_edl import runtime
+
+log = logging.getLogger(__name__)
+
+
+class State:
+    """Base elastic state (Horovod's ``State`` interface).
+
+    Subclasses implement :meth:`save`, :meth:`restore` and :meth:`sync`.  ``bcast_object(obj,
+    root_rank)`` and ``get_rank()`` are the framework's broadcast and rank functions.
+    """
+
+    def __init__(self, bcast_object: Callable, get_rank: Callable[[], int]):
+        self._bcast_object = bcast_object
+        self._rank = get_rank
+        self._reset_callbacks: List[Callable[[], None]] = []
+        self._saved_steps = 0
+
+    def register_reset_callbacks(self, callbacks: List[Callable[[], None]]) -> None:
+        """Functions called (in order, no arguments) after every generation change."""
+        self._reset_callbacks.extend(callbacks)
+
+    def on_reset(self) -> None:
+        """Run after the ring changed: re-reads rank/size in handlers, then the user callbacks."""
+        self.reset()
+        for callback in self._reset_callbacks:
+            callback()
+
+    def commit(self) -> None:
+        """Save the state (host memory), then check for host updates.
+
+        Raises:
+            HostsUpdatedInterrupt: the ring agreed to switch at this step boundary (caught by
+                ``hvd.elastic.run``).
+            HorovodInternalError: a member failed during the check (caught by ``run``).
+        """
+        self.save()
+        self.check_host_updates()
+
+    def check_host_updates(self) -> None:
+        """One allreduce (max) of "the coordinator asked for a switch"; raises
+        ``HostsUpdatedInterrupt`` on every rank when any rank saw the request."""
+        rt = runtime.get()
+        if rt is None or not rt.elastic or not rt.joined:
+            return
+        if _agree(1 if rt.change_pending() else 0):
+            rt.mark_switch_start()
+            raise HostsUpdatedInterrupt(False)
+
+    def save(self) -> None:
+        rt = runtime.get()
+        self._saved_steps = rt.steps if rt is not None else 0
+
+    def restore(self) -> None:
+        rt = runtime.get()
+        if rt is not None:
+            rt.steps = self._saved_steps
+
+    def sync(self) -> None:
+        rt = runtime.get()
+        if rt is not None:
+            rt.steps = self._bcast_object(rt.steps, 0)
+
+    def reset(self) -> None:
+        """Hook for subclasses: refresh anything that depends on rank or size."""
+
+
+def _agree(flag: int) -> bool:
+    import torch
+    import horovod.torch as _hvd
+    t = _hvd.allreduce(torch.tensor([flag], dtype=torch.int32), op=_hvd.Max,
+                       name="hvd_edl.check_host_updates")
+    return bool(int(t[0]) > 0)
+
+
+class ObjectState(State):
+    """State of plain Python attributes (Horovod's ``ObjectState``): ``ObjectState(bcast_object,
+    get_rank, epoch=0, batch=0)`` exposes ``state.epoch`` etc.; saved by deep copy."""
+
+    def __init__(self, bcast_object: Callable, get_rank: Callable[[], int], **kwargs):
+        super().__init__(bcast_object, get_rank)
+        self._saved_state: Dict = kwargs
+        self._set_attrs()
+
+    def save(self) -> None:
+        super().save()
+        self._saved_state = {k: copy.deepcopy(getattr(self, k)) for k in self._saved_state}
+
+    def restore(self) -> None:
+        super().restore()
+        self._set_attrs()
+
+    def sync(self) -> None:
+        super().sync()
+        if self._saved_state:
+            self._saved_state = self._bcast_object(self._saved_state, 0)
+            self._set_attrs()
+
+    def _set_attrs(self) -> None:
+        for k, v in self._saved_state.items():
+            setattr(self, k, copy.deepcopy(v))
+
+
+def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
+    """Horovod's ``run_fn`` loop, generational: sync, run ``func``; on a failure restore the last
+    commit, on an agreed switch keep the state; then move to the next generation and sync again.
+
+    Outside ``hvd-edl-run`` it behaves like Horovod's (``reset`` = shutdown + init).
+    """
+    @functools.wraps(func)
+    def wrapper(state: State, *args, **kwargs):
+        rt = runtime.get()
+        if rt is not None:
+            rt.join()
+        while True:
+            try:
+                state.sync()
+                if rt is not None:
+                    rt.mark_first_step()
+                return func(state, *args, **kwargs)
+            except HorovodInternalError as e:
+                log.warning("collective failed (%s): restoring the last commit", e)
+                before = rt.steps if rt is not None else 0
+                state.restore()
+                reason = "failure"
+            except HostsUpdatedInterrupt:
+                before = rt.steps if rt is not None else 0
+                reason = "update"
+            if rt is not None:
+                rt.rejoin(reason, before)
+            else:
+                reset()
+            state.on_reset()
+    return wrapper

@@ -1,0 +1,156 @@
+"""Drop-in for ``horovod.torch``: every public Horovod name, with an elastic ``init``.
+
+``import hvd_edl.torch as hvd`` instead of ``import horovod.torch as hvd``.  Differences, all
+invisible to a Horovod script outside ``hvd-edl-run``:
+
+* :func:`init` registers with the launcher's coordinator.  In an elastic job it returns at once
+  with :func:`local_rank` known (pin the device, build the model); the process joins a ring when
+  it enters :func:`hvd_edl.torch.elastic.run` or calls its first collective.  In a static job
+  (no host discovery) it joins at once, as ``horovod.torch.init`` does.
+* :func:`rank` / :func:`size` before joining return provisional figures (the rank and size the
+  process would have if the next generation formed now); after joining, Horovod's.
+* :func:`local_rank` is the process's slot on its host for its whole life, so a device pinned
+  with it stays right across generations.
+* :class:`DistributedOptimizer` counts optimizer steps (``step``), which the elastic state commits,
+  restores and reports to the launcher's event log.
+"""
+from __future__ import annotations
+
+import functools
+
+from horovod.torch import *  # noqa: F401,F403 - the drop-in: every public Horovod name
+import horovod.torch as _hvd
+from horovod.torch import mpi_ops as _mpi_ops
+
+from hvd_edl import runtime as _runtime
+
+# Names the elastic versions below replace (also patched into horovod.torch by hvd_edl.init()).
+ELASTIC_NAMES = ("init", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
+                 "is_initialized", "DistributedOptimizer")
+
+_COLLECTIVES = [n for n in dir(_hvd) if not n.startswith("_") and n.split("_")[0] in (
+    "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "grouped", "barrier",
+    "join", "sparse")]
+
+
+def init(comm=None, process_sets=None):
+    """Start this worker (Horovod's ``init`` signature).
+
+    Under ``hvd-edl-run``: register with the coordinator; static jobs join the ring at once,
+    elastic jobs return at once (the join happens in ``hvd.elastic.run``).  Elsewhere: exactly
+    ``horovod.torch.init``.  On a CUDA machine the CUDA context of the slot's device is created
+    here, before joining, so the switch never waits for it.
+
+    Raises:
+        hvd_edl.client.CoordinatorUnreachable: the launcher did not answer.
+    """
+    rt = _runtime.start()
+    if rt is None:
+        return _hvd.init(comm=comm, process_sets=process_sets)
+    _prebuild_cuda_context(rt.local_rank)
+    if not rt.elastic:
+        rt.join()
+    return None
+
+
+def _prebuild_cuda_context(local_rank: int) -> None:
+    import torch
+    if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+        device = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(device)
+        torch.zeros(1, device=f"cuda:{device}")  # forces context creation now, not at the switch
+
+
+def _ensure_joined() -> None:
+    rt = _runtime.get()
+    if rt is not None and not rt.joined:
+        rt.join()
+
+
+def is_initialized() -> bool:
+    """True once this process is a member of a ring (Horovod initialised)."""
+    return _hvd.is_initialized()
+
+
+def rank() -> int:
+    """Rank in the current generation; before joining, the provisional rank."""
+    rt = _runtime.get()
+    if rt is not None and not rt.joined:
+        return rt.provisional_rank
+    return _hvd.rank()
+
+
+def size() -> int:
+    """World size of the current generation; before joining, the provisional size."""
+    rt = _runtime.get()
+    if rt is not None and not rt.joined:
+        return rt.provisional_size
+    return _hvd.size()
+
+
+def local_rank() -> int:
+    """This process's slot on its host (stable for its life: use it to pick the device)."""
+    rt = _runtime.get()
+    if rt is not None:
+        return rt.local_rank
+    return _hvd.local_rank()
+
+
+def local_size() -> int:
+    """Members of the current generation on this host (1 before joining)."""
+    rt = _runtime.get()
+    if rt is not None and not rt.joined:
+        return 1
+    return _hvd.local_size()
+
+
+def cross_rank() -> int:
+    """Index of this host among the current generation's hosts (0 before joining)."""
+    rt = _runtime.get()
+    if rt is not None and not rt.joined:
+        return 0
+    return _hvd.cross_rank()
+
+
+def cross_size() -> int:
+    """Number of hosts in the current generation (1 before joining)."""
+    rt = _runtime.get()
+    if rt is not None and not rt.joined:
+        return 1
+    return _hvd.cross_size()
+
+
+def _joining(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        _ensure_joined()
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+for _name in _COLLECTIVES:
+    globals()[_name] = _joining(getattr(_hvd, _name))
+
+
+def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's name
+    """``horovod.torch.DistributedOptimizer`` (same arguments) whose ``step()`` is counted.
+
+    The count (optimizer steps, an int) is part of every elastic state's commit; the launcher's
+    event log reports step boundaries and rolled-back steps with it.
+    """
+    opt = _hvd.DistributedOptimizer(optimizer, *args, **kwargs)
+    inner_step = opt.step
+
+    @functools.wraps(inner_step)
+    def step(*a, **kw):
+        result = inner_step(*a, **kw)
+        rt = _runtime.get()
+        if rt is not None:
+            rt.on_step_end()
+        return result
+
+    opt.step = step
+    return opt
+
+
+from hvd_edl.torch import elastic  # noqa: E402,F401 - hvd.elastic.run / TorchState / ElasticSampler

@@ -1,0 +1,127 @@
+"""``hvd.elastic`` for PyTorch: ``run``, ``TorchState``, ``ElasticSampler`` with Horovod's
+signatures (``horovod.torch.elastic``), on hvd_edl's generation protocol."""
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict
+
+import torch
+
+import horovod.torch as _hvd
+
+from hvd_edl.sampler import ElasticSampler
+from hvd_edl.state import ObjectState, State, run_fn
+
+__all__ = ["run", "TorchState", "ObjectState", "State", "ElasticSampler"]
+
+
+def run(func):
+    """Decorator for the elastic training function ``func(state, *args, **kwargs)``.
+
+    Joins the ring on entry (a new worker reports ready only here, after building its model),
+    syncs ``state`` from rank 0, and re-enters ``func`` after every generation change: on a
+    failure after ``state.restore()``, on an agreed switch with the state as it is.  A worker
+    scaled in leaves with ``SystemExit(0)`` at the step boundary.
+    """
+    return run_fn(func, _reset)
+
+
+def _reset():
+    _hvd.shutdown()
+    _hvd.init()
+
+
+def _to_host(obj: Any) -> Any:
+    """Deep copy with every tensor detached and copied to host memory."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_host(v) for v in obj)
+    return copy.deepcopy(obj)
+
+
+class TorchState(ObjectState):
+    """Elastic state of a PyTorch job (Horovod's ``TorchState(model, optimizer, **kwargs)``).
+
+    Args:
+        model: ``torch.nn.Module`` or None.
+        optimizer: ``torch.optim.Optimizer`` (e.g. the DistributedOptimizer) or None.
+        **kwargs: ``ElasticSampler`` objects (tracked by their state_dict) and any picklable
+            scalars (``epoch=0, batch=0``), exposed as attributes.
+
+    ``commit()`` copies model and optimizer state to host memory (Horovod deep-copies CUDA
+    tensors on the GPU); ``sync()`` sends model, optimizer, scalars, samplers and the step count
+    from rank 0 in one ``broadcast_object`` (two collectives: size and payload), then resets every
+    sampler to the new rank and world size.
+    """
+
+    def __init__(self, model=None, optimizer=None, **kwargs):
+        samplers = {k: v for k, v in kwargs.items() if isinstance(v, ElasticSampler)}
+        scalars = {k: v for k, v in kwargs.items() if k not in samplers}
+        self.model = model
+        self.optimizer = optimizer
+        self._samplers: Dict[str, ElasticSampler] = samplers
+        for k, v in samplers.items():
+            object.__setattr__(self, k, v)
+        super().__init__(bcast_object=_hvd.broadcast_object, get_rank=_hvd.rank, **scalars)
+        self._saved_model = None
+        self._saved_optimizer = None
+        self._saved_samplers: Dict[str, Dict] = {}
+        self.save()
+
+    def save(self) -> None:
+        super().save()
+        if self.model is not None:
+            self._saved_model = _to_host(self.model.state_dict())
+        if self.optimizer is not None:
+            self._saved_optimizer = _to_host(self.optimizer.state_dict())
+        self._saved_samplers = {k: s.state_dict() for k, s in self._samplers.items()}
+
+    def restore(self) -> None:
+        super().restore()
+        if self.model is not None and self._saved_model is not None:
+            self.model.load_state_dict(self._saved_model)
+        if self.optimizer is not None and self._saved_optimizer is not None:
+            self.optimizer.load_state_dict(self._saved_optimizer)
+        for k, s in self._samplers.items():
+            if k in self._saved_samplers:
+                s.load_state_dict(self._saved_samplers[k])
+
+    def sync(self) -> None:
+        from hvd_edl import runtime
+        rt = runtime.get()
+        payload = None
+        if _hvd.rank() == 0:
+            payload = {
+                "model": self.model.state_dict() if self.model is not None else None,
+                "optimizer": (self.optimizer.state_dict()
+                              if self.optimizer is not None else None),
+                "scalars": {k: getattr(self, k) for k in self._saved_state},
+                "samplers": {k: s.state_dict() for k, s in self._samplers.items()},
+                "steps": rt.steps if rt is not None else 0,
+            }
+        payload = _hvd.broadcast_object(payload, root_rank=0, name="hvd_edl.sync")
+        if _hvd.rank() != 0:
+            if self.model is not None:
+                self.model.load_state_dict(payload["model"])
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(payload["optimizer"])
+            self._saved_state = payload["scalars"]
+            self._set_attrs()
+            if rt is not None:
+                rt.steps = payload["steps"]
+        for k, s in self._samplers.items():
+            s.load_state_dict(payload["samplers"][k])  # also resets to the new rank/size
+        self.save()
+
+    def reset(self) -> None:
+        for s in self._samplers.values():
+            s.reset()
+
+    def __setattr__(self, name, value):
+        samplers = self.__dict__.get("_samplers")
+        if samplers is not None and isinstance(value, ElasticSampler):
+            samplers[name] = value
+        super().__setattr__(name, value)

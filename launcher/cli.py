@@ -1,0 +1,143 @@
+"""``hvd-edl-run``: horovodrun's flags with horovodrun's meaning, elastic by design.
+
+    hvd-edl-run -np 2 python train.py                                   # static, localhost
+    hvd-edl-run -np 2 -H a:2,b:2 python train.py                        # static, two hosts
+    hvd-edl-run -np 2 --min-np 1 --max-np 8 \\
+        --host-discovery-script ./discover_hosts.sh python train.py     # elastic
+
+Bad flags exit with code 2 and one clear line.  The job's exit code is 0 when it finished, the
+first failing worker's exit code in a static job (the message names its rank and host), 1 when an
+elastic job cannot go on.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import List, Optional
+
+from launcher.discovery import FixedHosts, HostDiscoveryScript
+from launcher.driver import Driver, JobSpec
+from launcher.hosts import HostSpecError, parse_host_lines, parse_hosts_arg
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return v
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="hvd-edl-run",
+        description="Launch a Horovod PyTorch job that workers can join and leave while it runs.")
+    p.add_argument("-np", "--num-proc", dest="np", type=_positive_int, default=None,
+                   help="number of workers to start with (default: min-np, else 1)")
+    p.add_argument("--min-np", "--min-num-proc", dest="min_np", type=_positive_int,
+                   help="elastic: the job waits (--elastic-timeout) while fewer workers exist")
+    p.add_argument("--max-np", "--max-num-proc", dest="max_np", type=_positive_int,
+                   help="elastic: never more workers than this")
+    p.add_argument("-H", "--hosts", dest="hosts", help="host1:slots,host2:slots")
+    p.add_argument("--hostfile", help="file with one 'host[:slots]' or 'host slots=N' a line")
+    p.add_argument("--host-discovery-script", dest="discovery_script",
+                   help="executable printing one 'host[:slots]' a line (Horovod's format)")
+    p.add_argument("--slots-per-host", "--slots", dest="slots", type=_positive_int, default=None,
+                   help="slots for discovered hosts that give none (default 1)")
+    p.add_argument("--discovery-interval", type=_positive_float, default=1.0,
+                   help="seconds between host discovery calls (default 1)")
+    p.add_argument("--discovery-timeout", type=_positive_float, default=5.0,
+                   help="seconds a discovery call may take (default 5)")
+    p.add_argument("--reset-limit", type=int, default=None,
+                   help="most generation changes before the job fails (default unlimited)")
+    p.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN_S", "MAX_S"),
+                   help="a failed slot / blacklisted host rests a random time in this range, "
+                        "doubled per repeat (default: for the rest of the job)")
+    p.add_argument("--elastic-timeout", type=_positive_float, default=600.0,
+                   help="seconds to wait for --min-np workers before failing (default 600)")
+    p.add_argument("--start-timeout", type=_positive_float, default=120.0,
+                   help="seconds a new worker may take to become ready (default 120)")
+    p.add_argument("--network-interface", "--network-interfaces", dest="nic",
+                   help="interface Gloo uses (default lo for local jobs)")
+    p.add_argument("--bind-address", default="127.0.0.1",
+                   help="address the coordinator and rendezvous listen on (default 127.0.0.1)")
+    p.add_argument("--event-log", help="write one JSON line per generation here")
+    p.add_argument("--verbose", action="store_true")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
+    return p
+
+
+def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
+    """Parse and validate ``argv``; exits with code 2 and a clear message on bad input."""
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if not a.command:
+        parser.error("no training command given (e.g. python train.py)")
+    if a.hosts and a.hostfile:
+        parser.error("give -H or --hostfile, not both")
+    if a.discovery_script and (a.hosts or a.hostfile):
+        parser.error("--host-discovery-script replaces -H/--hostfile")
+    if a.reset_limit is not None and a.reset_limit < 0:
+        parser.error(f"--reset-limit must be >= 0, got {a.reset_limit}")
+    if a.blacklist_cooldown_range:
+        lo, hi = a.blacklist_cooldown_range
+        if lo < 0 or hi < lo:
+            parser.error(f"--blacklist-cooldown-range needs 0 <= MIN_S <= MAX_S, got {lo} {hi}")
+    elastic = bool(a.discovery_script or a.min_np or a.max_np)
+    try:
+        if a.discovery_script:
+            discovery = HostDiscoveryScript(a.discovery_script, a.slots or 1, a.discovery_timeout)
+        elif a.hosts:
+            discovery = FixedHosts(parse_hosts_arg(a.hosts))
+        elif a.hostfile:
+            with open(a.hostfile) as f:
+                discovery = FixedHosts(parse_host_lines(f.read(), a.slots or 1))
+        else:
+            discovery = FixedHosts({"localhost": a.slots or max(a.np or 1, a.max_np or 1)})
+    except HostSpecError as e:
+        parser.error(str(e))
+    except OSError as e:
+        parser.error(f"cannot read --hostfile: {e}")
+    min_np = a.min_np or a.np or 1
+    np_ = a.np or min_np
+    max_np = a.max_np or (10 ** 6 if elastic else np_)
+    if not elastic:
+        min_np = max_np = np_
+    if min_np > max_np:
+        parser.error(f"--min-np {min_np} is larger than --max-np {max_np}")
+    if not min_np <= np_ <= max_np:
+        parser.error(f"-np {np_} must lie within [--min-np {min_np}, --max-np {max_np}]")
+    command = a.command[1:] if a.command[0] == "--" else a.command
+    return JobSpec(command=tuple(command), np=np_, min_np=min_np, max_np=max_np, elastic=elastic,
+                   discovery=discovery, discovery_interval_s=a.discovery_interval,
+                   elastic_timeout_s=a.elastic_timeout, start_timeout_s=a.start_timeout,
+                   reset_limit=a.reset_limit,
+                   blacklist_cooldown_range=(tuple(a.blacklist_cooldown_range)
+                                             if a.blacklist_cooldown_range else None),
+                   network_interface=a.nic, bind_addr=a.bind_address, event_log=a.event_log,
+                   verbose=a.verbose, cwd=os.getcwd())
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    spec = parse_spec(argv)
+    logging.basicConfig(level=logging.INFO if spec.verbose else logging.WARNING,
+                        format="hvd-edl-run: %(message)s")
+    return Driver(spec).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,424 @@
+"""The coordinator: generation-numbered membership and the HTTP API workers talk to.
+
+A *generation* is one Horovod ring: a numbered, ordered member list (rank = position; older
+members first, so rank 0 always holds the state).  Generation g+1 is formed when
+
+* there is a reason: the first generation, a READY joiner and room under ``max_np``, a LEAVING
+  member, or a member that died; and
+* every live member of g has reported at the same step boundary (``POST /switch``), and
+* at least ``min_np`` workers take part.
+
+Members learn that a switch is wanted through ``POST /watch`` (a long poll their background
+thread keeps open) and agree on the step boundary among themselves (one allreduce at commit).
+All state lives under one lock; the HTTP handlers and the driver's loop call the methods below.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Dict, List, Optional
+
+from hvd_edl import messages
+from launcher.events import EventLog, GenerationEvent
+from launcher.registry import WorkerRecord, WorkerState
+from launcher.rendezvous import GenerationRendezvous
+
+log = logging.getLogger(__name__)
+
+EVENT_REPORT_TIMEOUT_S = 30.0
+
+
+@dataclass
+class Generation:
+    """A formed generation and what is known of its switch."""
+    number: int
+    members: List[str]
+    kind: str
+    step: int
+    rolled_back_steps: int
+    formed_at: float
+    previous_size: int
+    continuing: List[str]
+    stalls: Dict[str, float] = field(default_factory=dict)
+    logged: bool = False
+
+
+class JobFailed(RuntimeError):
+    """The job cannot go on (below --min-np for too long, reset limit); message says why."""
+
+
+class Coordinator:
+    """Membership state machine of one job.
+
+    Args:
+        min_np, max_np: bounds on the world size (workers).
+        elastic: False for a static job (one generation, any failure ends the job).
+        events: where generation events go.
+        rendezvous: hands out a Gloo rendezvous per generation.
+        rendezvous_addr: address workers use to reach it.
+        reset_limit: most generation changes after the first (None: unlimited).
+    """
+
+    def __init__(self, *, min_np: int, max_np: int, elastic: bool, events: EventLog,
+                 rendezvous: GenerationRendezvous, rendezvous_addr: str,
+                 reset_limit: Optional[int] = None):
+        self.min_np = min_np
+        self.max_np = max_np
+        self.elastic = elastic
+        self.events = events
+        self.rendezvous = rendezvous
+        self.rendezvous_addr = rendezvous_addr
+        self.reset_limit = reset_limit
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.workers: Dict[str, WorkerRecord] = {}
+        self.current: Optional[Generation] = None
+        self.history: List[Generation] = []
+        self.reports: Dict[str, messages.SwitchRequest] = {}
+        self.first_report_at: Optional[float] = None
+        self.assignments: Dict[str, messages.Assignment] = {}
+        self.finishing = False
+        self.failure: Optional[str] = None
+
+    # ---- driver side ---------------------------------------------------------------------------
+
+    def add_worker(self, rec: WorkerRecord) -> None:
+        with self.cond:
+            self.workers[rec.worker_id] = rec
+
+    def live_workers(self) -> List[WorkerRecord]:
+        with self.lock:
+            return [w for w in self.workers.values() if w.state.alive]
+
+    def on_exit(self, worker_id: str, code: int) -> None:
+        """A worker process ended with ``code`` (negative: killed by that signal)."""
+        with self.cond:
+            rec = self.workers[worker_id]
+            was = rec.state
+            rec.exit_code = code
+            if code == 0:
+                rec.move(WorkerState.EXITED)
+                if was == WorkerState.MEMBER and self.current is not None \
+                        and worker_id in self.current.members:
+                    # a member finished its script: the job is ending; form no more generations
+                    self.finishing = True
+            else:
+                rec.move(WorkerState.DEAD)
+            self._try_form()
+            self.cond.notify_all()
+
+    def request_leave(self, worker_id: str) -> bool:
+        """Ask a worker to leave gracefully (scale-in).  A member leaves at the next step
+        boundary; a worker not yet in a ring is told to exit at once.  Returns True when the
+        worker is not a member (the driver may terminate it right away)."""
+        with self.cond:
+            rec = self.workers[worker_id]
+            if rec.state not in (WorkerState.PENDING, WorkerState.READY, WorkerState.MEMBER):
+                return False
+            is_member = self.current is not None and worker_id in self.current.members
+            rec.move(WorkerState.LEAVING)
+            if not is_member:
+                self.assignments[worker_id] = messages.Assignment(action="exit",
+                                                                  reason="scaled in")
+            self._try_form()
+            self.cond.notify_all()
+            return not is_member
+
+    def tick(self, now: float) -> None:
+        """Periodic checks: finalise generation events whose reports are overdue."""
+        with self.cond:
+            g = self.current
+            if g is not None and not g.logged and now - g.formed_at > EVENT_REPORT_TIMEOUT_S:
+                self._log_event(g)
+            self._try_form()
+
+    def overdue_reporters(self, now: float, timeout_s: float) -> List[WorkerRecord]:
+        """Live members that have not reached the step boundary ``timeout_s`` seconds after the
+        first member did (stuck; the driver kills them)."""
+        with self.lock:
+            if self.first_report_at is None or now - self.first_report_at < timeout_s:
+                return []
+            return [self.workers[w] for w in self._live_members() if w not in self.reports]
+
+    def usable_count(self) -> int:
+        """Workers that are or can become members (pending, ready or member, not leaving)."""
+        with self.lock:
+            return sum(1 for w in self.workers.values() if w.state in (
+                WorkerState.PENDING, WorkerState.READY, WorkerState.MEMBER))
+
+    # ---- worker side (HTTP) --------------------------------------------------------------------
+
+    def register(self, msg: messages.Register) -> messages.Registered:
+        with self.cond:
+            rec = self._worker(msg.worker_id)
+            rec.registered = True
+            size = (len(self.current.members) if self.current else 0) + sum(
+                1 for w in self.workers.values() if w.state == WorkerState.READY) + 1
+            prov_rank = size - 1
+            if self.current is None:
+                initial = sorted((w for w in self.workers.values() if w.initial),
+                                 key=lambda w: w.order)
+                size = max(len(initial), 1)
+                prov_rank = next((i for i, w in enumerate(initial) if w is rec), 0)
+            return messages.Registered(rec.worker_id, rec.host, rec.slot, prov_rank,
+                                       min(size, self.max_np),
+                                       self.current.number if self.current else 0)
+
+    def ready(self, msg: messages.Ready) -> messages.WatchReply:
+        with self.cond:
+            rec = self._worker(msg.worker_id)
+            if rec.state == WorkerState.PENDING:
+                rec.move(WorkerState.READY)
+                rec.ready_at = time.monotonic()
+            self._try_form()
+            self.cond.notify_all()
+            return self._watch_reply(0)
+
+    def switch(self, msg: messages.SwitchRequest) -> messages.Assignment:
+        """Long poll: record that the worker is at a step boundary; answer its next assignment."""
+        deadline = time.monotonic() + min(max(msg.wait_s, 0.0), 30.0)
+        with self.cond:
+            rec = self._worker(msg.worker_id)
+            if self.current is not None and msg.generation == self.current.number \
+                    and msg.worker_id in self.current.members:
+                self.reports[msg.worker_id] = msg
+                if self.first_report_at is None:
+                    self.first_report_at = time.monotonic()
+                self._try_form()
+                self.cond.notify_all()
+            while True:
+                a = self.assignments.get(msg.worker_id)
+                if a is not None and (a.action == "exit" or a.generation > msg.generation):
+                    return a
+                if self.finishing or self.failure or not rec.state.alive:
+                    return messages.Assignment(action="exit", reason="the job is over")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return messages.Assignment(action="wait")
+                self.cond.wait(left)
+
+    def started(self, msg: messages.Started) -> messages.WatchReply:
+        with self.cond:
+            g = self.current
+            if g is not None and g.number == msg.generation and msg.worker_id in g.continuing:
+                g.stalls[msg.worker_id] = float(msg.stall_s)
+                if not g.logged and all(w in g.stalls or not self.workers[w].state.alive
+                                        for w in g.continuing):
+                    self._log_event(g)
+            return self._watch_reply(msg.generation)
+
+    def watch(self, msg: messages.WatchRequest) -> messages.WatchReply:
+        """Long poll: answer as soon as a switch is wanted after ``msg.generation``."""
+        deadline = time.monotonic() + min(max(msg.wait_s, 0.0), 30.0)
+        with self.cond:
+            while True:
+                reply = self._watch_reply(msg.generation)
+                left = deadline - time.monotonic()
+                if reply.change_pending or left <= 0 or reply.latest_generation != msg.generation:
+                    return reply
+                self.cond.wait(left)
+
+    # ---- internals (lock held) -----------------------------------------------------------------
+
+    def _worker(self, worker_id: str) -> WorkerRecord:
+        rec = self.workers.get(worker_id)
+        if rec is None:
+            raise KeyError(f"unknown worker {worker_id!r}")
+        return rec
+
+    def _live_members(self) -> List[str]:
+        if self.current is None:
+            return []
+        return [w for w in self.current.members if self.workers[w].state in (
+            WorkerState.MEMBER, WorkerState.LEAVING)]
+
+    def _ready(self) -> List[WorkerRecord]:
+        return sorted((w for w in self.workers.values() if w.state == WorkerState.READY),
+                      key=lambda w: w.order)
+
+    def _change_wanted(self) -> bool:
+        if self.current is None or self.finishing or self.failure or not self.elastic:
+            return False
+        members = self.current.members
+        if any(not self.workers[w].state == WorkerState.MEMBER for w in members):
+            return True  # a member leaves or died
+        return bool(self._ready()) and len(members) < self.max_np
+
+    def _watch_reply(self, generation: int) -> messages.WatchReply:
+        latest = self.current.number if self.current else 0
+        return messages.WatchReply(change_pending=(generation == latest and self._change_wanted()),
+                                   latest_generation=latest)
+
+    def _try_form(self) -> None:
+        if self.finishing or self.failure:
+            return
+        ready = self._ready()
+        if self.current is None:
+            if any(w.initial and w.state == WorkerState.PENDING for w in self.workers.values()):
+                return  # the initial workers are still starting
+            previous: List[str] = []
+        else:
+            if not self._change_wanted():
+                return
+            previous = self._live_members()
+            if any(w not in self.reports for w in previous):
+                return  # not every member is at the boundary yet
+        staying = [w for w in previous if self.workers[w].state == WorkerState.MEMBER]
+        room = self.max_np - len(staying)
+        joiners = [w.worker_id for w in ready[:max(room, 0)]]
+        participants = staying + joiners
+        if len(participants) < self.min_np:
+            return
+        if self.current is not None and self.reset_limit is not None \
+                and len(self.history) > self.reset_limit:
+            self.failure = (f"reset limit reached: {len(self.history) - 1} generation changes "
+                            f"(--reset-limit {self.reset_limit})")
+            self.cond.notify_all()
+            return
+        self._form(participants, previous)
+
+    def _form(self, participants: List[str], previous: List[str]) -> None:
+        number = (self.current.number if self.current else 0) + 1
+        port = self.rendezvous.open(number)
+        hosts: List[str] = []
+        for w in participants:
+            if self.workers[w].host not in hosts:
+                hosts.append(self.workers[w].host)
+        local_counts = {h: 0 for h in hosts}
+        per_host = {h: sum(1 for w in participants if self.workers[w].host == h) for h in hosts}
+        labels = []
+        for rank, w in enumerate(participants):
+            rec = self.workers[w]
+            if rec.state == WorkerState.READY:
+                rec.move(WorkerState.MEMBER)
+            rec.rank = rank
+            labels.append(rec.label)
+            self.assignments[w] = messages.Assignment(
+                action="join", generation=number, rank=rank, size=len(participants),
+                local_rank=local_counts[rec.host], local_size=per_host[rec.host],
+                cross_rank=hosts.index(rec.host), cross_size=len(hosts), hostname=rec.host,
+                rendezvous_addr=self.rendezvous_addr, rendezvous_port=port,
+                members=list(participants))
+            local_counts[rec.host] += 1
+        for w in previous:
+            if w not in participants:
+                self.assignments[w] = messages.Assignment(action="exit", reason="scaled in")
+        kind, step, rolled_back = self._classify(previous, participants)
+        prev_size = len(self.current.members) if self.current else 0
+        continuing = [w for w in participants if w in previous]
+        gen = Generation(number, list(participants), kind, step, rolled_back, time.time(),
+                         prev_size, continuing)
+        gen.member_labels = labels  # type: ignore[attr-defined]
+        self.current = gen
+        self.history.append(gen)
+        self.reports = {}
+        self.first_report_at = None
+        if kind == "start" or not continuing:
+            self._log_event(gen)
+        self.cond.notify_all()
+
+    def _classify(self, previous: List[str], participants: List[str]):
+        if self.current is None:
+            return "start", 0, 0
+        reps = [self.reports[w] for w in previous if w in self.reports]
+        failed = any(r.reason == "failure" for r in reps) or any(
+            self.workers[w].state == WorkerState.DEAD for w in self.current.members)
+        step = max((r.step for r in reps), default=0)
+        rolled_back = max((r.steps_before_restore - r.step for r in reps), default=0)
+        if failed:
+            return "failure", min((r.step for r in reps), default=0), max(rolled_back, 0)
+        kind = "scale_out" if len(participants) > len(self.current.members) else "scale_in"
+        return kind, step, 0
+
+    def _log_event(self, g: Generation) -> None:
+        g.logged = True
+        stall = max((g.stalls.get(w, 0.0) for w in g.continuing), default=0.0)
+        self.events.write(GenerationEvent(
+            generation=g.number, kind=g.kind, world_size=len(g.members),
+            members=list(getattr(g, "member_labels", g.members)), step=g.step,
+            stall_s=round(stall if g.kind != "start" else 0.0, 4),
+            rolled_back_steps=g.rolled_back_steps, time=g.formed_at,
+            previous_world_size=g.previous_size))
+
+
+# ---- HTTP ----------------------------------------------------------------------------------------
+
+_ROUTES = {
+    "/register": (messages.Register, "register"),
+    "/ready": (messages.Ready, "ready"),
+    "/switch": (messages.SwitchRequest, "switch"),
+    "/started": (messages.Started, "started"),
+    "/watch": (messages.WatchRequest, "watch"),
+}
+
+
+class CoordinatorServer:
+    """Serves a :class:`Coordinator` over HTTP on ``(bind_addr, port)`` (port 0: any free).
+
+    Requests must be ``POST`` with JSON bodies of at most ``messages.MAX_BODY_BYTES`` and a valid
+    HMAC header; anything else gets 4xx before the body is parsed and changes nothing.
+    """
+
+    def __init__(self, coordinator: Coordinator, secret: str, bind_addr: str, port: int = 0,
+                 extra_routes: Optional[Dict[str, Callable[[dict], dict]]] = None):
+        coord = coordinator
+        extra = extra_routes or {}
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, fmt, *args):  # quiet
+                log.debug("http: " + fmt, *args)
+
+            def _reply(self, code: int, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self):  # noqa: N802
+                self._reply(405, b'{"error": "POST only"}')
+
+            def do_POST(self):  # noqa: N802
+                try:
+                    length = int(self.headers.get("Content-Length", "0"))
+                except ValueError:
+                    length = -1
+                if length < 0 or length > messages.MAX_BODY_BYTES:
+                    self.close_connection = True
+                    return self._reply(413, b'{"error": "body too large"}')
+                body = self.rfile.read(length)
+                if not messages.verify(secret, "POST", self.path, body,
+                                       self.headers.get(messages.AUTH_HEADER)):
+                    return self._reply(403, b'{"error": "bad or missing signature"}')
+                route = _ROUTES.get(self.path)
+                try:
+                    if route is not None:
+                        cls, method = route
+                        reply = getattr(coord, method)(messages.decode(cls, body))
+                        return self._reply(200, messages.encode(reply))
+                    if self.path in extra:
+                        data = json.loads(body.decode() or "{}")
+                        return self._reply(200, json.dumps(extra[self.path](data)).encode())
+                    return self._reply(404, b'{"error": "no such endpoint"}')
+                except (ValueError, KeyError) as e:
+                    return self._reply(400, json.dumps({"error": str(e)}).encode())
+
+        self.httpd = ThreadingHTTPServer((bind_addr, port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self.thread = threading.Thread(target=self.httpd.serve_forever, name="coordinator",
+                                       daemon=True)
+
+    def start(self) -> int:
+        self.thread.start()
+        return self.port
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

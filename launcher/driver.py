@@ -1,0 +1,313 @@
+"""The driver's main loop: monitor, decide, act.
+
+One method, :meth:`Driver.run`, reads top to bottom every ``LOOP_S`` seconds (or at once when a
+worker exits or discovery reports): take the latest host set, ask workers on vanished hosts or
+slots to leave, spawn workers into free slots up to ``max_np``, drop workers that miss their
+start timeout, enforce ``--elastic-timeout``, and decide when the job is over and with which exit
+code.  Membership itself (generations) is the coordinator's.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from hvd_edl import messages
+from launcher.coordinator import Coordinator, CoordinatorServer
+from launcher.discovery import DiscoveryError
+from launcher.events import EventLog
+from launcher.registry import WorkerRecord, WorkerState
+from launcher.rendezvous import GenerationRendezvous
+from launcher.spawn import WorkerProcess, WorkerSpec, spawn, terminate_all
+
+log = logging.getLogger(__name__)
+
+LOOP_S = 0.1
+SWITCH_TIMEOUT_S = 60.0          # a member this late to a step boundary is considered stuck
+HOST_FAILURES_TO_BLACKLIST = 3   # failed workers on one host (within the window) blacklist it
+HOST_FAILURE_WINDOW_S = 300.0
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything ``hvd-edl-run`` was asked to do (validated by the CLI).
+
+    Times in seconds.  ``discovery`` answers ``find_available_hosts_and_slots()``.
+    ``elastic`` is False for a static job (no discovery script, no --min-np/--max-np).
+    """
+    command: Tuple[str, ...]
+    np: int
+    min_np: int
+    max_np: int
+    elastic: bool
+    discovery: object
+    discovery_interval_s: float = 1.0
+    elastic_timeout_s: float = 600.0
+    start_timeout_s: float = 120.0
+    reset_limit: Optional[int] = None
+    blacklist_cooldown_range: Optional[Tuple[float, float]] = None
+    network_interface: Optional[str] = None
+    bind_addr: str = "127.0.0.1"
+    event_log: Optional[str] = None
+    verbose: bool = False
+    cwd: str = "."
+
+
+class Driver:
+    """Runs one job to completion; :meth:`run` returns the launcher's exit code."""
+
+    def __init__(self, spec: JobSpec):
+        self.spec = spec
+        self.secret = messages.new_secret()
+        self.events = EventLog(spec.event_log)
+        self.rendezvous = GenerationRendezvous(spec.bind_addr, spec.verbose)
+        self.coord = Coordinator(min_np=spec.min_np, max_np=spec.max_np, elastic=spec.elastic,
+                                 events=self.events, rendezvous=self.rendezvous,
+                                 rendezvous_addr=spec.bind_addr, reset_limit=spec.reset_limit)
+        self.server = CoordinatorServer(self.coord, self.secret, spec.bind_addr)
+        self.wake = threading.Event()
+        self.procs: Dict[str, WorkerProcess] = {}
+        self.hosts: Dict[str, int] = {}
+        self.hosts_version = 0
+        self.slot_cooldown: Dict[Tuple[str, int], float] = {}
+        self.host_failures: Dict[str, List[float]] = {}
+        self.host_blacklist: Dict[str, float] = {}
+        self.first_failure: Optional[Tuple[WorkerRecord, int]] = None
+        self.below_min_since: Optional[float] = None
+        self.stop_signal: Optional[int] = None
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        try:
+            self.hosts = self.spec.discovery.find_available_hosts_and_slots()
+        except DiscoveryError as e:
+            print(f"hvd-edl-run: error: {e}", file=sys.stderr)
+            return 1
+        port = self.server.start()
+        self.worker_env = {
+            messages.ENV_COORD_ADDR: self.spec.bind_addr,
+            messages.ENV_COORD_PORT: str(port),
+            messages.ENV_SECRET: self.secret,
+            messages.ENV_ELASTIC: "1" if self.spec.elastic else "0",
+            "HOROVOD_CONTROLLER": "gloo",
+            "HOROVOD_CPU_OPERATIONS": "gloo",
+            "HOROVOD_GLOO_IFACE": self.spec.network_interface or "lo",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.worker_spec = WorkerSpec(list(self.spec.command), self.worker_env, self.spec.cwd)
+        self._install_signal_handlers()
+        if self.spec.elastic:
+            threading.Thread(target=self._discovery_loop, daemon=True).start()
+        initial = min(self.spec.np, self._capacity())
+        if not self.spec.elastic and initial < self.spec.np:
+            print(f"hvd-edl-run: error: -np {self.spec.np} needs {self.spec.np} slots, the hosts "
+                  f"give {initial}", file=sys.stderr)
+            return 2
+        for _ in range(initial):
+            self._spawn_one(initial=True)
+        try:
+            while True:
+                now = time.monotonic()
+                code = self._step(now)
+                if code is not None:
+                    return code
+                self.wake.wait(LOOP_S)
+                self.wake.clear()
+        finally:
+            terminate_all(list(self.procs.values()), grace_s=5.0)
+            self.server.stop()
+            self.rendezvous.close()
+
+    def _step(self, now: float) -> Optional[int]:
+        """One pass of monitor / decide / act; returns an exit code when the job is over."""
+        if self.stop_signal is not None:
+            print(f"hvd-edl-run: got signal {self.stop_signal}: stopping workers", file=sys.stderr)
+            terminate_all(list(self.procs.values()), grace_s=10.0, sig=self.stop_signal)
+            return 128 + self.stop_signal
+        if not self.spec.elastic and self.first_failure is not None:
+            rec, code = self.first_failure
+            return self._fail_worker(rec, code)
+        if self.coord.failure:
+            print(f"hvd-edl-run: error: {self.coord.failure}", file=sys.stderr)
+            return 1
+        if self.spec.elastic:
+            self._reconcile(now)
+            self._enforce_timeouts(now)
+            if self.below_min_since is not None and \
+                    now - self.below_min_since > self.spec.elastic_timeout_s:
+                print(f"hvd-edl-run: error: fewer than --min-np {self.spec.min_np} workers "
+                      f"available for {self.spec.elastic_timeout_s:g} s (--elastic-timeout); "
+                      f"have {self.coord.usable_count()}", file=sys.stderr)
+                return 1
+        self.coord.tick(now)
+        return self._exit_code_if_done()
+
+    # ---- decisions -----------------------------------------------------------------------------
+
+    def _usable_slots(self, now: float) -> Dict[str, List[int]]:
+        """Slots per host that may run a worker now (blacklist and slot cooldowns applied),
+        capped to ``max_np`` in discovery order."""
+        out: Dict[str, List[int]] = {}
+        budget = self.spec.max_np
+        for host, slots in self.hosts.items():
+            if self.host_blacklist.get(host, 0) > now:
+                continue
+            free = [s for s in range(slots) if self.slot_cooldown.get((host, s), 0) <= now]
+            out[host] = free[:max(budget, 0)]
+            budget -= len(out[host])
+        return out
+
+    def _capacity(self) -> int:
+        return sum(len(v) for v in self._usable_slots(time.monotonic()).values())
+
+    def _reconcile(self, now: float) -> None:
+        usable = self._usable_slots(now)
+        allowed = {(h, s) for h, slots in self.hosts.items() for s in range(slots)}
+        active = [w for w in self.coord.live_workers() if w.state != WorkerState.LEAVING]
+        for w in active:  # scale-in: host gone or its slots shrank
+            if (w.host, w.slot) not in allowed:
+                log.info("%s leaves: host %s no longer offers slot %d", w.label, w.host, w.slot)
+                if self.coord.request_leave(w.worker_id):
+                    self.procs[w.worker_id].signal(signal.SIGTERM)
+        if self.coord.finishing:
+            return
+        active = [w for w in self.coord.live_workers() if w.state != WorkerState.LEAVING]
+        want = sum(len(v) for v in usable.values())
+        for _ in range(max(0, want - len(active))):
+            if not self._spawn_one(initial=False, usable=usable):
+                break
+        usable_now = self.coord.usable_count()
+        if usable_now < self.spec.min_np:
+            self.below_min_since = self.below_min_since or now
+        else:
+            self.below_min_since = None
+
+    def _enforce_timeouts(self, now: float) -> None:
+        for w in self.coord.live_workers():
+            if w.state == WorkerState.PENDING and now - w.spawned_at > self.spec.start_timeout_s:
+                print(f"hvd-edl-run: {w.label} not ready within --start-timeout "
+                      f"{self.spec.start_timeout_s:g} s: dropped", file=sys.stderr)
+                self.procs[w.worker_id].signal(signal.SIGKILL)
+        for w in self.coord.overdue_reporters(now, SWITCH_TIMEOUT_S):
+            print(f"hvd-edl-run: {w.label} did not reach the step boundary: killed",
+                  file=sys.stderr)
+            self.procs[w.worker_id].signal(signal.SIGKILL)
+
+    def _exit_code_if_done(self) -> Optional[int]:
+        live = self.coord.live_workers()
+        if self.coord.finishing:
+            # the job ends: once every member is gone, send away workers that never joined
+            members = set(self.coord.current.members) if self.coord.current else set()
+            if any(w.worker_id in members for w in live):
+                return None
+            stragglers = [self.procs[w.worker_id] for w in live]
+            if stragglers:
+                terminate_all(stragglers, grace_s=5.0)
+                return None
+            failed = [self.coord.workers[m] for m in members
+                      if self.coord.workers[m].exit_code not in (0, None)]
+            if failed:
+                return self._fail_worker(failed[0], failed[0].exit_code)
+            return 0
+        if live:
+            return None
+        if self.first_failure is not None:
+            rec, code = self.first_failure
+            return self._fail_worker(rec, code)
+        return 0
+
+    def _fail_worker(self, rec: WorkerRecord, code: int) -> int:
+        rank = f"rank {rec.rank}" if rec.rank is not None else f"worker {rec.worker_id}"
+        how = f"exit code {code}" if code >= 0 else f"signal {-code}"
+        print(f"hvd-edl-run: error: {rank} on host {rec.host} ({rec.label}) failed with {how}",
+              file=sys.stderr)
+        return code if code > 0 else 128 - code
+
+    # ---- actions -------------------------------------------------------------------------------
+
+    def _spawn_one(self, initial: bool, usable: Optional[Dict[str, List[int]]] = None) -> bool:
+        usable = usable if usable is not None else self._usable_slots(time.monotonic())
+        taken = {(w.host, w.slot) for w in self.coord.live_workers()}
+        for host, slots in usable.items():
+            for slot in slots:
+                if (host, slot) not in taken:
+                    self._start_worker(host, slot, initial)
+                    return True
+        return False
+
+    def _start_worker(self, host: str, slot: int, initial: bool) -> None:
+        self._seq += 1
+        worker_id = f"w{self._seq}"
+        rec = WorkerRecord(worker_id, host, slot, self._seq, time.monotonic(), initial=initial)
+        self.coord.add_worker(rec)
+        env = {messages.ENV_WORKER_ID: worker_id, messages.ENV_HOST: host,
+               messages.ENV_SLOT: str(slot)}
+
+        def label() -> str:
+            return str(rec.rank) if rec.rank is not None else worker_id
+
+        def on_exit(code: int) -> None:
+            self._on_exit(rec, code)
+
+        self.procs[worker_id] = spawn(self.worker_spec, host, env, label, on_exit)
+        log.info("spawned %s", rec.label)
+
+    def _on_exit(self, rec: WorkerRecord, code: int) -> None:
+        was = rec.state
+        if code != 0 and was.alive and not self.coord.finishing:
+            with self._lock:
+                if self.first_failure is None:
+                    self.first_failure = (rec, code)
+            if self.spec.elastic:
+                self._record_failure(rec, code)
+        self.coord.on_exit(rec.worker_id, code)
+        self.wake.set()
+
+    def _record_failure(self, rec: WorkerRecord, code: int) -> None:
+        now = time.monotonic()
+        lo_hi = self.spec.blacklist_cooldown_range
+        fails = [t for t in self.host_failures.get(rec.host, []) if now - t < HOST_FAILURE_WINDOW_S]
+        fails.append(now)
+        self.host_failures[rec.host] = fails
+        cooldown = float("inf") if lo_hi is None else random.uniform(*lo_hi) * 2 ** (len(fails) - 1)
+        if lo_hi is not None:
+            cooldown = min(cooldown, lo_hi[1])
+        self.slot_cooldown[(rec.host, rec.slot)] = now + cooldown
+        print(f"hvd-edl-run: {rec.label} failed ({'exit code ' + str(code) if code > 0 else 'signal ' + str(-code)}); "
+              f"its slot rests {'for the rest of the job' if cooldown == float('inf') else f'{cooldown:.0f} s'}",
+              file=sys.stderr)
+        if len(fails) >= HOST_FAILURES_TO_BLACKLIST:
+            self.host_blacklist[rec.host] = now + cooldown
+            print(f"hvd-edl-run: host {rec.host} blacklisted after {len(fails)} failures",
+                  file=sys.stderr)
+
+    def _discovery_loop(self) -> None:
+        while True:
+            time.sleep(self.spec.discovery_interval_s)
+            try:
+                hosts = self.spec.discovery.find_available_hosts_and_slots()
+            except DiscoveryError as e:
+                print(f"hvd-edl-run: {e}; keeping the last good host set", file=sys.stderr)
+                continue
+            if hosts != self.hosts:
+                log.info("hosts changed: %s -> %s", self.hosts, hosts)
+                self.hosts = hosts
+                self.wake.set()
+
+    def _install_signal_handlers(self) -> None:
+        def handler(signum, frame):
+            self.stop_signal = signum
+            self.wake.set()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                signal.signal(sig, handler)
+            except ValueError:  # not the main thread (tests)
+                pass

@@ -1,0 +1,56 @@
+"""The event log (``--event-log PATH``): one JSON line per generation, plus one human line."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from typing import List, Optional
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GenerationEvent:
+    """One generation change.
+
+    ``kind``: "start" | "scale_out" | "scale_in" | "failure".  ``step``: optimizer step boundary
+    at which it took effect.  ``stall_s``: the longest pause (seconds) among workers that trained in
+    both generations, from the end of their last step in the old ring to the start of their first
+    in the new one (0 for "start").  ``rolled_back_steps``: steps redone after a failure.
+    ``time``: unix seconds when the generation formed.
+    """
+    generation: int
+    kind: str
+    world_size: int
+    members: List[str]
+    step: int
+    stall_s: float
+    rolled_back_steps: int
+    time: float
+    previous_world_size: int = 0
+
+
+class EventLog:
+    """Appends :class:`GenerationEvent` lines to ``path`` (if given) and prints a human line."""
+
+    def __init__(self, path: Optional[str], out=sys.stdout):
+        self.path = path
+        self.out = out
+        self._lock = threading.Lock()
+        if path:
+            open(path, "w").close()
+
+    def write(self, ev: GenerationEvent) -> None:
+        with self._lock:
+            if self.path:
+                with open(self.path, "a") as f:
+                    f.write(json.dumps(asdict(ev)) + "\n")
+            if ev.kind == "start":
+                text = f"generation {ev.generation} (start): {ev.world_size} workers"
+            else:
+                text = (f"generation {ev.generation} ({ev.kind}): {ev.previous_world_size} -> "
+                        f"{ev.world_size} workers at step {ev.step}, stall {ev.stall_s:.3f} s, "
+                        f"rolled back {ev.rolled_back_steps} steps")
+            print(f"hvd-edl-run: {text}", file=self.out, flush=True)

@@ -1,0 +1,101 @@
+"""Starting worker processes: locally, or over ssh for remote hosts; their output is prefixed with
+the worker's rank; their exit is reported to a callback."""
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+from launcher.hosts import is_local
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What every worker is started with: the user's command and the extra environment."""
+    command: List[str]
+    env: Dict[str, str]
+    cwd: str
+
+
+class WorkerProcess:
+    """A running worker.  ``label()`` gives the current output prefix (its rank once known)."""
+
+    def __init__(self, popen: subprocess.Popen, label: Callable[[], str],
+                 on_exit: Callable[[int], None], out=sys.stdout):
+        self.popen = popen
+        self._label = label
+        self._on_exit = on_exit
+        self._out = out
+        self._out_lock = _OUT_LOCK
+        self._threads = [threading.Thread(target=self._pump, args=(popen.stdout, "stdout"),
+                                          daemon=True),
+                         threading.Thread(target=self._pump, args=(popen.stderr, "stderr"),
+                                          daemon=True)]
+        for t in self._threads:
+            t.start()
+        threading.Thread(target=self._wait, daemon=True).start()
+
+    def _pump(self, stream, name: str) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode(errors="replace").rstrip("\n")
+            with self._out_lock:
+                self._out.write(f"[{self._label()}]<{name}>:{line}\n")
+                self._out.flush()
+        stream.close()
+
+    def _wait(self) -> None:
+        code = self.popen.wait()
+        for t in self._threads:
+            t.join(timeout=5)
+        self._on_exit(code)
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the worker's process group (it and anything it started)."""
+        try:
+            os.killpg(self.popen.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    @property
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+
+_OUT_LOCK = threading.Lock()
+
+
+def spawn(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Callable[[], str],
+          on_exit: Callable[[int], None], ssh_port: Optional[int] = None) -> WorkerProcess:
+    """Start ``spec.command`` for one worker on ``host`` (local hosts without ssh)."""
+    env = dict(os.environ)
+    env.update(spec.env)
+    env.update(extra_env)
+    if is_local(host):
+        cmd = spec.command
+    else:
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**spec.env, **extra_env}.items())
+        remote = f"cd {shlex.quote(spec.cwd)} && env {exports} {shlex.join(spec.command)}"
+        cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"]
+        cmd += (["-p", str(ssh_port)] if ssh_port else []) + [host, remote]
+    popen = subprocess.Popen(cmd, env=env, cwd=spec.cwd, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             start_new_session=True)
+    return WorkerProcess(popen, label, on_exit)
+
+
+def terminate_all(procs: List[WorkerProcess], grace_s: float = 10.0,
+                  sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to every running worker; SIGKILL those still running after ``grace_s``."""
+    for p in procs:
+        if p.running:
+            p.signal(sig)
+    for p in procs:
+        try:
+            p.popen.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            p.signal(signal.SIGKILL)

@@ -1,0 +1,16 @@
+"""hvd_edl: elastic Horovod for PyTorch (packages hvd_edl and launcher, console script hvd-edl-run).
+
+Horovod itself is built by the top-level CMakeLists.txt (see the README), not by this file.
+"""
+from setuptools import find_packages, setup
+
+setup(
+    name="hvd_edl",
+    version="0.1.0",
+    description="Elastic training for Horovod/PyTorch: stop-free scale-out, graceful scale-in",
+    packages=find_packages(include=["hvd_edl", "hvd_edl.*", "launcher", "launcher.*"]),
+    package_data={"launcher": ["discovery/*.sh"]},
+    python_requires=">=3.9",
+    install_requires=["requests", "filelock", "psutil", "numpy"],
+    entry_points={"console_scripts": ["hvd-edl-run = launcher.cli:main"]},
+)

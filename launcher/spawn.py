@@ -42,9 +42,11 @@ class WorkerProcess:
 
     def _pump(self, stream, name: str) -> None:
         for raw in iter(stream.readline, b""):
-            line = raw.decode(errors="replace").rstrip("\n")
+            # progress bars redraw with "\r": each redraw becomes a line of its own
+            parts = [p for p in raw.decode(errors="replace").rstrip("\n").split("\r") if p]
             with self._out_lock:
-                self._out.write(f"[{self._label()}]<{name}>:{line}\n")
+                for line in parts:
+                    self._out.write(f"[{self._label()}]<{name}>:{line}\n")
                 self._out.flush()
         stream.close()
 

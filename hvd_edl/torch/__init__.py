@@ -16,6 +16,7 @@ invisible to a Horovod script outside ``hvd-edl-run``:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 
 from horovod.torch import *  # noqa: F401,F403 - the drop-in: every public Horovod name
@@ -136,15 +137,22 @@ def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's 
     """``horovod.torch.DistributedOptimizer`` (same arguments) whose ``step()`` is counted.
 
     The count (optimizer steps, an int) is part of every elastic state's commit; the launcher's
-    event log reports step boundaries and rolled-back steps with it.
+    event log reports step boundaries and rolled-back steps with it.  In an elastic job the
+    gradient hooks are always registered, also before the worker joined a ring and at world
+    size 1 (Horovod registers them only when ``size() > 1`` or under its own elastic driver), so
+    the optimizer keeps working when the ring grows.
     """
-    opt = _hvd.DistributedOptimizer(optimizer, *args, **kwargs)
+    rt = _runtime.get()
+    if rt is not None and rt.elastic:
+        with _hooks_forced():
+            opt = _hvd.DistributedOptimizer(optimizer, *args, **kwargs)
+    else:
+        opt = _hvd.DistributedOptimizer(optimizer, *args, **kwargs)
     inner_step = opt.step
 
     @functools.wraps(inner_step)
     def step(*a, **kw):
         result = inner_step(*a, **kw)
-        rt = _runtime.get()
         if rt is not None:
             rt.on_step_end()
         return result
@@ -153,4 +161,25 @@ def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's 
     return opt
 
 
-from hvd_edl.torch import elastic  # noqa: E402,F401 - hvd.elastic.run / TorchState / ElasticSampler
+@contextlib.contextmanager
+def _hooks_forced():
+    """While Horovod's optimizer is built, answer its "is this process in the set and is the
+    world larger than one?" check with yes: the check calls into Horovod, which is not
+    initialised before the worker joins."""
+    from horovod.torch import optimizer as _opt_mod
+    ps = _hvd.global_process_set
+    saved_size = _opt_mod.size
+    ps.included = lambda: True
+    _opt_mod.size = lambda: 2
+    try:
+        yield
+    finally:
+        del ps.included
+        _opt_mod.size = saved_size
+
+
+import importlib as _importlib  # noqa: E402
+
+# hvd.elastic.run / TorchState / ElasticSampler: ours, not the horovod.torch.elastic the star
+# import brought in.
+elastic = _importlib.import_module("hvd_edl.torch.elastic")

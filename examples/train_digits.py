@@ -1,0 +1,133 @@
+"""The main job: a small CNN on scikit-learn's handwritten digits, elastic with Horovod's API.
+
+Real data shipped with scikit-learn (1,797 8x8 images, no download); a fixed-seed 75/25
+train/test split.  It is a plain Horovod elastic script: only the import differs.
+
+    hvd-edl-run -np 2 python examples/train_digits.py --summary s.json
+    hvd-edl-run -np 2 --min-np 1 --max-np 4 --host-discovery-script ./d.sh \\
+        python examples/train_digits.py --build-delay 8
+
+``--summary PATH`` writes {"test_accuracy", "world_size", "steps", "epochs", "wall_s", ...}.
+"""
+import argparse
+import json
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from tqdm import tqdm
+
+import hvd_edl.torch as hvd
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--commit-every", type=int, default=10, help="steps between state.commit()")
+    p.add_argument("--build-delay", type=float, default=0.0,
+                   help="seconds to sleep between init() and entering run (a slow model build)")
+    p.add_argument("--step-delay", type=float, default=0.0,
+                   help="extra seconds per step (stands for a heavier model)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--summary", help="write a JSON summary here (rank 0)")
+    return p.parse_args()
+
+
+class DigitsCNN(nn.Module):
+    """(N, 1, 8, 8) images -> (N, 10) logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 4 * 4, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def load_data(seed: int):
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    idx_train, idx_test = train_test_split(range(len(y)), test_size=0.25, random_state=seed,
+                                           stratify=digits.target)
+    train = torch.utils.data.TensorDataset(x[idx_train], y[idx_train])
+    test = torch.utils.data.TensorDataset(x[idx_test], y[idx_test])
+    return train, test
+
+
+def main():
+    args = parse_args()
+    t0 = time.time()
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    train_ds, test_ds = load_data(args.seed)
+
+    model = DigitsCNN()
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(train_ds, shuffle=True, seed=args.seed,
+                                         batch_size=args.batch_size)
+    loader = torch.utils.data.DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler)
+    if args.build_delay:
+        time.sleep(args.build_delay)
+    state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, epoch=0, step=0)
+
+    @hvd.elastic.run
+    def train(state):
+        bar = tqdm(total=args.epochs * len(train_ds), initial=state.epoch * len(train_ds)
+                   + sampler.consumed, disable=hvd.rank() != 0, unit="sample",
+                   mininterval=3.0, file=sys.stderr, ascii=True, desc=f"size {hvd.size()}")
+        while state.epoch < args.epochs:
+            model.train()
+            for batch_idx, (x, y) in enumerate(loader):
+                before = sampler.consumed
+                optimizer.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                optimizer.step()
+                sampler.record_batch(batch_idx, args.batch_size)
+                state.step += 1
+                bar.update(sampler.consumed - before)
+                if args.step_delay:
+                    time.sleep(args.step_delay)
+                if state.step % args.commit_every == 0:
+                    state.commit()
+            state.epoch += 1
+            sampler.set_epoch(state.epoch)
+            state.commit()
+        bar.close()
+
+    train(state)
+
+    # Final test accuracy: each rank scores its share of the test set, sums are allreduced.
+    model.eval()
+    with torch.no_grad():
+        xs, ys = test_ds.tensors
+        shard = slice(hvd.rank(), None, hvd.size())
+        correct = (model(xs[shard]).argmax(1) == ys[shard]).sum().float()
+    totals = hvd.allreduce(torch.stack([correct, torch.tensor(float(len(ys[shard])))]),
+                           op=hvd.Sum, name="test_accuracy")
+    accuracy = float(totals[0] / totals[1])
+    if hvd.rank() == 0:
+        summary = {"test_accuracy": accuracy, "world_size": hvd.size(), "steps": state.step,
+                   "epochs": state.epoch, "wall_s": round(time.time() - t0, 3)}
+        print(f"test accuracy {accuracy:.4f} at world size {hvd.size()} "
+              f"({state.step} steps, {state.epoch} epochs, {summary['wall_s']:.1f} s)")
+        if args.summary:
+            with open(args.summary, "w") as f:
+                json.dump(summary, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -35,6 +35,8 @@ def parse_args():
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="extra seconds per step (stands for a heavier model)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stop-file", help="end training at the next epoch boundary once this file "
+                   "exists (all ranks agree through one allreduce)")
     p.add_argument("--summary", help="write a JSON summary here (rank 0)")
     return p.parse_args()
 
@@ -64,6 +66,12 @@ def load_data(seed: int):
     train = torch.utils.data.TensorDataset(x[idx_train], y[idx_train])
     test = torch.utils.data.TensorDataset(x[idx_test], y[idx_test])
     return train, test
+
+
+def _agreed_stop(path: str) -> bool:
+    import os
+    flag = torch.tensor([1 if os.path.exists(path) else 0], dtype=torch.int32)
+    return bool(hvd.allreduce(flag, op=hvd.Max, name="stop_file")[0] > 0)
 
 
 def main():
@@ -106,6 +114,8 @@ def main():
             state.epoch += 1
             sampler.set_epoch(state.epoch)
             state.commit()
+            if args.stop_file and _agreed_stop(args.stop_file):
+                break
         bar.close()
 
     train(state)

@@ -379,7 +379,10 @@ class CoordinatorServer:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the worker died while waiting (a long poll): nothing to tell it
 
             def do_GET(self):  # noqa: N802
                 self._reply(405, b'{"error": "POST only"}')

@@ -3,6 +3,7 @@ the worker's rank; their exit is reported to a callback."""
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -41,14 +42,27 @@ class WorkerProcess:
         threading.Thread(target=self._wait, daemon=True).start()
 
     def _pump(self, stream, name: str) -> None:
-        for raw in iter(stream.readline, b""):
-            # progress bars redraw with "\r": each redraw becomes a line of its own
-            parts = [p for p in raw.decode(errors="replace").rstrip("\n").split("\r") if p]
-            with self._out_lock:
-                for line in parts:
-                    self._out.write(f"[{self._label()}]<{name}>:{line}\n")
-                self._out.flush()
+        """Copy the stream line by line with the rank prefix; a progress bar's "\r" redraws
+        count as line ends, so they show up as they happen."""
+        pending = b""
+        while True:
+            chunk = stream.read1(65536)
+            if not chunk:
+                break
+            pending += chunk
+            *lines, pending = re.split(rb"[\r\n]", pending)
+            self._write(name, lines)
+        self._write(name, [pending])
         stream.close()
+
+    def _write(self, name: str, lines) -> None:
+        lines = [line.decode(errors="replace") for line in lines if line]
+        if not lines:
+            return
+        with self._out_lock:
+            for line in lines:
+                self._out.write(f"[{self._label()}]<{name}>:{line}\n")
+            self._out.flush()
 
     def _wait(self) -> None:
         code = self.popen.wait()

@@ -1,0 +1,128 @@
+"""Helpers that drive real ``hvd-edl-run`` jobs: real processes, real Horovod over Gloo on
+loopback, real kills.  Tests wait on events (lines in the event log, processes appearing), each
+with a deadline, never on fixed sleeps."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+LAUNCHER = str(VENV_BIN / "hvd-edl-run")
+DIGITS = str(ROOT / "examples" / "train_digits.py")
+
+
+class Job:
+    """One ``hvd-edl-run`` process with an event log and, for elastic jobs, a hosts file that
+    ``cat`` serves as the host discovery script."""
+
+    def __init__(self, tmp: Path, launcher_args: List[str], command: List[str],
+                 hosts: Optional[str] = None):
+        self.tmp = tmp
+        self.events_path = tmp / "events.jsonl"
+        self.hosts_path = tmp / "hosts.txt"
+        self.out_path = tmp / "launcher.out"
+        args = [LAUNCHER, "--event-log", str(self.events_path)] + launcher_args
+        if hosts is not None:
+            self.set_hosts(hosts)
+            args += ["--host-discovery-script", f"cat {self.hosts_path}"]
+        self.out = open(self.out_path, "w")
+        self.proc = subprocess.Popen(args + command, stdout=self.out, stderr=subprocess.STDOUT,
+                                     cwd=str(ROOT))
+
+    def set_hosts(self, text: str) -> None:
+        tmp = self.hosts_path.with_suffix(".new")
+        tmp.write_text(text.strip() + "\n")
+        os.replace(tmp, self.hosts_path)  # atomic: discovery never reads half a file
+
+    def events(self) -> List[dict]:
+        if not self.events_path.exists():
+            return []
+        return [json.loads(line) for line in self.events_path.read_text().splitlines() if line]
+
+    def wait_for(self, what: str, pred: Callable[[], object], timeout_s: float = 90.0):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = pred()
+            if value:
+                return value
+            if self.proc.poll() is not None:
+                value = pred()
+                if value:
+                    return value
+                raise AssertionError(f"job ended (rc {self.proc.returncode}) before {what}:\n"
+                                     + self.output()[-4000:])
+            time.sleep(0.05)
+        raise AssertionError(f"timed out waiting for {what}:\n" + self.output()[-4000:])
+
+    def wait_generation(self, number: int, timeout_s: float = 90.0) -> dict:
+        return self.wait_for(f"generation {number}", lambda: next(
+            (e for e in self.events() if e["generation"] == number), None), timeout_s)
+
+    def worker_pid(self, worker_id: str) -> Optional[int]:
+        """PID of the worker process the launcher started as ``worker_id`` (from its env)."""
+        import psutil
+        for child in psutil.Process(self.proc.pid).children(recursive=False):
+            try:
+                if child.environ().get("HVD_EDL_WORKER_ID") == worker_id:
+                    return child.pid
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return None
+
+    def kill_worker(self, worker_id: str, sig: int = signal.SIGKILL) -> None:
+        pid = self.wait_for(f"pid of {worker_id}", lambda: self.worker_pid(worker_id), 60)
+        os.kill(pid, sig)
+
+    def finish(self, timeout_s: float = 240.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            self.out.flush()
+
+    def output(self) -> str:
+        self.out.flush()
+        return self.out_path.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.out.close()
+
+
+@pytest.fixture
+def job_factory(tmp_path):
+    jobs: List[Job] = []
+
+    def make(launcher_args, command, hosts=None) -> Job:
+        job = Job(tmp_path, launcher_args, command, hosts)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.stop()
+
+
+def digits(tmp: Path, *extra: str) -> List[str]:
+    """The main job's command, writing its summary to tmp/summary.json."""
+    return [sys.executable, DIGITS, "--summary", str(tmp / "summary.json"), *extra]
+
+
+def summary(tmp: Path) -> dict:
+    return json.loads((tmp / "summary.json").read_text())

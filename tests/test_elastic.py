@@ -1,0 +1,139 @@
+"""The elastic core through hvd-edl-run: stop-free scale-out, graceful scale-in, failures, and
+host discovery changes.  Membership and step continuity are asserted, not timings (the stall
+figures live in benchmarks/switch.py)."""
+import signal
+import sys
+
+from conftest import digits, summary
+
+ELASTIC = ["-np", "2", "--min-np", "1", "--max-np", "4", "--discovery-interval", "0.2"]
+
+
+def _members(ev):
+    return [m.split("@")[0] for m in ev["members"]]
+
+
+def _assert_continuity(events):
+    numbers = [e["generation"] for e in events]
+    assert numbers == list(range(1, len(events) + 1)), numbers
+    steps = [e["step"] for e in events]
+    assert steps == sorted(steps), f"step boundaries must not go backwards: {steps}"
+    assert events[0]["kind"] == "start"
+
+
+def test_scale_out_is_stop_free_and_joiner_builds_first(tmp_path, job_factory):
+    stop = tmp_path / "stop"
+    job = job_factory(ELASTIC, digits(tmp_path, "--build-delay", "4", "--epochs", "200",
+                                      "--step-delay", "0.01", "--stop-file", str(stop)),
+                      hosts="localhost:2")
+    job.wait_generation(1)
+    job.set_hosts("localhost:3")
+    ev = job.wait_generation(2)
+    assert ev["kind"] == "scale_out" and ev["world_size"] == 3
+    assert _members(ev) == ["w1", "w2", "w3"]  # old members keep ranks 0 and 1
+    assert ev["step"] > 0 and ev["rolled_back_steps"] == 0
+    stop.touch()
+    assert job.finish() == 0, job.output()[-3000:]
+    _assert_continuity(job.events())
+    assert summary(tmp_path)["world_size"] == 3
+
+
+def test_scale_in_rolls_back_nothing(tmp_path, job_factory):
+    stop = tmp_path / "stop"
+    job = job_factory(["-np", "3", "--min-np", "1", "--max-np", "4", "--discovery-interval", "0.2"],
+                      digits(tmp_path, "--epochs", "200", "--step-delay", "0.01",
+                             "--stop-file", str(stop)), hosts="localhost:3")
+    job.wait_generation(1)
+    job.set_hosts("localhost:2")
+    ev = job.wait_generation(2)
+    assert ev["kind"] == "scale_in" and ev["world_size"] == 2
+    assert ev["rolled_back_steps"] == 0
+    assert _members(ev) == ["w1", "w2"]  # the worker in slot 2 left
+    stop.touch()
+    assert job.finish() == 0, job.output()[-3000:]
+    assert "w3" not in job.output().split("failed")[0] or "w3@localhost:2 failed" not in job.output()
+    _assert_continuity(job.events())
+
+
+def _kill_one_of_three(tmp_path, job_factory, victim):
+    job = job_factory(["-np", "3", "--min-np", "1", "--max-np", "3", "--discovery-interval", "0.2"],
+                      digits(tmp_path, "--epochs", "15", "--step-delay", "0.01"),
+                      hosts="localhost:3")
+    ev1 = job.wait_generation(1)
+    assert _members(ev1) == ["w1", "w2", "w3"]
+    victim_id = _members(ev1)[victim]
+    job.wait_for("a progress line", lambda: "sample/s]" in job.output(), 60)
+    job.kill_worker(victim_id, signal.SIGKILL)
+    ev = job.wait_generation(2)
+    assert ev["kind"] == "failure" and ev["world_size"] == 2
+    assert victim_id not in _members(ev)
+    assert job.finish() == 0, job.output()[-3000:]
+    s = summary(tmp_path)
+    assert s["world_size"] == 2 and s["epochs"] == 15
+    assert s["test_accuracy"] >= 0.95
+    _assert_continuity(job.events())
+
+
+def test_kill_rank_0_leaves_the_others_training(tmp_path, job_factory):
+    _kill_one_of_three(tmp_path, job_factory, victim=0)
+
+
+def test_kill_rank_2_leaves_the_others_training(tmp_path, job_factory):
+    _kill_one_of_three(tmp_path, job_factory, victim=2)
+
+
+def test_joiner_that_dies_before_ready_does_not_disturb_the_ring(tmp_path, job_factory):
+    stop = tmp_path / "stop"
+    job = job_factory(ELASTIC, digits(tmp_path, "--epochs", "200", "--step-delay", "0.01",
+                                      "--build-delay", "3", "--stop-file", str(stop)),
+                      hosts="localhost:2")
+    job.wait_generation(1)
+    job.set_hosts("localhost:3")
+    job.kill_worker("w3", signal.SIGKILL)  # still importing / building: never ready
+    job.wait_for("the launcher to see w3 die", lambda: "w3@localhost:2 failed" in job.output())
+    stop.touch()
+    assert job.finish() == 0, job.output()[-3000:]
+    events = job.events()
+    assert [e["generation"] for e in events] == [1], events
+    assert summary(tmp_path)["world_size"] == 2
+
+
+def test_too_few_workers_for_longer_than_elastic_timeout_fails_clearly(tmp_path, job_factory):
+    job = job_factory(["-np", "2", "--min-np", "2", "--max-np", "4", "--elastic-timeout", "3"],
+                      digits(tmp_path), hosts="localhost:1")
+    rc = job.finish(timeout_s=120)
+    assert rc != 0
+    assert "fewer than --min-np 2 workers available for 3 s" in job.output()
+
+
+def test_two_discovery_changes_within_one_second_are_both_acted_on(tmp_path, job_factory):
+    stop = tmp_path / "stop"
+    job = job_factory(ELASTIC, digits(tmp_path, "--epochs", "200", "--step-delay", "0.01",
+                                      "--stop-file", str(stop)), hosts="localhost:2")
+    job.wait_generation(1)
+    job.set_hosts("localhost:3")
+    job.wait_for("w3 to start", lambda: job.worker_pid("w3"), 30)
+    job.set_hosts("localhost:3\n127.0.0.2:1")
+    ev = job.wait_for("a generation with 4 members", lambda: next(
+        (e for e in job.events() if e["world_size"] == 4), None), 120)
+    assert any(m.endswith("@127.0.0.2:0") for m in ev["members"])
+    assert any(m.startswith("w3@localhost:2") for m in ev["members"])
+    stop.touch()
+    assert job.finish() == 0, job.output()[-3000:]
+    _assert_continuity(job.events())
+
+
+def test_host_added_while_first_workers_build_their_model(tmp_path, job_factory):
+    stop = tmp_path / "stop"
+    job = job_factory(ELASTIC, digits(tmp_path, "--epochs", "200", "--step-delay", "0.01",
+                                      "--build-delay", "4", "--stop-file", str(stop)),
+                      hosts="localhost:2")
+    job.wait_for("w2 to start", lambda: job.worker_pid("w2"), 30)
+    assert job.events() == []  # generation 1 not formed yet: the workers are still building
+    job.set_hosts("localhost:3")
+    ev = job.wait_for("a generation with 3 members", lambda: next(
+        (e for e in job.events() if e["world_size"] == 3), None), 120)
+    assert _members(ev) == ["w1", "w2", "w3"]
+    stop.touch()
+    assert job.finish() == 0, job.output()[-3000:]
+    _assert_continuity(job.events())

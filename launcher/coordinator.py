@@ -297,10 +297,15 @@ class Coordinator:
                 rec.move(WorkerState.MEMBER)
             rec.rank = rank
             labels.append(rec.label)
+            local_rank = local_counts[rec.host]
+            # Horovod's cross communicator of local rank k spans the hosts that have a k-th
+            # worker (horovodrun's host allocation plan does the same)
+            cross_hosts = [h for h in hosts if per_host[h] > local_rank]
             self.assignments[w] = messages.Assignment(
                 action="join", generation=number, rank=rank, size=len(participants),
-                local_rank=local_counts[rec.host], local_size=per_host[rec.host],
-                cross_rank=hosts.index(rec.host), cross_size=len(hosts), hostname=rec.host,
+                local_rank=local_rank, local_size=per_host[rec.host],
+                cross_rank=cross_hosts.index(rec.host), cross_size=len(cross_hosts),
+                hostname=rec.host,
                 rendezvous_addr=self.rendezvous_addr, rendezvous_port=port,
                 members=list(participants))
             local_counts[rec.host] += 1

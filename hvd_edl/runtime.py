@@ -58,6 +58,7 @@ class WorkerRuntime:
         self.steps = 0
         self.last_step_end: Optional[float] = None
         self._change = threading.Event()
+        self._generation_changed = threading.Event()
         self._watcher: Optional[threading.Thread] = None
         self._switch_started: Optional[float] = None
         self._pending_stall: Optional[float] = None
@@ -103,7 +104,7 @@ class WorkerRuntime:
         if a.action == "exit":
             log.info("worker %s leaves: %s", self.worker_id, a.reason)
             sys.stdout.flush()
-            os._exit(0) if os.environ.get("HVD_EDL_HARD_EXIT") else sys.exit(0)
+            sys.exit(0)
         env = os.environ
         env["HOROVOD_RANK"] = str(a.rank)
         env["HOROVOD_SIZE"] = str(a.size)
@@ -120,6 +121,7 @@ class WorkerRuntime:
         self.generation = a.generation
         self.assignment = a
         self._change.clear()
+        self._generation_changed.set()
         if self.elastic and self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name="hvd_edl-watch", daemon=True)
             self._watcher.start()
@@ -166,10 +168,12 @@ class WorkerRuntime:
                 time.sleep(1.0)
                 continue
             if r.change_pending and gen == self.generation:
+                self._generation_changed.clear()
                 self._change.set()
-                # wait until the switch happened before watching the next generation
+                # watch again only once the switch happened (the next generation's join)
                 while gen == self.generation:
-                    time.sleep(0.05)
+                    self._generation_changed.wait()
+                    self._generation_changed.clear()
 
 
 _runtime: Optional[WorkerRuntime] = None

@@ -31,6 +31,7 @@ LOOP_S = 0.1
 SWITCH_TIMEOUT_S = 60.0          # a member this late to a step boundary is considered stuck
 HOST_FAILURES_TO_BLACKLIST = 3   # failed workers on one host (within the window) blacklist it
 HOST_FAILURE_WINDOW_S = 300.0
+COLLATERAL_WINDOW_S = 5.0        # a crash this soon after another one is taken as its echo
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,7 @@ class Driver:
         self.host_blacklist: Dict[str, float] = {}
         self.first_failure: Optional[Tuple[WorkerRecord, int]] = None
         self.below_min_since: Optional[float] = None
+        self.last_failure_at = float("-inf")
         self.stop_signal: Optional[int] = None
         self._seq = 0
         self._lock = threading.Lock()
@@ -273,6 +275,13 @@ class Driver:
 
     def _record_failure(self, rec: WorkerRecord, code: int) -> None:
         now = time.monotonic()
+        if now - self.last_failure_at < COLLATERAL_WINDOW_S:
+            # A peer's crash can abort a healthy process inside Horovod's Gloo loop
+            # (gloo::EnforceNotMet, signal 6): its slot is reused, its host not blamed.
+            print(f"hvd-edl-run: {rec.label} ended (code {code}) right after another worker's "
+                  f"failure: taken as its echo, the slot stays usable", file=sys.stderr)
+            return
+        self.last_failure_at = now
         lo_hi = self.spec.blacklist_cooldown_range
         fails = [t for t in self.host_failures.get(rec.host, []) if now - t < HOST_FAILURE_WINDOW_S]
         fails.append(now)

@@ -9,7 +9,6 @@ setup(
     version="0.1.0",
     description="Elastic training for Horovod/PyTorch: stop-free scale-out, graceful scale-in",
     packages=find_packages(include=["hvd_edl", "hvd_edl.*", "launcher", "launcher.*"]),
-    package_data={"launcher": ["discovery/*.sh"]},
     python_requires=">=3.9",
     install_requires=["requests", "filelock", "psutil", "numpy"],
     entry_points={"console_scripts": ["hvd-edl-run = launcher.cli:main"]},

@@ -61,7 +61,6 @@ class WorkerRuntime:
         self._generation_changed = threading.Event()
         self._watcher: Optional[threading.Thread] = None
         self._switch_started: Optional[float] = None
-        self._pending_stall: Optional[float] = None
 
     # ---- joining ------------------------------------------------------------------------------
 
@@ -89,7 +88,7 @@ class WorkerRuntime:
         """
         import horovod.torch as _hvd
         if self._switch_started is None:
-            self._switch_started = self.last_step_end or time.monotonic()
+            self.mark_switch_start()
         _hvd.shutdown()
         self._switch(reason, step=self.steps, steps_before_restore=steps_before_restore)
 

@@ -133,7 +133,11 @@ class ElasticSampler(torch.utils.data.Sampler):
             per_rank = -(-remaining // w) if remaining > 0 else 0
             for k in range(per_rank):
                 pos = base + r + k * w
-                yield (pos, pos + 1, False) if pos < end else (base + (pos - base) % max(remaining, 1), base + (pos - base) % max(remaining, 1) + 1, True)
+                if pos < end:
+                    yield pos, pos + 1, False
+                else:  # pad this rank's share, like Horovod's sampler
+                    pad = base + (pos - base) % remaining
+                    yield pad, pad + 1, True
             return
         step = self.batch_size * w
         for start in range(base, end, step):

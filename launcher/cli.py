@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="most generation changes before the job fails (default unlimited)")
     p.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN_S", "MAX_S"),
                    help="a failed slot / blacklisted host rests a random time in this range, "
-                        "doubled per repeat (default: for the rest of the job)")
+                        "doubled per repeat up to MAX_S (default: for the rest of the job)")
     p.add_argument("--elastic-timeout", type=_positive_float, default=600.0,
                    help="seconds to wait for --min-np workers before failing (default 600)")
     p.add_argument("--start-timeout", type=_positive_float, default=120.0,

@@ -43,6 +43,7 @@ class Generation:
     formed_at: float
     previous_size: int
     continuing: List[str]
+    member_labels: List[str] = field(default_factory=list)
     stalls: Dict[str, float] = field(default_factory=dict)
     logged: bool = False
 
@@ -155,15 +156,14 @@ class Coordinator:
     def register(self, msg: messages.Register) -> messages.Registered:
         with self.cond:
             rec = self._worker(msg.worker_id)
-            rec.registered = True
-            size = (len(self.current.members) if self.current else 0) + sum(
-                1 for w in self.workers.values() if w.state == WorkerState.READY) + 1
-            prov_rank = size - 1
-            if self.current is None:
+            if self.current is None:  # among the initial workers, by spawn order
                 initial = sorted((w for w in self.workers.values() if w.initial),
                                  key=lambda w: w.order)
                 size = max(len(initial), 1)
                 prov_rank = next((i for i, w in enumerate(initial) if w is rec), 0)
+            else:  # after the members and the joiners already waiting
+                size = len(self.current.members) + len(self._ready()) + 1
+                prov_rank = size - 1
             return messages.Registered(rec.worker_id, rec.host, rec.slot, prov_rank,
                                        min(size, self.max_np),
                                        self.current.number if self.current else 0)
@@ -316,8 +316,7 @@ class Coordinator:
         prev_size = len(self.current.members) if self.current else 0
         continuing = [w for w in participants if w in previous]
         gen = Generation(number, list(participants), kind, step, rolled_back, time.time(),
-                         prev_size, continuing)
-        gen.member_labels = labels  # type: ignore[attr-defined]
+                         prev_size, continuing, labels)
         self.current = gen
         self.history.append(gen)
         self.reports = {}
@@ -344,7 +343,7 @@ class Coordinator:
         stall = max((g.stalls.get(w, 0.0) for w in g.continuing), default=0.0)
         self.events.write(GenerationEvent(
             generation=g.number, kind=g.kind, world_size=len(g.members),
-            members=list(getattr(g, "member_labels", g.members)), step=g.step,
+            members=list(g.member_labels), step=g.step,
             stall_s=round(stall if g.kind != "start" else 0.0, 4),
             rolled_back_steps=g.rolled_back_steps, time=g.formed_at,
             previous_world_size=g.previous_size))

@@ -286,9 +286,10 @@ class Driver:
         fails = [t for t in self.host_failures.get(rec.host, []) if now - t < HOST_FAILURE_WINDOW_S]
         fails.append(now)
         self.host_failures[rec.host] = fails
-        cooldown = float("inf") if lo_hi is None else random.uniform(*lo_hi) * 2 ** (len(fails) - 1)
-        if lo_hi is not None:
-            cooldown = min(cooldown, lo_hi[1])
+        if lo_hi is None:
+            cooldown = float("inf")
+        else:  # doubled per recent failure on this host, never past MAX_S
+            cooldown = min(random.uniform(*lo_hi) * 2 ** (len(fails) - 1), lo_hi[1])
         self.slot_cooldown[(rec.host, rec.slot)] = now + cooldown
         print(f"hvd-edl-run: {rec.label} failed ({'exit code ' + str(code) if code > 0 else 'signal ' + str(-code)}); "
               f"its slot rests {'for the rest of the job' if cooldown == float('inf') else f'{cooldown:.0f} s'}",

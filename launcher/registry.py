@@ -49,7 +49,6 @@ class WorkerRecord:
     spawned_at: float
     initial: bool = False
     state: WorkerState = WorkerState.PENDING
-    registered: bool = False
     ready_at: Optional[float] = None
     rank: Optional[int] = None
     exit_code: Optional[int] = None

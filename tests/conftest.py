@@ -38,6 +38,10 @@ class Job:
         self.proc = subprocess.Popen(args + command, stdout=self.out, stderr=subprocess.STDOUT,
                                      cwd=str(ROOT))
 
+    def end_training(self) -> None:
+        """Ask a :func:`long_digits` job to finish at its next epoch boundary."""
+        (self.tmp / STOP_FILE).touch()
+
     def set_hosts(self, text: str) -> None:
         tmp = self.hosts_path.with_suffix(".new")
         tmp.write_text(text.strip() + "\n")
@@ -122,6 +126,16 @@ def job_factory(tmp_path):
 def digits(tmp: Path, *extra: str) -> List[str]:
     """The main job's command, writing its summary to tmp/summary.json."""
     return [sys.executable, DIGITS, "--summary", str(tmp / "summary.json"), *extra]
+
+
+STOP_FILE = "stop"
+
+
+def long_digits(tmp: Path, *extra: str) -> List[str]:
+    """The main job, long enough to outlast any membership change a test makes: it trains until
+    :meth:`Job.end_training` is called (then to the end of that epoch)."""
+    return digits(tmp, "--epochs", "200", "--step-delay", "0.01",
+                  "--stop-file", str(tmp / STOP_FILE), *extra)
 
 
 def summary(tmp: Path) -> dict:

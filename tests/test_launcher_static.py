@@ -26,14 +26,17 @@ def test_bad_flags_exit_2_with_a_clear_message(args, message):
     assert message in r.stderr
 
 
+def run_two_workers(tmp_path, source: str):
+    """Run ``source`` (a Python script) as 2 workers under hvd-edl-run."""
+    script = tmp_path / "worker.py"
+    script.write_text("import sys, torch, hvd_edl.torch as hvd\nhvd.init()\n" + source)
+    return run(["-np", "2", sys.executable, str(script)])
+
+
 def test_allreduce_sums_over_two_workers(tmp_path):
-    script = tmp_path / "ar.py"
-    script.write_text(
-        "import torch, hvd_edl.torch as hvd\n"
-        "hvd.init()\n"
-        "s = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)\n"
-        "print(f'RESULT rank={hvd.rank()} size={hvd.size()} sum={s.item()}')\n")
-    r = run(["-np", "2", sys.executable, str(script)])
+    r = run_two_workers(tmp_path,
+                        "s = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum)\n"
+                        "print(f'RESULT rank={hvd.rank()} size={hvd.size()} sum={s.item()}')\n")
     assert r.returncode == 0, r.stdout + r.stderr
     lines = sorted(l for l in r.stdout.splitlines() if "RESULT" in l)
     assert lines == ["[0]<stdout>:RESULT rank=0 size=2 sum=3.0",
@@ -41,13 +44,8 @@ def test_allreduce_sums_over_two_workers(tmp_path):
 
 
 def test_worker_exit_code_3_is_the_launchers_and_names_the_rank(tmp_path):
-    script = tmp_path / "fail.py"
-    script.write_text(
-        "import sys, torch, hvd_edl.torch as hvd\n"
-        "hvd.init()\n"
-        "hvd.allreduce(torch.ones(1))\n"
-        "sys.exit(3 if hvd.rank() == 1 else 0)\n")
-    r = run(["-np", "2", sys.executable, str(script)])
+    r = run_two_workers(tmp_path, "hvd.allreduce(torch.ones(1))\n"
+                                  "sys.exit(3 if hvd.rank() == 1 else 0)\n")
     assert r.returncode == 3, r.stdout + r.stderr
     assert "rank 1 on host localhost" in r.stderr
     assert "exit code 3" in r.stderr

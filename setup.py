@@ -1,4 +1,4 @@
-"""hvd_edl: elastic Horovod for PyTorch (packages hvd_edl and launcher, console script hvd-edl-run).
+"""hvd_edl: elastic Horovod for PyTorch (packages hvd_edl and launcher, console scripts hvd-edl-run, hvd-edl-ctl).
 
 Horovod itself is built by the top-level CMakeLists.txt (see the README), not by this file.
 """
@@ -11,5 +11,6 @@ setup(
     packages=find_packages(include=["hvd_edl", "hvd_edl.*", "launcher", "launcher.*"]),
     python_requires=">=3.9",
     install_requires=["requests", "filelock", "psutil", "numpy"],
-    entry_points={"console_scripts": ["hvd-edl-run = launcher.cli:main"]},
+    entry_points={"console_scripts": ["hvd-edl-run = launcher.cli:main",
+                                    "hvd-edl-ctl = launcher.ctl:main"]},
 )

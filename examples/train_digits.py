@@ -28,6 +28,12 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
+    p.add_argument("--global-batch-size", type=int,
+                   help="fixed samples per step, split over the ranks (ElasticBatchSampler): "
+                   "the run then does not depend on the world size; replaces --batch-size")
+    p.add_argument("--train-size", type=int, help="use only the first N training samples")
+    p.add_argument("--repeat-data", type=int, default=1,
+                   help="an epoch passes over K copies of the training set (longer epochs)")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--commit-every", type=int, default=10, help="steps between state.commit()")
     p.add_argument("--build-delay", type=float, default=0.0,
@@ -38,6 +44,7 @@ def parse_args():
     p.add_argument("--stop-file", help="end training at the next epoch boundary once this file "
                    "exists (all ranks agree through one allreduce)")
     p.add_argument("--summary", help="write a JSON summary here (rank 0)")
+    p.add_argument("--save-params", help="save the final parameters here (rank 0, torch.save)")
     return p.parse_args()
 
 
@@ -57,13 +64,15 @@ class DigitsCNN(nn.Module):
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
-def load_data(seed: int):
+def load_data(seed: int, train_size=None, repeat: int = 1):
     digits = load_digits()
     x = torch.tensor(digits.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
     y = torch.tensor(digits.target, dtype=torch.long)
     idx_train, idx_test = train_test_split(range(len(y)), test_size=0.25, random_state=seed,
                                            stratify=digits.target)
-    train = torch.utils.data.TensorDataset(x[idx_train], y[idx_train])
+    idx_train = idx_train[:train_size] if train_size else idx_train
+    train = torch.utils.data.TensorDataset(x[idx_train].repeat(repeat, 1, 1, 1),
+                                           y[idx_train].repeat(repeat))
     test = torch.utils.data.TensorDataset(x[idx_test], y[idx_test])
     return train, test
 
@@ -80,14 +89,22 @@ def main():
     hvd.init()
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
-    train_ds, test_ds = load_data(args.seed)
+    train_ds, test_ds = load_data(args.seed, args.train_size, args.repeat_data)
 
     model = DigitsCNN()
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    sampler = hvd.elastic.ElasticSampler(train_ds, shuffle=True, seed=args.seed,
-                                         batch_size=args.batch_size)
-    loader = torch.utils.data.DataLoader(train_ds, batch_size=args.batch_size, sampler=sampler)
+    if args.global_batch_size:
+        sampler = hvd.elastic.ElasticBatchSampler(train_ds, args.global_batch_size,
+                                                  shuffle=True, seed=args.seed)
+        loader = torch.utils.data.DataLoader(train_ds, batch_sampler=sampler)
+        weight = sampler.loss_weight
+    else:
+        sampler = hvd.elastic.ElasticSampler(train_ds, shuffle=True, seed=args.seed,
+                                             batch_size=args.batch_size)
+        loader = torch.utils.data.DataLoader(train_ds, batch_size=args.batch_size,
+                                             sampler=sampler)
+        weight = None
     if args.build_delay:
         time.sleep(args.build_delay)
     state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, epoch=0, step=0)
@@ -102,9 +119,12 @@ def main():
             for batch_idx, (x, y) in enumerate(loader):
                 before = sampler.consumed
                 optimizer.zero_grad()
-                F.cross_entropy(model(x), y).backward()
+                loss = F.cross_entropy(model(x), y)
+                if weight is not None:  # fixed global batch: the rank's share of the mean
+                    loss = loss * weight(batch_idx)
+                loss.backward()
                 optimizer.step()
-                sampler.record_batch(batch_idx, args.batch_size)
+                sampler.record_batch(batch_idx, len(x))
                 state.step += 1
                 bar.update(sampler.consumed - before)
                 if args.step_delay:
@@ -137,6 +157,9 @@ def main():
         if args.summary:
             with open(args.summary, "w") as f:
                 json.dump(summary, f)
+        if args.save_params:
+            torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
+                       args.save_params)
 
 
 if __name__ == "__main__":

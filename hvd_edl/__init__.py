@@ -21,6 +21,7 @@ def init(*args, **kwargs):
     from hvd_edl.torch import elastic as edl_elastic
     for name in edl.ELASTIC_NAMES:
         setattr(_hvd, name, getattr(edl, name))
-    for name in ("run", "TorchState", "ElasticSampler", "ObjectState", "State"):
+    for name in ("run", "TorchState", "ElasticSampler", "ElasticBatchSampler", "ObjectState",
+                 "State"):
         setattr(_hvd_elastic, name, getattr(edl_elastic, name))
     return edl.init(*args, **kwargs)

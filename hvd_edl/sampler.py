@@ -1,28 +1,38 @@
-"""An elastic sampler whose state is three integers: every sample of an epoch used exactly once.
+"""Elastic samplers whose state is three integers: every sample of an epoch used exactly once.
 
-The epoch's order is a seeded bijection of ``range(N)`` (:class:`FeistelPermutation`), so the
+The epoch's order is a seeded bijection of ``range(N)`` (:class:`FeistelPermutation`), so a
 sampler never builds a list of indices: after any generation change the remaining positions
-``[consumed, N)`` are repartitioned over the new ranks in O(1).
+``[consumed, N)`` are repartitioned over the new ranks in O(1) (Horovod's ``ElasticSampler``
+builds a Python list of every index at each reset, and Horovod skips the re-sync on removal-only
+changes, repeating samples: horovod issue 3399).
 
-Layout with ``batch_size=B`` (exactly-once mode): global step ``j`` after a reset takes the block
-of positions ``[c + j*B*W, c + (j+1)*B*W)`` (W = world size, c = consumed at the reset) and splits
-it over the ranks, rank ``r`` taking a contiguous share; only the epoch's last block may be short,
-and then it is split as evenly as possible (shares differ by at most one), so every rank runs the
-same number of steps.  If the last block holds fewer positions than there are ranks, ranks without
-one repeat one of the block (at most W-1 repeats; with ``drop_last`` the block is skipped
-instead); :attr:`ElasticSampler.repeated` counts them.
+Step layout ("blocks").  After a reset with ``consumed = c``, global step ``j`` takes the block of
+positions ``[c + j*L, c + (j+1)*L)``: ``L = B*W`` for :class:`ElasticSampler` with a per-rank batch
+size ``B`` over ``W`` ranks, ``L = G`` for :class:`ElasticBatchSampler` with a fixed global batch
+``G``.  A block is split over the ranks in contiguous shares that differ by at most one (``B``
+each for a full block of ``B*W``).  Only the epoch's last block may be short; every rank still
+gets a share of it, so all ranks run the same number of steps.  If that last block holds fewer
+positions than there are ranks, ranks past its end repeat one of its positions (at most ``W-1``
+repeats per epoch, counted in :attr:`ElasticSampler.repeated`), or with ``drop_last`` the block
+is skipped (:attr:`ElasticSampler.skipped`).
 
-Without ``batch_size`` (Horovod's signature) positions are interleaved over the ranks and each
-rank's share is padded to the same length, like Horovod's sampler; exactly-once then holds except
-for that padding.
+Without a known batch size (Horovod's signature, ``ElasticSampler(dataset)``) positions are
+interleaved over the ranks (rank ``r`` reads ``c + r, c + r + W, ...``) and the shorter shares
+repeat one position at the epoch's very end; the sampler learns ``B`` from the first
+``record_batch`` call and uses blocks from the next reset on.
+
+Audit mode (``HVD_EDL_AUDIT_DIR``, see :mod:`hvd_edl.audit`): each step's yielded indices go to
+the ledger when the step is recorded.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterator, Optional
+from collections import deque
+from typing import Deque, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch.utils.data
 
+from hvd_edl import audit
 from hvd_edl.permutation import FeistelPermutation
 
 _CHUNK = 4096  # positions mapped per vectorised call while iterating
@@ -36,24 +46,29 @@ class ElasticSampler(torch.utils.data.Sampler):
         shuffle: permute the order each epoch (seeded by ``seed`` and the epoch).
         seed: int.
         drop_last: skip an epoch's final global batch when it has fewer samples than ranks.
-        batch_size: per-rank batch size B of the DataLoader using this sampler; enables the
-            exactly-once step layout above.  None keeps Horovod's padded layout.
+        batch_size: per-rank batch size B of the DataLoader using this sampler.  Optional: if
+            None it is learnt from the first :meth:`record_batch` and used from the next reset.
 
-    ``state_dict()`` is ``{"epoch", "seed", "consumed"}`` (consumed: positions of this epoch in
-    committed progress).  Call :meth:`record_batch` after each step; the elastic state commits,
-    restores and syncs the sampler, and calls :meth:`reset` after every generation change.
+    ``state_dict()`` is ``{"epoch", "seed", "consumed", "batch_size"}`` (consumed: positions of
+    this epoch in committed progress).  Call :meth:`record_batch` after each step; the elastic
+    state commits, restores and syncs the sampler and calls :meth:`reset` after every
+    generation change.  Iterating yields this rank's indices from ``consumed`` to the epoch end.
+
+    Raises:
+        ValueError: ``batch_size`` < 1.
     """
 
     def __init__(self, dataset, shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                  batch_size: Optional[int] = None):
-        if batch_size is not None and batch_size < 1:
+        if batch_size is not None and int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.dataset = dataset
         self.num_samples_total = len(dataset)
         self.shuffle = shuffle
         self.seed = int(seed)
         self.drop_last = drop_last
-        self.batch_size = batch_size
+        self.batch_size = None if batch_size is None else int(batch_size)
+        self.name = "sampler"  # set by TorchState to its keyword (for the audit ledger)
         self.epoch = 0
         self.consumed = 0
         self.repeated = 0
@@ -61,116 +76,258 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.rank = 0
         self.world_size = 1
         self._base = 0
+        self._block = 0  # positions per global step since the last reset; 0 = interleaved
         self._local_processed = 0
         self._perm: Optional[FeistelPermutation] = None
+        self._yielded: Deque[Tuple[int, List[int], List[int]]] = deque()  # audit mode
         self.reset()
 
     # ---- Horovod's interface ------------------------------------------------------------------
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` from its first sample."""
+        """Start epoch ``epoch`` from its first sample (the previous one is complete)."""
+        ledger = audit.ledger()
+        if ledger is not None:
+            ledger.write("epoch", epoch=int(epoch), sampler=self.name,
+                         skipped=self.num_samples_total - self._end(), **audit.position())
         self.epoch = int(epoch)
         self.consumed = 0
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Record that the ``batch_idx``-th batch (0-based, counted since the last reset) of
-        ``batch_size`` samples per rank was processed by every rank."""
-        remaining = self._end() - self._base
-        if self.batch_size is not None:
-            done = (batch_idx + 1) * self.batch_size * self.world_size
+        """Record that the ``batch_idx``-th batch (0-based, counted since the last reset) was
+        processed by every rank; ``batch_size`` is the per-rank batch size (used only in the
+        interleaved layout, and learnt there for the next reset)."""
+        if self._block:
+            done = (batch_idx + 1) * self._block
         else:
+            if self.batch_size is None:
+                self.batch_size = int(batch_size)
             self._local_processed = (batch_idx + 1) * batch_size
             done = self._local_processed * self.world_size
-        self.consumed = self._base + min(remaining, done)
+        self._advance(done, batch_idx)
 
     def record_indices(self, indices) -> None:
-        """Record ``len(indices)`` more samples processed by this rank (and so by every rank)."""
+        """Record ``len(indices)`` more samples processed by this rank (and the same step by
+        every rank)."""
         self._local_processed += len(indices)
-        remaining = self._end() - self._base
-        self.consumed = self._base + min(remaining, self._local_processed * self.world_size)
+        if self._block:
+            done = self._blocks_done(self._local_processed) * self._block
+        else:
+            done = self._local_processed * self.world_size
+        self._advance(done, None)
 
     def state_dict(self) -> Dict[str, int]:
-        return {"epoch": self.epoch, "seed": self.seed, "consumed": self.consumed}
+        return {"epoch": self.epoch, "seed": self.seed, "consumed": self.consumed,
+                "batch_size": self.batch_size}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
         self.epoch = int(state["epoch"])
         self.seed = int(state["seed"])
         self.consumed = int(state["consumed"])
+        if state.get("batch_size") is not None:
+            self.batch_size = int(state["batch_size"])
         self.reset()
 
     def reset(self) -> None:
         """Repartition the remaining positions over the current rank and world size (O(1))."""
         from hvd_edl import torch as hvd
         try:
-            self.rank, self.world_size = hvd.rank(), hvd.size()
+            rank, world_size = hvd.rank(), hvd.size()
         except ValueError:  # Horovod not initialised and not under the launcher
-            self.rank, self.world_size = 0, 1
+            rank, world_size = 0, 1
+        self.repartition(rank, world_size)
+
+    def repartition(self, rank: int, world_size: int) -> None:
+        """Lay the positions ``[consumed, N)`` out for ``rank`` of ``world_size`` (what
+        :meth:`reset` does with Horovod's rank and size; also for simulating ranks in tests)."""
+        self.rank, self.world_size = int(rank), int(world_size)
         self._base = self.consumed
+        self._block = self._block_length()
         self._local_processed = 0
+        self._yielded.clear()
         self._perm = (FeistelPermutation(self.num_samples_total,
                                          hash((self.seed, self.epoch)) & ((1 << 62) - 1))
                       if self.shuffle and self.num_samples_total > 0 else None)
         self.repeated = 0
-        self.skipped = 0
+        self.skipped = self.num_samples_total - self._end()
 
-    # ---- iteration ----------------------------------------------------------------------------
+    # ---- layout -------------------------------------------------------------------------------
+
+    def _block_length(self) -> int:
+        """Positions per global step (L); 0 for the interleaved layout."""
+        return self.batch_size * self.world_size if self.batch_size else 0
 
     def _end(self) -> int:
-        """End of the epoch's positions after drop_last trimming (see :meth:`_blocks`)."""
+        """End of the epoch's positions: N, or with drop_last N minus a final block shorter than
+        the number of ranks."""
         n, w = self.num_samples_total, self.world_size
-        if self.batch_size is None or not self.drop_last:
+        if not self.drop_last:
             return n
-        step = self.batch_size * w
-        tail = (n - self._base) % step
+        if not self._block:
+            tail = (n - self._base) % w
+            return n - tail
+        tail = (n - self._base) % self._block
         return n - tail if 0 < tail < w else n
 
-    def _local_ranges(self):
-        """Yield (start, stop, repeat) position ranges this rank reads, in order."""
-        w, r, base, end = self.world_size, self.rank, self._base, self._end()
-        if self.batch_size is None:
+    def _share(self, start: int, length: int) -> Tuple[int, int, bool]:
+        """(first position, count, repeated) of this rank's share of a block."""
+        w, r = self.world_size, self.rank
+        if length < w:  # fewer positions than ranks: ranks past the end repeat one
+            return (start + r, 1, False) if r < length else (start + r % length, 1, True)
+        q, rem = divmod(length, w)
+        return start + r * q + min(r, rem), q + (1 if r < rem else 0), False
+
+    def _blocks(self) -> Iterator[Tuple[int, int, int, bool]]:
+        """Yield (global step, first position, count, repeated) of this rank's shares."""
+        base, end, block = self._base, self._end(), self._block
+        if not block:  # interleaved: one "block" per row of W positions
+            w, r = self.world_size, self.rank
             remaining = end - base
-            per_rank = -(-remaining // w) if remaining > 0 else 0
-            for k in range(per_rank):
+            for k in range(-(-remaining // w) if remaining > 0 else 0):
                 pos = base + r + k * w
                 if pos < end:
-                    yield pos, pos + 1, False
-                else:  # pad this rank's share, like Horovod's sampler
-                    pad = base + (pos - base) % remaining
-                    yield pad, pad + 1, True
+                    yield k, pos, 1, False
+                else:  # this rank's share is short: repeat one position of the last row
+                    yield k, base + k * w + (pos - base) % (remaining - k * w), 1, True
             return
-        step = self.batch_size * w
-        for start in range(base, end, step):
-            length = min(step, end - start)
-            if length == step:
-                yield start + r * self.batch_size, start + (r + 1) * self.batch_size, False
-                continue
-            q, rem = divmod(length, w)
-            if q == 0:  # fewer positions than ranks: ranks past the end repeat one
-                if r < length:
-                    yield start + r, start + r + 1, False
-                else:
-                    yield start + r % length, start + r % length + 1, True
-                continue
-            lo = start + r * q + min(r, rem)
-            yield lo, lo + q + (1 if r < rem else 0), False
+        for j, start in enumerate(range(base, end, block)):
+            yield (j, *self._share(start, min(block, end - start)))
+
+    def _steps(self) -> int:
+        remaining = max(0, self._end() - self._base)
+        return -(-remaining // self._block) if self._block else 0
+
+    def _blocks_done(self, local: int) -> int:
+        """Global steps completed once this rank has processed ``local`` samples since the
+        reset (block layout)."""
+        steps = self._steps()
+        if steps == 0:
+            return 0
+        full = self._share(self._base, self._block)[1]
+        last_start = self._base + (steps - 1) * self._block
+        last = self._share(last_start, min(self._block, self._end() - last_start))[1]
+        if local < (steps - 1) * full:
+            return local // full
+        return steps - 1 + (1 if local >= (steps - 1) * full + last else 0)
+
+    def _advance(self, done: int, batch_idx: Optional[int]) -> None:
+        self.consumed = self._base + min(self._end() - self._base, done)
+        ledger = audit.ledger()
+        if ledger is None or not self._yielded:
+            return
+        steps: List[Tuple[int, List[int], List[int]]] = []
+        if self._block:
+            upto = batch_idx if batch_idx is not None else -(-(self.consumed - self._base)
+                                                             // self._block) - 1
+            while self._yielded and self._yielded[0][0] <= upto:
+                steps.append(self._yielded.popleft())
+        else:  # interleaved: one row per sample, a step is a batch of them
+            rows = self._local_processed
+            while self._yielded and self._yielded[0][0] < rows:
+                steps.append(self._yielded.popleft())
+            steps = [(0, [i for s in steps for i in s[1]], [i for s in steps for i in s[2]])]
+        if not any(s[1] or s[2] for s in steps):
+            return
+        ledger.write("step", epoch=self.epoch, rank=self.rank, size=self.world_size,
+                     sampler=self.name, indices=[i for s in steps for i in s[1]],
+                     repeats=[i for s in steps for i in s[2]], **audit.position(True))
+
+    # ---- iteration ----------------------------------------------------------------------------
 
     def _map(self, positions: np.ndarray) -> np.ndarray:
         return positions if self._perm is None else self._perm(positions)
 
-    def __iter__(self) -> Iterator[int]:
+    def _indices(self, first: int, count: int) -> List[int]:
+        out: List[int] = []
+        for lo in range(first, first + count, _CHUNK):
+            chunk = np.arange(lo, min(first + count, lo + _CHUNK), dtype=np.uint64)
+            out.extend(int(i) for i in self._map(chunk))
+        return out
+
+    def _shares(self) -> Iterator[Tuple[int, List[int], bool]]:
+        """(global step, indices, repeated) of this rank's shares, in order; audit mode keeps
+        them until their step is recorded."""
         self.repeated = 0
-        for start, stop, repeat in self._local_ranges():
-            self.repeated += int(repeat) * (stop - start)
-            for lo in range(start, stop, _CHUNK):
-                chunk = np.arange(lo, min(stop, lo + _CHUNK), dtype=np.uint64)
-                yield from (int(i) for i in self._map(chunk))
+        self._yielded.clear()
+        audited = audit.ledger() is not None
+        for step, first, count, repeat in self._blocks():
+            idx = self._indices(first, count)
+            if repeat:
+                self.repeated += count
+            if audited:
+                self._yielded.append((step, [] if repeat else idx, idx if repeat else []))
+            yield step, idx, repeat
+
+    def __iter__(self) -> Iterator[int]:
+        for _, idx, _ in self._shares():
+            yield from idx
 
     def __len__(self) -> int:
-        w, end, base = self.world_size, self._end(), self._base
-        remaining = max(0, end - base)
-        if self.batch_size is None:
+        """Indices this rank yields from ``consumed`` to the epoch's end."""
+        remaining = max(0, self._end() - self._base)
+        w = self.world_size
+        if not self._block:
             return -(-remaining // w)
-        step = self.batch_size * w
-        full, tail = divmod(remaining, step)
-        return full * self.batch_size + (-(-tail // w) if tail else 0)
+        full, tail = divmod(remaining, self._block)
+        n = full * self._share(self._base, self._block)[1]
+        return n + (self._share(self._base, tail)[1] if tail else 0)
+
+
+class ElasticBatchSampler(ElasticSampler):
+    """Fixed global batch: every step consumes ``global_batch_size`` samples whatever the world
+    size, split over the ranks (shares differ by at most one), so an elastic run sees the same
+    sequence of global batches as a one-worker run.  Use it as a DataLoader's ``batch_sampler``
+    and weight each rank's mean loss by :meth:`loss_weight`, which makes the averaged gradient
+    the mean over the whole global batch::
+
+        sampler = hvd.elastic.ElasticBatchSampler(train_ds, global_batch_size=64)
+        loader = DataLoader(train_ds, batch_sampler=sampler)
+        for batch_idx, (x, y) in enumerate(loader):
+            loss = F.cross_entropy(model(x), y) * sampler.loss_weight(batch_idx)
+            ...; optimizer.step(); sampler.record_batch(batch_idx, len(x))
+
+    Args:
+        dataset: anything with ``len()``.
+        global_batch_size: G, samples per global step, >= 1.
+        shuffle, seed, drop_last: as :class:`ElasticSampler`.
+
+    Iterating yields one list of indices (this rank's share) per global step; ``len()`` is the
+    number of steps from ``consumed`` to the epoch's end.
+
+    Raises:
+        ValueError: ``global_batch_size`` < 1.
+    """
+
+    def __init__(self, dataset, global_batch_size: int, shuffle: bool = True, seed: int = 0,
+                 drop_last: bool = False):
+        if int(global_batch_size) < 1:
+            raise ValueError(f"global_batch_size must be >= 1, got {global_batch_size}")
+        self.global_batch_size = int(global_batch_size)
+        super().__init__(dataset, shuffle=shuffle, seed=seed, drop_last=drop_last)
+
+    def _block_length(self) -> int:
+        return self.global_batch_size
+
+    def record_batch(self, batch_idx: int, batch_size: int = 0) -> None:
+        """Record that global step ``batch_idx`` (0-based since the last reset) is done."""
+        super().record_batch(batch_idx, batch_size)
+
+    def loss_weight(self, batch_idx: int) -> float:
+        """Factor for this rank's *mean* loss at global step ``batch_idx`` so that Horovod's
+        averaging allreduce yields the gradient of the mean loss over the global batch:
+        ``W * n_r / n`` (``n_r`` this rank's samples, ``n`` the step's global batch, ``W``
+        ranks); 0 for a share that only repeats a sample."""
+        start = self._base + batch_idx * self._block
+        length = min(self._block, self._end() - start)
+        if length <= 0:
+            raise IndexError(f"step {batch_idx} is past the epoch's end")
+        _, count, repeat = self._share(start, length)
+        return 0.0 if repeat else self.world_size * count / length
+
+    def __iter__(self) -> Iterator[List[int]]:
+        for _, idx, _ in self._shares():
+            yield idx
+
+    def __len__(self) -> int:
+        return self._steps()

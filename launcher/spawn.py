@@ -12,6 +12,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
+from hvd_edl.audit import ENV_AUDIT_DIR
 from launcher.hosts import is_local
 
 
@@ -94,7 +95,10 @@ def spawn(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Callabl
     if is_local(host):
         cmd = spec.command
     else:
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in {**spec.env, **extra_env}.items())
+        # the launcher's audit setting travels too (a local worker inherits it with os.environ)
+        passed = {k: os.environ[k] for k in (ENV_AUDIT_DIR,) if k in os.environ}
+        exports = " ".join(f"{k}={shlex.quote(v)}"
+                           for k, v in {**passed, **spec.env, **extra_env}.items())
         remote = f"cd {shlex.quote(spec.cwd)} && env {exports} {shlex.join(spec.command)}"
         cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"]
         cmd += (["-p", str(ssh_port)] if ssh_port else []) + [host, remote]

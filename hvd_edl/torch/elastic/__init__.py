@@ -9,10 +9,11 @@ import torch
 
 import horovod.torch as _hvd
 
-from hvd_edl.sampler import ElasticSampler
+from hvd_edl import audit
+from hvd_edl.sampler import ElasticBatchSampler, ElasticSampler
 from hvd_edl.state import ObjectState, State, run_fn
 
-__all__ = ["run", "TorchState", "ObjectState", "State", "ElasticSampler"]
+__all__ = ["run", "TorchState", "ObjectState", "State", "ElasticSampler", "ElasticBatchSampler"]
 
 
 def run(func):
@@ -64,6 +65,7 @@ class TorchState(ObjectState):
         self.optimizer = optimizer
         self._samplers: Dict[str, ElasticSampler] = samplers
         for k, v in samplers.items():
+            v.name = k
             object.__setattr__(self, k, v)
         super().__init__(bcast_object=_hvd.broadcast_object, get_rank=_hvd.rank, **scalars)
         self._saved_model = None
@@ -115,6 +117,11 @@ class TorchState(ObjectState):
         for k, s in self._samplers.items():
             s.load_state_dict(payload["samplers"][k])  # also resets to the new rank/size
         self.save()
+        ledger = audit.ledger()
+        if ledger is not None:
+            for k, s in self._samplers.items():
+                ledger.write("sync", sampler=k, epoch=s.epoch, consumed=s.consumed,
+                             **audit.position())
 
     def reset(self) -> None:
         for s in self._samplers.values():
@@ -123,5 +130,6 @@ class TorchState(ObjectState):
     def __setattr__(self, name, value):
         samplers = self.__dict__.get("_samplers")
         if samplers is not None and isinstance(value, ElasticSampler):
+            value.name = name
             samplers[name] = value
         super().__setattr__(name, value)

@@ -32,14 +32,42 @@ def _reset():
     _hvd.init()
 
 
-def _to_host(obj: Any) -> Any:
-    """Deep copy with every tensor detached and copied to host memory."""
+def _to_host(obj: Any, into: Any = None, pending: list = None) -> Any:
+    """Copy ``obj`` (nested dicts/lists of tensors and plain values) to host memory, reusing the
+    buffers of the previous copy ``into`` where shapes and dtypes match (no allocation and no
+    page faults at steady state).  CUDA tensors go to pinned buffers with asynchronous copies;
+    ``pending`` collects them so the caller synchronises once."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
+        src = obj.detach()
+        if (isinstance(into, torch.Tensor) and into.device.type == "cpu"
+                and into.shape == src.shape and into.dtype == src.dtype):
+            buf = into
+        elif src.is_cuda:
+            buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+        else:
+            return src.to("cpu", copy=True)
+        buf.copy_(src, non_blocking=src.is_cuda)
+        if src.is_cuda and pending is not None:
+            pending.append(src.device)
+        return buf
     if isinstance(obj, dict):
-        return {k: _to_host(v) for k, v in obj.items()}
+        prev = into if isinstance(into, dict) else {}
+        return {k: _to_host(v, prev.get(k), pending) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_host(v) for v in obj)
+        prev = into if isinstance(into, (list, tuple)) and len(into) == len(obj) else [None] * len(obj)
+        return type(obj)(_to_host(v, p, pending) for v, p in zip(obj, prev))
+    return copy.deepcopy(obj)
+
+
+def _clone(obj: Any) -> Any:
+    """Deep copy of a host-memory commit, so that loading it never aliases the saved buffers
+    (``Optimizer.load_state_dict`` keeps tensors that already have the right device and dtype)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, dict):
+        return {k: _clone(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_clone(v) for v in obj)
     return copy.deepcopy(obj)
 
 
@@ -53,7 +81,7 @@ class TorchState(ObjectState):
             scalars (``epoch=0, batch=0``), exposed as attributes.
 
     ``commit()`` copies model and optimizer state to host memory (Horovod deep-copies CUDA
-    tensors on the GPU); ``sync()`` sends model, optimizer, scalars, samplers and the step count
+    tensors on the GPU), into the buffers of the previous commit (pinned for CUDA tensors); ``sync()`` sends model, optimizer, scalars, samplers and the step count
     from rank 0 in one ``broadcast_object`` (two collectives: size and payload), then resets every
     sampler to the new rank and world size.
     """
@@ -75,10 +103,14 @@ class TorchState(ObjectState):
 
     def save(self) -> None:
         super().save()
+        pending: list = []
         if self.model is not None:
-            self._saved_model = _to_host(self.model.state_dict())
+            self._saved_model = _to_host(self.model.state_dict(), self._saved_model, pending)
         if self.optimizer is not None:
-            self._saved_optimizer = _to_host(self.optimizer.state_dict())
+            self._saved_optimizer = _to_host(self.optimizer.state_dict(), self._saved_optimizer,
+                                             pending)
+        for device in set(pending):  # the asynchronous device-to-host copies are done here
+            torch.cuda.synchronize(device)
         self._saved_samplers = {k: s.state_dict() for k, s in self._samplers.items()}
 
     def restore(self) -> None:
@@ -86,7 +118,7 @@ class TorchState(ObjectState):
         if self.model is not None and self._saved_model is not None:
             self.model.load_state_dict(self._saved_model)
         if self.optimizer is not None and self._saved_optimizer is not None:
-            self.optimizer.load_state_dict(self._saved_optimizer)
+            self.optimizer.load_state_dict(_clone(self._saved_optimizer))
         for k, s in self._samplers.items():
             if k in self._saved_samplers:
                 s.load_state_dict(self._saved_samplers[k])

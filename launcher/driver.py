@@ -90,8 +90,9 @@ class Driver:
     def run(self) -> int:
         try:
             self.hosts = self.spec.discovery.find_available_hosts_and_slots()
-        except DiscoveryError as e:
-            print(f"hvd-edl-run: error: {e}", file=sys.stderr)
+        except (DiscoveryError, OSError) as e:  # no last good host set to fall back on
+            print(f"hvd-edl-run: error: first host discovery failed, nothing launched: {e}",
+                  file=sys.stderr)
             return 1
         port = self.server.start()
         self.worker_env = {
@@ -300,13 +301,27 @@ class Driver:
                   file=sys.stderr)
 
     def _discovery_loop(self) -> None:
+        """Asks discovery every ``discovery_interval_s``.  A failed call keeps the last good
+        host set; each distinct problem is printed once (not once per call), and so is the
+        recovery.  Nothing a discovery call raises ends this thread."""
+        from launcher.discovery import describe_hosts
+        problem = None
         while True:
             time.sleep(self.spec.discovery_interval_s)
             try:
                 hosts = self.spec.discovery.find_available_hosts_and_slots()
-            except DiscoveryError as e:
-                print(f"hvd-edl-run: {e}; keeping the last good host set", file=sys.stderr)
+            except Exception as e:  # noqa: BLE001 - discovery must never kill the job
+                key = getattr(e, "key", None) or f"{type(e).__name__}: {e}"
+                if key != problem:
+                    problem = key
+                    what = e if isinstance(e, DiscoveryError) else f"host discovery failed: {e!r}"
+                    print(f"hvd-edl-run: {what}; keeping the last good host set "
+                          f"{describe_hosts(self.hosts)}", file=sys.stderr)
                 continue
+            if problem is not None:
+                problem = None
+                print(f"hvd-edl-run: host discovery recovered: {describe_hosts(hosts)}",
+                      file=sys.stderr)
             if hosts != self.hosts:
                 log.info("hosts changed: %s -> %s", self.hosts, hosts)
                 self.hosts = hosts

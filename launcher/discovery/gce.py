@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""Host discovery for GCE spot / preemptible VMs: the hosts of ``--hosts-file`` whose metadata
+announces no preemption and no maintenance event.
+
+    python -m launcher.discovery.gce --hosts-file hosts.txt \\
+        --metadata-url 'http://{host}:8181/computeMetadata/v1'
+
+A host is going when ``instance/preempted`` is ``TRUE`` or ``instance/maintenance-event`` is not
+``NONE`` (spot VMs cannot live-migrate, so any maintenance event ends them; GCE gives about 30 s
+of notice).  Requests carry ``Metadata-Flavor: Google``.  How the driver reaches each host's
+metadata, and what an unreachable endpoint means: see :mod:`launcher.discovery.spot`.
+"""
+import sys
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+if not __package__:  # run as a file: import from the repository, not from this folder
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
+
+import requests  # noqa: E402
+
+from launcher.discovery import spot  # noqa: E402
+from launcher.discovery.spot import Verdict  # noqa: E402
+
+DEFAULT_URL = "http://metadata.google.internal/computeMetadata/v1"
+HEADERS = {"Metadata-Flavor": "Google"}
+
+
+def probe(session: requests.Session, base: str, timeout_s: float) -> Tuple[Verdict, str]:
+    """One host's verdict from ``{base}/instance/preempted`` and ``/instance/maintenance-event``.
+
+    Raises:
+        requests.RequestException: the metadata server cannot be reached (the caller counts
+            the host UNKNOWN).
+    """
+    answers = {}
+    for key in ("preempted", "maintenance-event"):
+        r = session.get(f"{base}/instance/{key}", headers=HEADERS, timeout=timeout_s)
+        if r.status_code != 200:
+            return Verdict.UNKNOWN, f"instance/{key}: HTTP {r.status_code}"
+        answers[key] = r.text.strip()
+        if key == "preempted" and answers[key].upper() == "TRUE":
+            return Verdict.GOING, "instance/preempted is TRUE"
+    if answers["maintenance-event"].upper() != "NONE":
+        return Verdict.GOING, f"instance/maintenance-event is {answers['maintenance-event'][:80]}"
+    return Verdict.STAYS, ""
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return spot.main(argv, "gce", __doc__.splitlines()[0], DEFAULT_URL, probe)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""What the ``gce`` and ``aws`` discovery scripts share: read the candidate hosts from a hosts
+file, ask each host's metadata server (in parallel, short timeouts) whether the provider has
+announced that the machine is going, and print the hosts that stay in Horovod's format.
+
+How the driver reaches each host's metadata: a cloud metadata server answers only the VM it runs
+on (``169.254.169.254`` / ``metadata.google.internal`` is link-local), so the driver cannot ask it
+about another host directly.  ``--metadata-url`` is a template with a ``{host}`` placeholder; run a
+plain TCP relay on every worker host and point the template at it, e.g. on each host::
+
+    socat TCP-LISTEN:8181,fork,reuseaddr TCP:169.254.169.254:80
+
+and ``--metadata-url 'http://{host}:8181/computeMetadata/v1'`` (GCE) or
+``'http://{host}:8181/latest'`` (AWS).  A TCP relay adds no ``X-Forwarded-For`` header, which both
+clouds refuse, and its requests leave the host itself, so the IMDSv2 hop limit is met.  Open the
+relay port to the driver only.  Without ``{host}`` every host gets the same URL: right only
+for a job whose hosts are all this one machine (the default URLs are the clouds' own).
+
+An unreachable metadata endpoint (connection refused, timeout, an unexpected HTTP status) is
+*unknown*, not *going*: with ``--unreachable keep`` (the default) the host stays listed, because
+removing a healthy host costs a generation change, while a host that really vanished is caught
+anyway when its workers die (the failure path).  ``--unreachable drop`` leaves it out instead.
+When no host's metadata answers at all the script exits 1 (most likely a wrong URL template):
+the launcher then keeps its last good host set and says why, and refuses to start on a first
+call that fails.
+"""
+from __future__ import annotations
+
+import argparse
+import enum
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+import requests
+
+from launcher.hosts import HostSpecError, format_host_entry, parse_host_lines
+
+MAX_PARALLEL = 32
+
+
+class Verdict(enum.Enum):
+    """What a host's metadata says: it ``STAYS``, it is ``GOING`` (a notice), or ``UNKNOWN``
+    (the metadata could not be read)."""
+    STAYS = "stays"
+    GOING = "going"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """One host's answer; ``reason`` says why for GOING / UNKNOWN."""
+    host: str
+    slots: Optional[int]
+    verdict: Verdict
+    reason: str = ""
+
+
+# probe(session, base_url, timeout_s) -> (verdict, reason); may raise requests.RequestException
+Probe = Callable[[requests.Session, str, float], Tuple[Verdict, str]]
+
+
+def metadata_base(template: str, host: str) -> str:
+    """``"http://{host}:8181/latest"`` for host ``"::1"`` -> ``"http://[::1]:8181/latest"``."""
+    return template.replace("{host}", format_host_entry(host)).rstrip("/")
+
+
+def check_hosts(hosts: List[Tuple[str, Optional[int]]], probe: Probe, url_template: str,
+                timeout_s: float) -> List[HostCheck]:
+    """Runs ``probe`` for every host in parallel (at most MAX_PARALLEL at once), each HTTP
+    request with ``timeout_s`` seconds to connect and ``timeout_s`` to answer; results in the
+    order of ``hosts``.  Never raises for a host: failures come back as UNKNOWN."""
+    def one(entry):
+        host, slots = entry
+        with requests.Session() as session:
+            session.trust_env = False  # never send metadata requests through an HTTP proxy
+            try:
+                verdict, reason = probe(session, metadata_base(url_template, host), timeout_s)
+            except requests.RequestException as e:
+                verdict, reason = Verdict.UNKNOWN, f"unreachable ({type(e).__name__})"
+        return HostCheck(host, slots, verdict, reason)
+
+    if not hosts:
+        return []
+    with ThreadPoolExecutor(max_workers=min(MAX_PARALLEL, len(hosts))) as pool:
+        return list(pool.map(one, hosts))
+
+
+def read_candidates(path: str) -> List[Tuple[str, Optional[int]]]:
+    """The hosts file, ``host[:slots]`` a line, as ``[(host, slots or None)]`` in order.
+
+    Raises:
+        OSError: the file cannot be read.
+        HostSpecError: a malformed line (its number in the message) or a host listed twice.
+    """
+    with open(path) as f:
+        return list(parse_host_lines(f.read(), default_slots=None).items())
+
+
+def main(argv: Optional[List[str]], prog: str, description: str, default_url: str,
+         probe: Probe) -> int:
+    """The command line both cloud scripts share; returns the exit code (0: hosts printed,
+    1: nothing usable or a bad hosts file, 2: bad flags)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--hosts-file", required=True,
+                   help="candidate hosts, one 'host[:slots]' a line (re-read every call)")
+    p.add_argument("--metadata-url", default=default_url,
+                   help="metadata base URL; '{host}' is replaced by each host "
+                        f"(default {default_url}, i.e. this machine's own metadata)")
+    p.add_argument("--request-timeout", type=float, default=1.0,
+                   help="seconds per HTTP request to connect, and again to answer (default 1)")
+    p.add_argument("--unreachable", choices=("keep", "drop"), default="keep",
+                   help="a host whose metadata cannot be read stays listed (keep, default) "
+                        "or is left out (drop)")
+    a = p.parse_args(argv)
+    try:
+        candidates = read_candidates(a.hosts_file)
+    except (OSError, HostSpecError) as e:
+        print(f"{prog}: {a.hosts_file}: {e}", file=sys.stderr)
+        return 1
+    if not candidates:
+        print(f"{prog}: {a.hosts_file} lists no hosts", file=sys.stderr)
+        return 1
+    checks = check_hosts(candidates, probe, a.metadata_url, a.request_timeout)
+    unknown = [c for c in checks if c.verdict is Verdict.UNKNOWN]
+    if len(unknown) == len(checks):
+        print(f"{prog}: metadata of all {len(checks)} hosts unreachable (is --metadata-url "
+              f"right?), e.g. {unknown[0].host}: {unknown[0].reason} at "
+              f"{metadata_base(a.metadata_url, unknown[0].host)}", file=sys.stderr)
+        return 1
+    keep = {Verdict.STAYS} | ({Verdict.UNKNOWN} if a.unreachable == "keep" else set())
+    for c in checks:
+        if c.verdict is Verdict.GOING:
+            print(f"{prog}: {c.host} left out: {c.reason}", file=sys.stderr)
+        elif c.verdict is Verdict.UNKNOWN:
+            print(f"{prog}: {c.host} metadata {c.reason}: "
+                  f"{'kept' if a.unreachable == 'keep' else 'left out'}", file=sys.stderr)
+    staying = [c for c in checks if c.verdict in keep]
+    if not staying:
+        print(f"{prog}: no host left: " + "; ".join(f"{c.host}: {c.reason}" for c in checks),
+              file=sys.stderr)
+        return 1
+    print("\n".join(format_host_entry(c.host, c.slots) for c in staying), flush=True)
+    return 0

@@ -1,0 +1,184 @@
+"""The host discovery contract (Horovod's format, one ``host[:slots]`` a line).  Bad output of
+every kind is logged once, naming the script and the offending line or problem, the last good
+host set is kept and the job goes on; the first discovery call failing ends the launch."""
+import os
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from conftest import LAUNCHER, ROOT, long_digits, summary
+from launcher.cli import parse_spec
+from launcher.discovery import MAX_OUTPUT_BYTES, DiscoveryError, HostDiscoveryScript
+from launcher.hosts import HostSpecError, format_host_entry, parse_host_entry, parse_host_lines
+
+
+# ---- the format, unit level --------------------------------------------------------------------
+
+@pytest.mark.parametrize("entry, expected", [
+    ("node1:4", ("node1", 4)),
+    ("node-1.example.com", ("node-1.example.com", 1)),
+    ("10.0.0.7:2", ("10.0.0.7", 2)),
+    ("[::1]:2", ("::1", 2)),
+    ("[::1]", ("::1", 1)),
+    ("[fe80::1%eth0]:3", ("fe80::1%eth0", 3)),
+    ("[2001:db8::7]:1024", ("2001:db8::7", 1024)),
+])
+def test_host_entry_parses(entry, expected):
+    assert parse_host_entry(entry) == expected
+    assert parse_host_entry(format_host_entry(*expected)) == expected  # round trip
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("::1:2", "IPv6 address '::1:2' must be written in brackets"),
+    ("[::1", "unknown host syntax '[::1'"),
+    ("[1.2.3.4]:1", "'1.2.3.4' is not an IPv6 address"),
+    ("not a host!", "unknown host syntax 'not a host!'"),
+    ("a:0", "slots of host 'a' must be a positive integer (at most 1024), got '0'"),
+    ("a:-1", "got '-1'"),
+    ("a:+2", "got '+2'"),
+    ("a:2.0", "got '2.0'"),
+    ("a:two", "got 'two'"),
+    ("a:\u00b2", "got '\u00b2'"),          # a digit to str.isdigit(), not to int()
+    ("a:", "got ''"),
+    ("a:99999999999999", "got '99999999999999'"),
+    ("x" * 500 + ":1:1", "..."),           # a long line is cut in the message
+])
+def test_host_entry_rejects(entry, message):
+    with pytest.raises(HostSpecError) as e:
+        parse_host_entry(entry)
+    assert message in str(e.value) and len(str(e.value)) < 200
+
+
+def test_host_listed_twice_is_rejected_not_summed():
+    with pytest.raises(HostSpecError, match=r"line 3: host 'a' is listed twice"):
+        parse_host_lines("a:1\n# b:2\na:2\n")
+    assert parse_host_lines("a:1\n# b:2\n\n[::1]:2\nc slots=3\n") == {"a": 1, "::1": 2, "c": 3}
+
+
+def test_discovery_timeout_defaults_to_5_s():
+    spec = parse_spec(["--host-discovery-script", "./d.sh", "python", "t.py"])
+    assert spec.discovery.timeout_s == 5.0
+
+
+# ---- the script runner, unit level -------------------------------------------------------------
+
+def test_ipv6_output_is_parsed(tmp_path):
+    d = HostDiscoveryScript("printf '[::1]:2\\n[fe80::2]\\n127.0.0.1:1\\n'", slots=3)
+    assert d.find_available_hosts_and_slots() == {"::1": 2, "fe80::2": 3, "127.0.0.1": 1}
+
+
+def test_hanging_script_is_killed_with_its_children(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    d = HostDiscoveryScript(f"sleep 300 & echo $! > {pid_file}; echo a:1; wait", timeout_s=1)
+    with pytest.raises(DiscoveryError, match=r"did not finish within 1 s \(--discovery-timeout\)"):
+        d.find_available_hosts_and_slots()
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "the script's child outlived the timeout"
+        time.sleep(0.05)
+
+
+def test_endless_output_is_cut_at_1_mib():
+    d = HostDiscoveryScript("yes localhost:2", timeout_s=60)
+    with pytest.raises(DiscoveryError, match=f"printed more than {MAX_OUTPUT_BYTES} bytes"):
+        d.find_available_hosts_and_slots()   # not "did not finish": it was cut, not timed out
+
+
+# ---- the launcher: first call ------------------------------------------------------------------
+
+FIRST_CALL_CASES = {
+    "malformed": ("printf 'localhost:2\\nlocalhost 2\\n'", "output line 2: unknown host syntax"),
+    "empty": ("true", "printed no hosts"),
+    "exit": ("echo scheduler down >&2; exit 4", "exited with code 4: scheduler down"),
+    "hang": ("sleep 60", "did not finish within 1 s (--discovery-timeout)"),
+    "not executable": (None, "is not executable (chmod +x"),
+}
+
+
+@pytest.mark.parametrize("case", FIRST_CALL_CASES)
+def test_first_discovery_failure_ends_the_launch(tmp_path, case):
+    body, message = FIRST_CALL_CASES[case]
+    script = tmp_path / "discover.sh"
+    script.write_text(f"#!/bin/sh\n{body or 'echo localhost:1'}\n")
+    script.chmod(0o644 if body is None else 0o755)
+    started = tmp_path / "worker-started"
+    proc = subprocess.run([LAUNCHER, "--discovery-timeout", "1", "--host-discovery-script",
+                           str(script), sys.executable, "-c",
+                           f"open({str(started)!r}, 'w')"],
+                          capture_output=True, text=True, cwd=str(ROOT), timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert (f"hvd-edl-run: error: first host discovery failed, nothing launched: "
+            f"host discovery script {script}") in proc.stderr
+    assert message in proc.stderr
+    assert not started.exists()
+
+
+# ---- the launcher: a running job fed bad output ------------------------------------------------
+
+BAD_OUTPUTS = [  # (case, script body, what the one log line must say)
+    ("malformed line", "printf 'localhost:2\\nnot a host!\\n'",
+     "output line 2: unknown host syntax 'not a host!'"),
+    ("slots zero", "echo localhost:0",
+     "output line 1: slots of host 'localhost' must be a positive integer (at most 1024), got '0'"),
+    ("slots not a number", "echo localhost:two", "got 'two'"),
+    ("duplicate host", "printf 'localhost:2\\nlocalhost:1\\n'",
+     "output line 2: host 'localhost' is listed twice"),
+    ("empty output", "true", "printed no hosts"),
+    ("over 1 MiB", "yes localhost:2 | head -c 2000000",
+     f"printed more than {MAX_OUTPUT_BYTES} bytes (1 MiB limit)"),
+    ("non-zero exit", "echo cannot reach the scheduler >&2; exit 3",
+     "exited with code 3: cannot reach the scheduler"),
+    ("hang", "sleep 60", "did not finish within 1 s (--discovery-timeout): killed"),
+]
+
+
+def test_bad_discovery_output_is_logged_once_and_the_job_goes_on(tmp_path, job_factory):
+    """One job, fed each bad output in turn: each gives exactly one launcher line naming the
+    script and the problem (no repeat while it persists), no generation change, and a line
+    when discovery recovers; the job finishes at its original world size."""
+    script, calls = tmp_path / "discover.sh", tmp_path / "calls"
+
+    def serve(body):
+        new = tmp_path / "discover.new"
+        new.write_text(f"#!/bin/sh\necho >> {calls}\n{body}\n")
+        new.chmod(0o755)
+        os.replace(new, script)   # atomic: no call ever runs half a script
+
+    def n_calls():
+        return len(calls.read_text()) if calls.exists() else 0
+
+    serve("echo localhost:2")
+    job = job_factory(["-np", "2", "--min-np", "1", "--max-np", "4", "--discovery-interval",
+                       "0.2", "--discovery-timeout", "1", "--host-discovery-script",
+                       str(script)], long_digits(tmp_path))
+    job.wait_generation(1)
+    prefix = f"hvd-edl-run: host discovery script {script}"
+    suffix = "; keeping the last good host set localhost:2"
+
+    def lines_with(text):
+        return [ln for ln in job.output().splitlines() if text in ln]
+
+    for case, body, message in BAD_OUTPUTS:
+        serve(body)
+        line = job.wait_for(f"the line for {case}", lambda: lines_with(message), 60)[0]
+        assert line.startswith(prefix) and line.endswith(suffix), line
+        seen = n_calls()
+        job.wait_for(f"3 more discovery calls ({case})", lambda: n_calls() >= seen + 3, 60)
+        assert len(lines_with(message)) == 1, f"{case} logged more than once"
+    script.chmod(stat.S_IRUSR | stat.S_IWUSR)   # not executable any more
+    job.wait_for("the not-executable line",
+                 lambda: lines_with(f"{prefix} is not executable (chmod +x {script})"), 60)
+    serve("echo localhost:2")
+    job.wait_for("the recovery line",
+                 lambda: lines_with("hvd-edl-run: host discovery recovered: localhost:2"), 60)
+    job.end_training()
+    assert job.finish() == 0, job.output()[-3000:]
+    assert [e["generation"] for e in job.events()] == [1]   # no change from bad output
+    assert summary(tmp_path)["world_size"] == 2
+    assert len(lines_with("host discovery recovered")) == 1

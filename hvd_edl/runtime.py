@@ -21,7 +21,7 @@ import os
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Dict, Optional
 
 from hvd_edl import messages
 from hvd_edl.client import CoordinatorClient, CoordinatorUnreachable
@@ -61,6 +61,10 @@ class WorkerRuntime:
         self._generation_changed = threading.Event()
         self._watcher: Optional[threading.Thread] = None
         self._switch_started: Optional[float] = None
+        # where the current switch's time goes (seconds; see messages.Started.phases)
+        self._phases: Dict[str, float] = {}
+        self._init_done: Optional[float] = None
+        self._removal_only = False
 
     # ---- joining ------------------------------------------------------------------------------
 
@@ -87,13 +91,17 @@ class WorkerRuntime:
         initialises Horovod again.  Raises :class:`CoordinatorUnreachable` if the launcher died.
         """
         import horovod.torch as _hvd
+        t0 = time.monotonic()
         if self._switch_started is None:
             self.mark_switch_start()
+        self._phases = {"boundary_s": t0 - self._switch_started}
         _hvd.shutdown()
+        self._phases["shutdown_s"] = time.monotonic() - t0
         self._switch(reason, step=self.steps, steps_before_restore=steps_before_restore)
 
     def _switch(self, reason: str, step: int, steps_before_restore: int) -> None:
         import horovod.torch as _hvd
+        t0 = time.monotonic()
         while True:
             a = self.client.post("/switch", messages.SwitchRequest(
                 self.worker_id, self.generation, reason, step, steps_before_restore),
@@ -104,6 +112,7 @@ class WorkerRuntime:
             log.info("worker %s leaves: %s", self.worker_id, a.reason)
             sys.stdout.flush()
             sys.exit(0)
+        t1 = time.monotonic()
         env = os.environ
         env["HOROVOD_RANK"] = str(a.rank)
         env["HOROVOD_SIZE"] = str(a.size)
@@ -117,6 +126,14 @@ class WorkerRuntime:
         env.setdefault("HOROVOD_CONTROLLER", "gloo")
         env.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
         _hvd.init()
+        self._init_done = time.monotonic()
+        self._phases["wait_s"] = t1 - t0
+        self._phases["init_s"] = self._init_done - t1
+        # an agreed switch that only removed members: every member already holds the state
+        # committed at the same step boundary, so sync has nothing to send (samplers still
+        # repartition in state.on_reset)
+        self._removal_only = (reason == "update" and self.assignment is not None
+                              and set(a.members) <= set(self.assignment.members))
         self.generation = a.generation
         self.assignment = a
         self._change.clear()
@@ -126,6 +143,10 @@ class WorkerRuntime:
             self._watcher.start()
 
     # ---- step boundaries ----------------------------------------------------------------------
+
+    def sync_needed(self) -> bool:
+        """False after an agreed switch that only removed members (nothing to broadcast)."""
+        return not self._removal_only
 
     def change_pending(self) -> bool:
         """True when the coordinator has asked for a switch after this generation (local view)."""
@@ -139,9 +160,15 @@ class WorkerRuntime:
         """Called when the user's function is (re-)entered after a switch: reports ``stall_s``."""
         if self._switch_started is None:
             return
-        stall_s = time.monotonic() - self._switch_started
+        now = time.monotonic()
+        stall_s = now - self._switch_started
         self._switch_started = None
-        msg = messages.Started(self.worker_id, self.generation, stall_s, self.steps)
+        phases = dict(self._phases)
+        if self._init_done is not None:
+            phases["sync_s"] = now - self._init_done
+        phases["rest_s"] = stall_s - sum(phases.values())
+        phases = {k: round(v, 4) for k, v in phases.items()}
+        msg = messages.Started(self.worker_id, self.generation, stall_s, self.steps, phases)
         threading.Thread(target=self._report, args=(msg,), daemon=True).start()
 
     def _report(self, msg) -> None:

@@ -1,0 +1,496 @@
+"""hvd_edl against Horovod Elastic and static Horovod, side by side, on this machine (``make bench``).
+
+The same workload (``benchmarks/workload.py``: the digits CNN, batch 16 per rank, commit every 10
+steps) runs under ``hvd-edl-run`` and under ``horovodrun --gloo`` with the same discovery script
+(``cat`` of a hosts file the harness rewrites: ``localhost:N``).  The harness follows one
+timetable for both systems, each change made once the ring trained ``--settle-steps`` steps at the
+size before.  Everything is measured the same way for every system, from the per-step timelines
+the workers write (wall time, rank, size, step counter):
+
+* stall of a change = for workers present before and after it, the gap from the end of a
+  worker's last step at the old size to the start of its first step at the new size; the largest;
+* rolled-back steps = last step counter at the old size minus (first at the new size - 1);
+* kill -9 of the highest rank of 3: survives (any step after the kill), time from the kill to the
+  start of the first step of the new ring, steps lost (highest counter before the kill minus
+  (first counter after - 1));
+* throughput = samples/s of rank 0 over a window of steady training at 2 workers.
+
+Runs, per repetition, systems alternated A B A B:
+  changes     2 -> 3 (scale-out, the joiner builds its model at once) -> 2 (scale-in)
+              -> 3 (scale-out, the joiner takes 8 s to build its model) -> kill -9 of one
+  throughput  2 workers: hvd_edl, static Horovod (horovodrun -np 2), Horovod Elastic
+then hvd_edl's switch breakdown (from its event log: boundary, shutdown, wait, init, sync, rest)
+for 2 -> 3 -> 4 -> 3 -> 2 with about 1, 10 and 100 MB of frozen parameters.
+
+Writes benchmarks/results/latest.json and benchmarks/results/timeline.png.
+
+    .venv/bin/python benchmarks/bench.py            # full: 3 repetitions (about 15 minutes)
+    .venv/bin/python benchmarks/bench.py --quick    # 1 repetition, short windows
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+WORKLOAD = str(ROOT / "benchmarks" / "workload.py")
+RESULTS = ROOT / "benchmarks" / "results"
+SYSTEMS = ("hvd_edl", "horovod_elastic")
+BATCH = 16
+
+
+class Job:
+    """One launcher process running the workload, with its hosts file and timeline directory."""
+
+    def __init__(self, system: str, tmp: Path, np: int, *, step_delay: float = 0.0,
+                 model_mb: float = 0.0):
+        self.system = system
+        self.tmp = tmp
+        self.timeline_dir = tmp / "timelines"
+        self.timeline_dir.mkdir()
+        self.hosts_path = tmp / "hosts"
+        self.events_path = tmp / "events.jsonl"
+        self.stop_path = tmp / "stop"
+        self.out_path = tmp / "launcher.out"
+        self.delay_path = tmp / "joiner-build-delay"
+        self.set_joiner_build_delay(0.0)
+        self.set_hosts(np)
+        discover = tmp / "discover.sh"
+        discover.write_text(f"#!/bin/sh\ncat {self.hosts_path}\n")
+        discover.chmod(0o755)
+        workload = [sys.executable, WORKLOAD, "--system", system,
+                    "--timeline-dir", str(self.timeline_dir), "--stop-file", str(self.stop_path),
+                    "--batch-size", str(BATCH), "--commit-every", "10",
+                    "--step-delay", str(step_delay),
+                    "--joiner-build-delay-file", str(self.delay_path),
+                    "--model-mb", str(model_mb)]
+        if system == "hvd_edl":
+            cmd = [str(BIN / "hvd-edl-run"), "-np", str(np), "--min-np", "1", "--max-np", "4",
+                   "--event-log", str(self.events_path), "--host-discovery-script", str(discover)]
+        elif system == "horovod_elastic":
+            cmd = [str(BIN / "horovodrun"), "--gloo", "--network-interface", "lo", "-np", str(np),
+                   "--min-np", "1", "--max-np", "4", "--host-discovery-script", str(discover)]
+        else:  # static Horovod
+            cmd = [str(BIN / "horovodrun"), "--gloo", "--network-interface", "lo", "-np", str(np),
+                   "-H", f"localhost:{np}"]
+        self.out = open(self.out_path, "w")
+        self.proc = subprocess.Popen(cmd + workload, stdout=self.out, stderr=subprocess.STDOUT,
+                                     cwd=str(ROOT), start_new_session=True)
+        self.started = time.time()
+
+    def set_hosts(self, slots: int) -> None:
+        new = self.hosts_path.with_suffix(".new")
+        new.write_text(f"localhost:{slots}\n")
+        os.replace(new, self.hosts_path)
+
+    def set_joiner_build_delay(self, seconds: float) -> None:
+        self.delay_path.write_text(f"{seconds}\n")
+
+    def timelines(self) -> Dict[int, List[dict]]:
+        out = {}
+        for f in self.timeline_dir.glob("timeline-*.jsonl"):
+            recs = []
+            for line in f.read_text().splitlines():
+                try:
+                    recs.append(json.loads(line))
+                except ValueError:
+                    pass  # a line being written
+            out[int(f.stem.split("-")[1])] = recs
+        return out
+
+    def wait_settled(self, size: int, steps: int, after: float, timeout_s: float) -> bool:
+        """True once ``size`` workers each recorded ``steps`` steps at world size ``size`` after
+        ``after`` (unix time); False on timeout or when the job ended."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            n = sum(1 for recs in self.timelines().values()
+                    if sum(1 for r in recs if r["size"] == size and r["t"] > after) >= steps)
+            if n >= size:
+                return True
+            if self.proc.poll() is not None:
+                return False
+            time.sleep(0.1)
+        return False
+
+    def change(self, slots: int) -> float:
+        t = time.time()
+        self.set_hosts(slots)
+        return t
+
+    def kill_highest_rank(self) -> Optional[float]:
+        latest = {pid: recs[-1] for pid, recs in self.timelines().items() if recs}
+        if not latest:
+            return None
+        newest = max(r["t"] for r in latest.values())
+        live = {p: r for p, r in latest.items() if newest - r["t"] < 2.0}
+        pid = max(live, key=lambda p: live[p]["rank"])
+        t = time.time()
+        os.kill(pid, signal.SIGKILL)
+        self.killed_pid = pid
+        return t
+
+    def events(self) -> List[dict]:
+        if not self.events_path.exists():
+            return []
+        return [json.loads(x) for x in self.events_path.read_text().splitlines() if x]
+
+    def finish(self, timeout_s: float = 30.0) -> None:
+        """Ask the workers to stop (stop file), wait, then end whatever is left of the job."""
+        self.stop_path.touch()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self._kill_tree()
+        self.out.close()
+
+    def _kill_tree(self) -> None:
+        try:
+            procs = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            procs = []
+        procs += [psutil.Process(p) for p in self.timelines() if psutil.pid_exists(p)]
+        if self.proc.poll() is None:
+            procs.append(psutil.Process(self.proc.pid))
+        for p in procs:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(procs, timeout=5)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+    def output_tail(self, n: int = 8) -> List[str]:
+        self.out.flush()
+        lines = self.out_path.read_text(errors="replace").splitlines()
+        return [x for x in lines if not x.startswith("[")][-n:]
+
+
+# ---- measuring from timelines -------------------------------------------------------------------
+
+def change_stall(tl: Dict[int, List[dict]], old: int, new: int, after: float) -> Optional[dict]:
+    """Stall and rolled-back steps of the change old -> new made at ``after`` (unix time)."""
+    gaps, rolled = [], []
+    for recs in tl.values():
+        for i, r in enumerate(recs):
+            if i > 0 and r["t"] > after and r["size"] == new and recs[i - 1]["size"] == old:
+                prev = recs[i - 1]
+                gaps.append(r["t"] - r["dt"] - prev["t"])
+                rolled.append(prev["step"] - (r["step"] - 1))
+                break
+    if not gaps:
+        return None
+    return {"stall_s": round(max(gaps), 4), "rolled_back_steps": max(rolled),
+            "workers": len(gaps)}
+
+
+def kill_outcome(tl: Dict[int, List[dict]], killed: int, t_kill: float, size: int) -> dict:
+    before = [r["step"] for recs in tl.values() for r in recs if r["t"] <= t_kill]
+    firsts = []
+    for pid, recs in tl.items():
+        if pid == killed:
+            continue
+        # first step of the new ring: after the kill, at another size or a rolled-back counter
+        last = None
+        for r in recs:
+            if r["t"] <= t_kill:
+                last = r
+                continue
+            if last is None or r["size"] != size or r["step"] <= last["step"]:
+                firsts.append(r)
+                break
+            last = r
+    if not firsts:
+        return {"survives": False}
+    first = min(firsts, key=lambda r: r["t"])
+    return {"survives": True,
+            "recovery_s": round(first["t"] - first["dt"] - t_kill, 4),
+            "steps_lost": max(before) - (first["step"] - 1) if before else 0,
+            "new_size": first["size"]}
+
+
+def throughput(tl: Dict[int, List[dict]], skip_s: float) -> Optional[float]:
+    recs = next((recs for recs in tl.values() if recs and recs[0]["rank"] == 0), None)
+    if not recs:
+        return None
+    t0 = recs[0]["t"] + skip_s
+    window = [r for r in recs if r["t"] >= t0 and r["size"] == 2]
+    if len(window) < 10:
+        return None
+    return round((len(window) - 1) * BATCH * 2 / (window[-1]["t"] - window[0]["t"]), 2)
+
+
+# ---- scenarios ---------------------------------------------------------------------------------
+
+def run_changes(system: str, a) -> dict:
+    """2 -> 3 (joiner build 0 s) -> 2 -> 3 (joiner build 8 s) -> kill -9 of the highest rank."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Job(system, Path(tmp), 2, step_delay=a.step_delay)
+        res: Dict[str, object] = {"changes": []}
+        try:
+            if not job.wait_settled(2, a.settle_steps, 0, a.start_timeout):
+                raise RuntimeError(f"{system}: ring of 2 never formed: {job.output_tail()}")
+            marks = []
+            for old, new, delay in ((2, 3, 0.0), (3, 2, 0.0), (2, 3, 8.0)):
+                job.set_joiner_build_delay(delay)
+                t = job.change(new)
+                ok = job.wait_settled(new, a.settle_steps, t, a.change_timeout + delay)
+                marks.append((old, new, t, ok))
+            t_kill = job.kill_highest_rank()
+            killed = job.killed_pid
+            job.wait_settled(2, a.settle_steps, t_kill, a.change_timeout)
+            tl = job.timelines()
+            for (old, new, t, ok), delay in zip(marks, (0, 0, 8)):
+                res["changes"].append({"from": old, "to": new, "time": t,
+                                       "joiner_build_delay_s": delay,
+                                       **(change_stall(tl, old, new, t) or {"stall_s": None})})
+            res["kill"] = {"time": t_kill, **kill_outcome(tl, killed, t_kill, 3)}
+            if not res["kill"]["survives"]:
+                res["kill"]["reason"] = job.output_tail(6)
+            res["timeline"] = {str(p): [[r["t"], r["size"], r["step"]] for r in recs]
+                               for p, recs in tl.items()}
+            res["events"] = job.events()
+        finally:
+            job.finish()
+        return res
+
+
+def run_throughput(system: str, a) -> Optional[float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Job(system, Path(tmp), 2)
+        try:
+            if not job.wait_settled(2, 20, 0, a.start_timeout):
+                raise RuntimeError(f"{system}: ring of 2 never formed: {job.output_tail()}")
+            time.sleep(a.throughput_s + 1.0)
+            return throughput(job.timelines(), 1.0)
+        finally:
+            job.finish()
+
+
+def run_breakdown(model_mb: float, a) -> List[dict]:
+    """hvd_edl only: 2 -> 3 -> 4 -> 3 -> 2, the event log's phases per switch."""
+    with tempfile.TemporaryDirectory() as tmp:
+        job = Job("hvd_edl", Path(tmp), 2, step_delay=a.step_delay, model_mb=model_mb)
+        try:
+            if not job.wait_settled(2, a.settle_steps, 0, a.start_timeout):
+                raise RuntimeError(f"breakdown: ring of 2 never formed: {job.output_tail()}")
+            for new in (3, 4, 3, 2):
+                t = job.change(new)
+                job.wait_settled(new, a.settle_steps, t, a.change_timeout)
+            time.sleep(0.5)
+            return [{"from": e["previous_world_size"], "to": e["world_size"], "kind": e["kind"],
+                     "stall_s": e["stall_s"], "phases": e.get("phases", {})}
+                    for e in job.events() if e["kind"] != "start"]
+        finally:
+            job.finish()
+
+
+# ---- summary -----------------------------------------------------------------------------------
+
+def spread(values) -> dict:
+    v = [x for x in values if x is not None]
+    if not v:
+        return {"median": None, "min": None, "max": None, "n": 0, "values": []}
+    return {"median": round(statistics.median(v), 4), "min": round(min(v), 4),
+            "max": round(max(v), 4), "n": len(v), "values": v}
+
+
+def summarise_system(runs: List[dict], tput: List[Optional[float]]) -> dict:
+    def nth(i, key):
+        return [r["changes"][i].get(key) for r in runs if len(r["changes"]) > i]
+    kills = [r["kill"] for r in runs]
+    out = {
+        "scale_out_stall_delay0_s": spread(nth(0, "stall_s")),
+        "scale_out_stall_delay8_s": spread(nth(2, "stall_s")),
+        "scale_in_stall_s": spread(nth(1, "stall_s")),
+        "scale_in_rolled_back_steps": spread(nth(1, "rolled_back_steps")),
+        "scale_out_rolled_back_steps": spread(nth(0, "rolled_back_steps") + nth(2, "rolled_back_steps")),
+        "kill": {"survives": [k["survives"] for k in kills],
+                 "recovery_s": spread([k.get("recovery_s") for k in kills]),
+                 "steps_lost": spread([k.get("steps_lost") for k in kills]),
+                 "reasons": [k["reason"] for k in kills if "reason" in k][:1]},
+        "throughput_samples_per_s": spread(tput),
+    }
+    return out
+
+
+def summarise_breakdown(runs: Dict[str, List[List[dict]]]) -> dict:
+    """Median phases per (model size, switch)."""
+    out = {}
+    for mb, reps in runs.items():
+        rows = []
+        for i in range(max((len(r) for r in reps), default=0)):
+            evs = [r[i] for r in reps if len(r) > i]
+            names = sorted({k for e in evs for k in e["phases"]})
+            rows.append({"from": evs[0]["from"], "to": evs[0]["to"], "kind": evs[0]["kind"],
+                         "stall_s": spread([e["stall_s"] for e in evs]),
+                         "phases_median_s": {k: round(statistics.median(
+                             [e["phases"].get(k, 0.0) for e in evs]), 4) for k in names}})
+        out[mb] = rows
+    return out
+
+
+def ratio(a, b) -> Optional[float]:
+    if a is None or b is None or b == 0:
+        return None
+    return round(a / b, 4)
+
+
+def machine_info() -> dict:
+    import torch
+    import horovod
+    cpu = ""
+    try:
+        cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo")
+                    if x.startswith("model name")), "")
+    except OSError:
+        pass
+    return {"cpus": os.cpu_count(), "cpu_model": cpu, "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "horovod": horovod.__version__,
+            "memory_gb": round(psutil.virtual_memory().total / 2 ** 30, 1),
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+
+
+# ---- the picture -------------------------------------------------------------------------------
+
+def plot(timelines: Dict[str, dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(11, 3.6 * len(timelines)), squeeze=False)
+    for ax, (system, run) in zip(axes[:, 0], timelines.items()):
+        tl = run["timeline"]
+        t0 = min(recs[0][0] for recs in tl.values() if recs)
+        for i, (pid, recs) in enumerate(sorted(tl.items(), key=lambda kv: kv[1][0][0])):
+            ax.plot([r[0] - t0 for r in recs], [r[2] for r in recs], ".", ms=2,
+                    label=f"worker {i + 1} (pid {pid})")
+        for c in run["changes"]:
+            ax.axvline(c["time"] - t0, color="grey", ls="--", lw=0.8)
+            stall = "?" if c.get("stall_s") is None else f"{c['stall_s']:.2f} s"
+            build = f" (build {c['joiner_build_delay_s']} s)" if c["joiner_build_delay_s"] else ""
+            ax.annotate(f"{c['from']}->{c['to']}{build}\nstall {stall}", (c["time"] - t0, 0),
+                        xytext=(3, 5), textcoords="offset points", fontsize=8, va="bottom")
+        k = run["kill"]
+        ax.axvline(k["time"] - t0, color="red", ls="--", lw=0.8)
+        text = (f"kill -9\nrecovery {k['recovery_s']:.2f} s, lost {k['steps_lost']}"
+                if k["survives"] else "kill -9\njob ended")
+        ax.annotate(text, (k["time"] - t0, 0), xytext=(3, 5), textcoords="offset points",
+                    fontsize=8, va="bottom", color="red")
+        ax.set_title(f"{system}: steps of each worker (2 -> 3 -> 2 -> 3 workers, the second "
+                     f"joiner building its model for 8 s; then kill -9 of one)")
+        ax.set_xlabel("seconds since the first step")
+        ax.set_ylabel("step counter")
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+# ---- main --------------------------------------------------------------------------------------
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="1 repetition, short windows, "
+                   "breakdown at 1 MB only")
+    p.add_argument("--step-delay", type=float, default=0.01,
+                   help="extra seconds per step in the change runs (throughput runs use 0)")
+    p.add_argument("--settle-steps", type=int, default=25)
+    p.add_argument("--throughput-s", type=float, default=8.0)
+    p.add_argument("--model-mb", default="1,10,100", help="breakdown model sizes (MB)")
+    p.add_argument("--breakdown-reps", type=int, default=1)
+    p.add_argument("--only", choices=["changes", "throughput", "breakdown"],
+                   action="append", help="run only these parts (repeatable)")
+    p.add_argument("--out", default=str(RESULTS / "latest.json"))
+    a = p.parse_args()
+    if a.quick:
+        a.reps, a.settle_steps, a.throughput_s, a.model_mb = 1, 15, 4.0, "1"
+    a.start_timeout, a.change_timeout = 120.0, 60.0
+    parts = set(a.only or ["changes", "throughput", "breakdown"])
+    t_start = time.time()
+    machine = machine_info()
+    changes = {s: [] for s in SYSTEMS}
+    tput = {s: [] for s in SYSTEMS + ("static_horovod",)}
+
+    def log(msg):
+        print(f"[{time.time() - t_start:6.0f} s] {msg}", flush=True)
+
+    for rep in range(a.reps):
+        if "changes" in parts:
+            for s in SYSTEMS:
+                r = run_changes(s, a)
+                changes[s].append(r)
+                log(f"rep {rep} {s} changes: " + ", ".join(
+                    f"{c['from']}->{c['to']} stall {c.get('stall_s')} rb {c.get('rolled_back_steps')}"
+                    for c in r["changes"]) + f"; kill {json.dumps(r['kill'])[:200]}")
+        if "throughput" in parts:
+            for s in ("hvd_edl", "static_horovod", "horovod_elastic"):
+                v = run_throughput("static" if s == "static_horovod" else s, a)
+                tput[s].append(v)
+                log(f"rep {rep} {s} throughput {v} samples/s")
+    breakdown: Dict[str, List[List[dict]]] = {}
+    if "breakdown" in parts:
+        for rep in range(a.breakdown_reps):
+            for mb in [float(x) for x in a.model_mb.split(",")]:
+                evs = run_breakdown(mb, a)
+                breakdown.setdefault(f"{mb:g}MB", []).append(evs)
+                log(f"breakdown {mb:g} MB: " + "; ".join(
+                    f"{e['from']}->{e['to']} {e['stall_s']} {e['phases']}" for e in evs))
+
+    result = {}
+    for s in SYSTEMS:
+        result[s] = summarise_system(changes[s], tput[s])
+    result["hvd_edl"]["switch_breakdown"] = summarise_breakdown(breakdown)
+    result["hvd_edl"]["switch_breakdown_runs"] = breakdown
+    result["static_horovod"] = {"throughput_samples_per_s": spread(tput["static_horovod"])}
+    ours, theirs = result["hvd_edl"], result["horovod_elastic"]
+    result["ratios"] = {
+        "scale_out_stall_delay8": ratio(ours["scale_out_stall_delay8_s"]["median"],
+                                        theirs["scale_out_stall_delay8_s"]["median"]),
+        "scale_out_stall_delay0": ratio(ours["scale_out_stall_delay0_s"]["median"],
+                                        theirs["scale_out_stall_delay0_s"]["median"]),
+        "scale_in_stall": ratio(ours["scale_in_stall_s"]["median"],
+                                theirs["scale_in_stall_s"]["median"]),
+        "throughput_vs_static": ratio(ours["throughput_samples_per_s"]["median"],
+                                      result["static_horovod"]["throughput_samples_per_s"]["median"]),
+        "horovod_elastic_throughput_vs_static": ratio(
+            theirs["throughput_samples_per_s"]["median"],
+            result["static_horovod"]["throughput_samples_per_s"]["median"]),
+    }
+    machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    machine["bench_wall_s"] = round(time.time() - t_start, 1)
+    result["machine"] = machine
+    result["repetitions"] = a.reps
+    result["method"] = {"step_delay_s_in_change_runs": a.step_delay,
+                        "settle_steps": a.settle_steps, "throughput_window_s": a.throughput_s,
+                        "batch_per_rank": BATCH, "commit_every": 10, "order": "A B A B per rep"}
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if changes["hvd_edl"]:
+        result["timeline_runs"] = {s: changes[s][-1] for s in SYSTEMS if changes[s]}
+        plot(result["timeline_runs"], out.with_name("timeline.png"))
+    out.write_text(json.dumps(result, indent=1))
+    log(f"wrote {out} ({machine['bench_wall_s']} s)")
+    print(json.dumps({"ratios": result["ratios"]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

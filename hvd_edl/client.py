@@ -46,10 +46,11 @@ class CoordinatorClient:
             RuntimeError: the coordinator refused the request (HTTP 4xx/5xx).
         """
         body = messages.encode(msg)
-        headers = {messages.AUTH_HEADER: messages.sign(self.secret, "POST", path, body),
-                   "Content-Type": "application/json"}
         deadline = time.monotonic() + self.retry_s
         while True:
+            # signed per attempt: the coordinator accepts each signature once (replay guard)
+            headers = {messages.AUTH_HEADER: messages.sign(self.secret, "POST", path, body),
+                       "Content-Type": "application/json"}
             try:
                 r = self._session().post(self.base + path, data=body, headers=headers,
                                          timeout=timeout_s)

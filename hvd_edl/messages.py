@@ -13,7 +13,7 @@ import hmac
 import json
 import secrets
 from dataclasses import dataclass, field
-from typing import List, Optional, Type, TypeVar
+from typing import Dict, List, Optional, Type, TypeVar
 
 # Environment the launcher sets for every worker it spawns.
 ENV_COORD_ADDR = "HVD_EDL_COORDINATOR_ADDR"
@@ -105,11 +105,18 @@ class SwitchRequest:
 @dataclass
 class Started:
     """``POST /started``: the worker began its first step in ``generation`` after ``stall_s`` s
-    (end of its last step in the previous ring to the start of its first in this one)."""
+    (end of its last step in the previous ring to the start of its first in this one).
+
+    ``phases`` splits ``stall_s`` (seconds each): ``boundary_s`` (last step's end to leaving the
+    ring: commit, the agreement allreduce), ``shutdown_s`` (``hvd.shutdown()``), ``wait_s`` (the
+    coordinator forming the generation: every member at the boundary), ``init_s``
+    (``hvd.init()``: Gloo rendezvous and connections), ``sync_s`` (``state.sync()``) and
+    ``rest_s`` (what is left)."""
     worker_id: str
     generation: int
     stall_s: float
     step: int
+    phases: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

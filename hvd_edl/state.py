@@ -133,7 +133,8 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
             rt.join()
         while True:
             try:
-                state.sync()
+                if rt is None or rt.sync_needed():
+                    state.sync()
                 if rt is not None:
                     rt.mark_first_step()
                 return func(state, *args, **kwargs)

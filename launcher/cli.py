@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import socket
 import sys
 from typing import List, Optional
+
+import psutil
 
 from launcher.discovery import FixedHosts, HostDiscoveryScript
 from launcher.driver import Driver, JobSpec
@@ -42,6 +45,16 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def interface_address(nic: str) -> Optional[str]:
+    """The first IPv4 address of network interface ``nic`` (the first listed when a comma
+    separated list is given, as horovodrun accepts), or None when it has none."""
+    name = nic.split(",")[0].strip()
+    for entry in psutil.net_if_addrs().get(name, []):
+        if entry.family == socket.AF_INET:
+            return entry.address
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hvd-edl-run",
@@ -52,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elastic: the job waits (--elastic-timeout) while fewer workers exist")
     p.add_argument("--max-np", "--max-num-proc", dest="max_np", type=_positive_int,
                    help="elastic: never more workers than this")
+    p.add_argument("--target-np", type=_positive_int, default=None,
+                   help="elastic: keep the world size at this many workers instead of growing to "
+                        "every usable slot up to --max-np; hvd-edl-ctl scale changes it")
     p.add_argument("-H", "--hosts", dest="hosts", help="host1:slots,host2:slots")
     p.add_argument("--hostfile", help="file with one 'host[:slots]' or 'host slots=N' a line")
     p.add_argument("--host-discovery-script", dest="discovery_script",
@@ -73,8 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a new worker may take to become ready (default 120)")
     p.add_argument("--network-interface", "--network-interfaces", dest="nic",
                    help="interface Gloo uses (default lo for local jobs)")
-    p.add_argument("--bind-address", default="127.0.0.1",
-                   help="address the coordinator and rendezvous listen on (default 127.0.0.1)")
+    p.add_argument("--bind-address", default=None,
+                   help="address the coordinator, control API and rendezvous listen on "
+                        "(default: the --network-interface's address, else 127.0.0.1; "
+                        "0.0.0.0 listens on every interface)")
+    p.add_argument("--job-file", help="where to write the job file hvd-edl-ctl reads (URL and "
+                   "secret, mode 0600; default $XDG_RUNTIME_DIR/hvd-edl/<pid>.json or "
+                   "~/.hvd_edl/jobs/<pid>.json)")
     p.add_argument("--event-log", help="write one JSON line per generation here")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
@@ -121,15 +142,24 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
         parser.error(f"--min-np {min_np} is larger than --max-np {max_np}")
     if not min_np <= np_ <= max_np:
         parser.error(f"-np {np_} must lie within [--min-np {min_np}, --max-np {max_np}]")
+    if a.target_np is not None and not (elastic and min_np <= a.target_np <= max_np):
+        parser.error(f"--target-np {a.target_np} needs an elastic job and must lie within "
+                     f"[--min-np {min_np}, --max-np {max_np}]")
     command = a.command[1:] if a.command[0] == "--" else a.command
+    bind_addr = a.bind_address
+    if bind_addr is None:
+        bind_addr = interface_address(a.nic) if a.nic else "127.0.0.1"
+        if bind_addr is None:
+            parser.error(f"--network-interface {a.nic}: no such interface with an IPv4 address "
+                         f"(give --bind-address)")
     return JobSpec(command=tuple(command), np=np_, min_np=min_np, max_np=max_np, elastic=elastic,
                    discovery=discovery, discovery_interval_s=a.discovery_interval,
                    elastic_timeout_s=a.elastic_timeout, start_timeout_s=a.start_timeout,
                    reset_limit=a.reset_limit,
                    blacklist_cooldown_range=(tuple(a.blacklist_cooldown_range)
                                              if a.blacklist_cooldown_range else None),
-                   network_interface=a.nic, bind_addr=a.bind_address, event_log=a.event_log,
-                   verbose=a.verbose, cwd=os.getcwd())
+                   network_interface=a.nic, bind_addr=bind_addr, event_log=a.event_log,
+                   verbose=a.verbose, cwd=os.getcwd(), job_file=a.job_file, target_np=a.target_np)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

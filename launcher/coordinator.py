@@ -45,6 +45,7 @@ class Generation:
     continuing: List[str]
     member_labels: List[str] = field(default_factory=list)
     stalls: Dict[str, float] = field(default_factory=dict)
+    phases: Dict[str, Dict[str, float]] = field(default_factory=dict)
     logged: bool = False
 
 
@@ -206,6 +207,10 @@ class Coordinator:
             g = self.current
             if g is not None and g.number == msg.generation and msg.worker_id in g.continuing:
                 g.stalls[msg.worker_id] = float(msg.stall_s)
+                if isinstance(msg.phases, dict):
+                    g.phases[msg.worker_id] = {str(k): round(float(v), 4)
+                                               for k, v in msg.phases.items()
+                                               if isinstance(v, (int, float))}
                 if not g.logged and all(w in g.stalls or not self.workers[w].state.alive
                                         for w in g.continuing):
                     self._log_event(g)
@@ -341,12 +346,14 @@ class Coordinator:
     def _log_event(self, g: Generation) -> None:
         g.logged = True
         stall = max((g.stalls.get(w, 0.0) for w in g.continuing), default=0.0)
+        slowest = max(g.continuing, key=lambda w: g.stalls.get(w, -1.0), default=None)
         self.events.write(GenerationEvent(
             generation=g.number, kind=g.kind, world_size=len(g.members),
             members=list(g.member_labels), step=g.step,
             stall_s=round(stall if g.kind != "start" else 0.0, 4),
             rolled_back_steps=g.rolled_back_steps, time=g.formed_at,
-            previous_world_size=g.previous_size))
+            previous_world_size=g.previous_size,
+            phases=dict(g.phases.get(slowest, {})) if g.kind != "start" else {}))
 
 
 # ---- HTTP ----------------------------------------------------------------------------------------

@@ -15,9 +15,10 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from hvd_edl import messages
+from launcher import control
 from launcher.coordinator import Coordinator, CoordinatorServer
 from launcher.discovery import DiscoveryError
 from launcher.events import EventLog
@@ -40,6 +41,8 @@ class JobSpec:
 
     Times in seconds.  ``discovery`` answers ``find_available_hosts_and_slots()``.
     ``elastic`` is False for a static job (no discovery script, no --min-np/--max-np).
+    ``target_np``: world size to hold (None: every usable slot up to ``max_np``); ``job_file``:
+    where the control API's URL and secret go (None: :func:`control.default_job_dir`).
     """
     command: Tuple[str, ...]
     np: int
@@ -57,6 +60,8 @@ class JobSpec:
     event_log: Optional[str] = None
     verbose: bool = False
     cwd: str = "."
+    job_file: Optional[str] = None
+    target_np: Optional[int] = None
 
 
 class Driver:
@@ -70,7 +75,11 @@ class Driver:
         self.coord = Coordinator(min_np=spec.min_np, max_np=spec.max_np, elastic=spec.elastic,
                                  events=self.events, rendezvous=self.rendezvous,
                                  rendezvous_addr=spec.bind_addr, reset_limit=spec.reset_limit)
-        self.server = CoordinatorServer(self.coord, self.secret, spec.bind_addr)
+        self.server = CoordinatorServer(self.coord, self.secret, spec.bind_addr,
+                                        extra_routes=control.routes(self))
+        self.target_np = spec.target_np   # None: every usable slot up to max_np
+        self.drained: Set[str] = set()
+        self.job_path = None
         self.wake = threading.Event()
         self.procs: Dict[str, WorkerProcess] = {}
         self.hosts: Dict[str, int] = {}
@@ -84,6 +93,7 @@ class Driver:
         self.stop_signal: Optional[int] = None
         self._seq = 0
         self._lock = threading.Lock()
+        self._drain_lock = threading.Lock()
 
     # ---- the loop ------------------------------------------------------------------------------
 
@@ -95,6 +105,14 @@ class Driver:
                   file=sys.stderr)
             return 1
         port = self.server.start()
+        host = f"[{self.spec.bind_addr}]" if ":" in self.spec.bind_addr else self.spec.bind_addr
+        try:
+            self.job_path = control.write_job_file(self.spec.job_file, f"http://{host}:{port}",
+                                                   self.secret)
+            print(f"hvd-edl-run: control: hvd-edl-ctl --job {self.job_path} status", flush=True)
+        except OSError as e:
+            print(f"hvd-edl-run: cannot write the job file ({e}); hvd-edl-ctl will not find "
+                  f"this job", file=sys.stderr)
         self.worker_env = {
             messages.ENV_COORD_ADDR: self.spec.bind_addr,
             messages.ENV_COORD_PORT: str(port),
@@ -128,6 +146,11 @@ class Driver:
             terminate_all(list(self.procs.values()), grace_s=5.0)
             self.server.stop()
             self.rendezvous.close()
+            if self.job_path is not None:
+                try:
+                    self.job_path.unlink()
+                except OSError:
+                    pass
 
     def _step(self, now: float) -> Optional[int]:
         """One pass of monitor / decide / act; returns an exit code when the job is over."""
@@ -155,13 +178,16 @@ class Driver:
 
     # ---- decisions -----------------------------------------------------------------------------
 
-    def _usable_slots(self, now: float) -> Dict[str, List[int]]:
-        """Slots per host that may run a worker now (blacklist and slot cooldowns applied),
-        capped to ``max_np`` in discovery order."""
+    def _usable_slots(self, now: float,
+                      drained: Optional[Set[str]] = None) -> Dict[str, List[int]]:
+        """Slots per host that may run a worker now (blacklist, drained hosts -- ``drained``, by
+        default the current set -- and slot cooldowns applied), capped to the target world size
+        in discovery order."""
         out: Dict[str, List[int]] = {}
-        budget = self.spec.max_np
+        budget = self._target()
+        drained = self._drained() if drained is None else drained
         for host, slots in self.hosts.items():
-            if self.host_blacklist.get(host, 0) > now:
+            if self.host_blacklist.get(host, 0) > now or host in drained:
                 continue
             free = [s for s in range(slots) if self.slot_cooldown.get((host, s), 0) <= now]
             out[host] = free[:max(budget, 0)]
@@ -171,17 +197,34 @@ class Driver:
     def _capacity(self) -> int:
         return sum(len(v) for v in self._usable_slots(time.monotonic()).values())
 
+    def _target(self) -> int:
+        with self._lock:
+            return self.spec.max_np if self.target_np is None else self.target_np
+
+    def _drained(self) -> Set[str]:
+        with self._lock:
+            return set(self.drained)
+
     def _reconcile(self, now: float) -> None:
         usable = self._usable_slots(now)
-        allowed = {(h, s) for h, slots in self.hosts.items() for s in range(slots)}
+        drained = self._drained()
+        allowed = {(h, s) for h, slots in self.hosts.items() if h not in drained
+                   for s in range(slots)}
         active = [w for w in self.coord.live_workers() if w.state != WorkerState.LEAVING]
-        for w in active:  # scale-in: host gone or its slots shrank
+        for w in active:  # scale-in: host gone or drained, or its slots shrank
             if (w.host, w.slot) not in allowed:
                 log.info("%s leaves: host %s no longer offers slot %d", w.label, w.host, w.slot)
-                if self.coord.request_leave(w.worker_id):
-                    self.procs[w.worker_id].signal(signal.SIGTERM)
+                self._ask_to_leave(w)
         if self.coord.finishing:
             return
+        active = [w for w in self.coord.live_workers() if w.state != WorkerState.LEAVING]
+        members = set(self.coord.current.members) if self.coord.current else set()
+        # scale-in to the target: workers not yet in a ring first, then the youngest members
+        # (the highest ranks: the others keep their ranks, rank 0 keeps the state)
+        excess = sorted(active, key=lambda w: (w.worker_id in members, -w.order))
+        for w in excess[:max(0, len(active) - self._target())]:
+            log.info("%s leaves: above the target world size %d", w.label, self._target())
+            self._ask_to_leave(w)
         active = [w for w in self.coord.live_workers() if w.state != WorkerState.LEAVING]
         want = sum(len(v) for v in usable.values())
         for _ in range(max(0, want - len(active))):
@@ -234,7 +277,80 @@ class Driver:
               file=sys.stderr)
         return code if code > 0 else 128 - code
 
+    # ---- control API (HTTP threads; the loop acts on the next pass) ------------------------------
+
+    def status(self) -> dict:
+        """The job as ``hvd-edl-ctl status`` shows it (see :meth:`Coordinator.snapshot`), plus
+        the target world size, bounds, hosts, drained and blacklisted hosts."""
+        now = time.monotonic()
+        out = self.coord.snapshot()
+        with self._lock:
+            out.update(target_np=self.target_np, min_np=self.spec.min_np,
+                       max_np=self.spec.max_np, elastic=self.spec.elastic,
+                       hosts=dict(self.hosts), drained=sorted(self.drained),
+                       blacklisted=sorted(h for h, t in self.host_blacklist.items() if t > now))
+        return out
+
+    def set_target_np(self, np_: int) -> dict:
+        """Make ``np_`` workers the target world size (EDL's scale_out / scale_in): the loop
+        spawns joiners or asks the youngest workers to leave, through the stop-free protocol.
+
+        Raises:
+            ValueError: a static job, or ``np_`` outside [min_np, max_np]; nothing changes.
+        """
+        if not self.spec.elastic:
+            raise ValueError(f"a static job keeps -np {self.spec.np} workers; start it with "
+                             f"--min-np/--max-np to scale it")
+        if not self.spec.min_np <= np_ <= self.spec.max_np:
+            raise ValueError(f"np {np_} is outside [--min-np {self.spec.min_np}, "
+                             f"--max-np {self.spec.max_np}]; the job is unchanged")
+        with self._lock:
+            previous, self.target_np = self.target_np, np_
+        print(f"hvd-edl-run: control: target world size {np_} "
+              f"(was {previous if previous is not None else 'every usable slot'})", flush=True)
+        self.wake.set()
+        capacity = self._capacity()
+        return {"target_np": np_, "previous_target_np": previous,
+                "usable_slots": capacity,
+                "warning": None if capacity >= np_ else
+                f"only {capacity} usable slots now: the job grows when discovery offers more"}
+
+    def drain(self, host: str, drain: bool) -> dict:
+        """Drain ``host`` (its workers leave at the next commit, no new ones are placed there)
+        or, with ``drain`` False, make it usable again.
+
+        Raises:
+            ValueError: a static job; ``host`` neither discovered nor running workers; or the
+                other hosts' usable slots fall short of ``min_np`` (the members would have no
+                ring to hand their state to).  Nothing changes then.
+        """
+        if not self.spec.elastic:
+            raise ValueError("a static job cannot drain hosts")
+        known = set(self.hosts) | {w.host for w in self.coord.live_workers()}
+        with self._drain_lock:  # one drain at a time: the capacity check and the change agree
+            after = self._drained() | {host} if drain else self._drained() - {host}
+            if drain:
+                if host not in known:
+                    raise ValueError(f"unknown host {host!r}; the job knows {sorted(known)}")
+                left = sum(len(v) for v in self._usable_slots(time.monotonic(), after).values())
+                if left < self.spec.min_np:
+                    raise ValueError(f"draining {host} leaves {left} usable slots, fewer than "
+                                     f"--min-np {self.spec.min_np}; the job is unchanged")
+            with self._lock:
+                changed = after != self.drained
+                self.drained = after
+        if changed:
+            print(f"hvd-edl-run: control: host {host} {'drained' if drain else 'usable again'}",
+                  flush=True)
+        self.wake.set()
+        return {"drained": sorted(after), "usable_slots": self._capacity()}
+
     # ---- actions -------------------------------------------------------------------------------
+
+    def _ask_to_leave(self, w: WorkerRecord) -> None:
+        """Scale-in one worker: a member leaves at the next commit; any other exits now."""
+        if self.coord.request_leave(w.worker_id):
+            self.procs[w.worker_id].signal(signal.SIGTERM)
 
     def _spawn_one(self, initial: bool, usable: Optional[Dict[str, List[int]]] = None) -> bool:
         usable = usable if usable is not None else self._usable_slots(time.monotonic())

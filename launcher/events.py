@@ -5,8 +5,8 @@ import json
 import logging
 import sys
 import threading
-from dataclasses import asdict, dataclass
-from typing import List, Optional
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +19,9 @@ class GenerationEvent:
     at which it took effect.  ``stall_s``: the longest pause (seconds) among workers that trained in
     both generations, from the end of their last step in the old ring to the start of their first
     in the new one (0 for "start").  ``rolled_back_steps``: steps redone after a failure.
-    ``time``: unix seconds when the generation formed.
+    ``time``: unix seconds when the generation formed.  ``phases``: where the stall went, as the
+    slowest continuing worker reported it (``messages.Started.phases``: boundary, shutdown, wait,
+    init, sync, rest; seconds).
     """
     generation: int
     kind: str
@@ -30,6 +32,7 @@ class GenerationEvent:
     rolled_back_steps: int
     time: float
     previous_world_size: int = 0
+    phases: Dict[str, float] = field(default_factory=dict)
 
 
 class EventLog:

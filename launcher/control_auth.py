@@ -1,0 +1,109 @@
+"""Authentication and size limits for the launcher's HTTP servers (coordinator and control API).
+
+Every request must carry :data:`hvd_edl.messages.AUTH_HEADER` as :func:`hvd_edl.messages.sign`
+makes it: an HMAC-SHA256 under the per-job secret over the method, path, a wall-clock timestamp,
+a random nonce and the body.  The server
+
+* refuses a body over ``messages.MAX_BODY_BYTES`` with 413 *before reading it*, and a body without
+  a ``Content-Length`` (chunked) with 411;
+* refuses a request without the header with 401, and one whose HMAC is wrong, whose timestamp is
+  more than ``messages.AUTH_WINDOW_S`` seconds off, or whose nonce it has seen before, with 403;
+* parses the body (JSON, never pickle) only after all of that passed.
+
+Refusals change nothing in the job; they are logged at most once every ``LOG_EVERY_S`` seconds
+with a count, so a flood cannot fill the launcher's output.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Dict, Optional
+
+from hvd_edl import messages
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY_S = 10.0
+MAX_NONCES = 200_000   # authentic requests remembered for replay checks (about 20 MB at most)
+
+
+class Refused(Exception):
+    """A request the server refuses: ``status`` is the HTTP code, ``reason`` one line."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(f"{status} {reason}")
+        self.status = status
+        self.reason = reason
+
+
+class RequestAuthenticator:
+    """Checks signed requests for one job and remembers their nonces (replay guard).
+
+    Args:
+        secret: the per-job secret (:func:`hvd_edl.messages.new_secret`).
+        window_s: how far (seconds, wall clock) a signature's timestamp may be from now; also how
+            long a nonce is remembered.
+    """
+
+    def __init__(self, secret: str, window_s: float = messages.AUTH_WINDOW_S):
+        self.secret = secret
+        self.window_s = window_s
+        self._nonces: Dict[str, float] = {}   # nonce -> time.monotonic() when it may be forgotten
+        self._lock = threading.Lock()
+        self._refused = 0
+        self._last_log = float("-inf")
+
+    def read_body(self, handler) -> bytes:
+        """Read the body of the request ``handler`` (a ``BaseHTTPRequestHandler``) is serving.
+
+        Raises:
+            Refused: 411 without Content-Length (e.g. chunked), 413 when it exceeds
+                ``messages.MAX_BODY_BYTES`` (nothing is read), 400 for a malformed length.
+        """
+        if handler.headers.get("Transfer-Encoding"):
+            raise Refused(411, "Content-Length required (no chunked bodies)")
+        text = handler.headers.get("Content-Length", "0")
+        try:
+            length = int(text)
+        except ValueError:
+            raise Refused(400, f"bad Content-Length {text[:40]!r}") from None
+        if length < 0:
+            raise Refused(400, "bad Content-Length")
+        if length > messages.MAX_BODY_BYTES:
+            raise Refused(413, f"body of {length} bytes exceeds {messages.MAX_BODY_BYTES}")
+        return handler.rfile.read(length)
+
+    def check(self, method: str, path: str, body: bytes, header: Optional[str]) -> None:
+        """Accept the request once.
+
+        Raises:
+            Refused: 401 without a signature; 403 for a wrong, expired or replayed one.
+        """
+        if not header:
+            raise Refused(401, "missing signature header " + messages.AUTH_HEADER)
+        nonce = messages.verify(self.secret, method, path, body, header, window_s=self.window_s)
+        if nonce is None:
+            raise Refused(403, "bad or expired signature")
+        now = time.monotonic()
+        with self._lock:
+            if nonce in self._nonces:
+                raise Refused(403, "replayed request")
+            if len(self._nonces) >= MAX_NONCES:
+                self._nonces = {n: t for n, t in self._nonces.items() if t > now}
+                if len(self._nonces) >= MAX_NONCES:
+                    raise Refused(403, "too many requests in the replay window")
+            # remembered for twice the window: the timestamp may be up to window_s in the future
+            self._nonces[nonce] = now + 2 * self.window_s
+
+    def note_refusal(self, server: str, client: str, refusal: Refused) -> None:
+        """Log a refusal (rate-limited: one line per ``LOG_EVERY_S`` seconds with a count)."""
+        now = time.monotonic()
+        with self._lock:
+            self._refused += 1
+            if now - self._last_log < LOG_EVERY_S:
+                return
+            self._last_log = now
+            count = self._refused
+        log.warning("%s refused a request from %s: %s (%d refused so far)",
+                    server, client, refusal, count)

@@ -2,8 +2,11 @@
 
 Both sides import this module; the worker side never imports the launcher.  Every message is a
 dataclass sent as JSON over HTTP on the coordinator's port; nothing received from the network is
-unpickled.  Every request carries an HMAC-SHA256 of ``METHOD path body`` under the per-job secret
-(the scheme of Horovod's ``horovod.runner.common.util.secret``), checked before the body is parsed.
+unpickled.  Every request carries an HMAC-SHA256 under the per-job secret (the scheme of Horovod's
+``horovod.runner.common.util.secret``) over the method, path, a wall-clock timestamp, a random
+nonce and the body, checked before the body is parsed.  The timestamp bounds how long a captured
+request stays valid (``AUTH_WINDOW_S``); the server remembers nonces for that long, so a request
+is accepted once.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import hashlib
 import hmac
 import json
 import secrets
+import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Type, TypeVar
 
@@ -25,6 +29,8 @@ ENV_SLOT = "HVD_EDL_SLOT"
 ENV_ELASTIC = "HVD_EDL_ELASTIC"
 
 AUTH_HEADER = "X-Hvd-Edl-Auth"
+AUTH_SCHEME = "v1"
+AUTH_WINDOW_S = 120.0     # a signature older or newer than this (wall clock) is refused
 MAX_BODY_BYTES = 1 << 20  # requests larger than this are refused unread
 
 T = TypeVar("T")
@@ -35,19 +41,41 @@ def new_secret() -> str:
     return secrets.token_hex(32)
 
 
-def sign(secret: str, method: str, path: str, body: bytes) -> str:
-    """HMAC-SHA256 (hex) of ``METHOD path`` and the body under ``secret``."""
+def _mac(secret: str, method: str, path: str, stamp: str, nonce: str, body: bytes) -> str:
     mac = hmac.new(secret.encode(), digestmod=hashlib.sha256)
-    mac.update(f"{method} {path}\n".encode())
+    mac.update(f"{method} {path}\n{stamp}\n{nonce}\n".encode())
     mac.update(body)
     return mac.hexdigest()
 
 
-def verify(secret: str, method: str, path: str, body: bytes, signature: Optional[str]) -> bool:
-    """True when ``signature`` is the HMAC :func:`sign` gives; constant-time comparison."""
-    if not signature:
-        return False
-    return hmac.compare_digest(sign(secret, method, path, body), signature)
+def sign(secret: str, method: str, path: str, body: bytes) -> str:
+    """The :data:`AUTH_HEADER` value for one request: ``v1:<unix ms>:<nonce>:<hmac hex>``.
+
+    The HMAC-SHA256 covers ``METHOD path``, the timestamp, a fresh 128-bit nonce and the body.
+    Sign each attempt anew (a resent header is a replay)."""
+    stamp = str(int(time.time() * 1000))
+    nonce = secrets.token_hex(16)
+    return f"{AUTH_SCHEME}:{stamp}:{nonce}:{_mac(secret, method, path, stamp, nonce, body)}"
+
+
+def verify(secret: str, method: str, path: str, body: bytes, signature: Optional[str],
+           now: Optional[float] = None, window_s: float = AUTH_WINDOW_S) -> Optional[str]:
+    """Check a :func:`sign` header: well formed, timestamp within ``window_s`` seconds of ``now``
+    (unix seconds; default the clock), HMAC right (constant-time comparison).
+
+    Returns the request's nonce when valid (the caller refuses a nonce seen before), else None.
+    """
+    parts = (signature or "").split(":")
+    if len(parts) != 4 or parts[0] != AUTH_SCHEME or not parts[1].isdigit() \
+            or not 16 <= len(parts[2]) <= 64:
+        return None
+    _, stamp, nonce, mac = parts
+    now = time.time() if now is None else now
+    if abs(now - int(stamp) / 1000.0) > window_s:
+        return None
+    if not hmac.compare_digest(_mac(secret, method, path, stamp, nonce, body), mac):
+        return None
+    return nonce
 
 
 def encode(msg) -> bytes:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Dict, List, Optional
 
 from hvd_edl import messages
+from launcher.control_auth import Refused, RequestAuthenticator
 from launcher.events import EventLog, GenerationEvent
 from launcher.registry import WorkerRecord, WorkerState
 from launcher.rendezvous import GenerationRendezvous
@@ -151,6 +153,32 @@ class Coordinator:
         with self.lock:
             return sum(1 for w in self.workers.values() if w.state in (
                 WorkerState.PENDING, WorkerState.READY, WorkerState.MEMBER))
+
+    def snapshot(self) -> dict:
+        """What ``hvd-edl-ctl status`` shows, as a JSON-ready dict: the current generation
+        (number, world size, the step it formed at), the last switch's stall (seconds, None
+        before the first change) and every live worker (id, host, slot, state, rank)."""
+        with self.lock:
+            g = self.current
+            last = next((h for h in reversed(self.history) if h.kind != "start" and h.logged),
+                        None)
+            members = set(g.members) if g else set()
+            workers = sorted((w for w in self.workers.values() if w.state.alive),
+                             key=lambda w: w.order)
+            return {
+                "generation": g.number if g else 0,
+                "world_size": len(g.members) if g else 0,
+                "step": g.step if g else 0,
+                "last_change": None if last is None else {
+                    "generation": last.number, "kind": last.kind,
+                    "stall_s": round(max((last.stalls.get(w, 0.0) for w in last.continuing),
+                                         default=0.0), 4)},
+                "workers": [{"worker_id": w.worker_id, "host": w.host, "slot": w.slot,
+                             "state": w.state.value,
+                             "rank": w.rank if w.worker_id in members else None}
+                            for w in workers],
+                "finishing": self.finishing,
+            }
 
     # ---- worker side (HTTP) --------------------------------------------------------------------
 
@@ -288,7 +316,7 @@ class Coordinator:
 
     def _form(self, participants: List[str], previous: List[str]) -> None:
         number = (self.current.number if self.current else 0) + 1
-        port = self.rendezvous.open(number)
+        port = self.rendezvous.open(number, {self.workers[w].host for w in participants})
         hosts: List[str] = []
         for w in participants:
             if self.workers[w].host not in hosts:
@@ -358,6 +386,13 @@ class Coordinator:
 
 # ---- HTTP ----------------------------------------------------------------------------------------
 
+IDLE_CONNECTION_TIMEOUT_S = 120.0
+
+
+class _ThreadingHTTPServer6(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 _ROUTES = {
     "/register": (messages.Register, "register"),
     "/ready": (messages.Ready, "ready"),
@@ -370,17 +405,23 @@ _ROUTES = {
 class CoordinatorServer:
     """Serves a :class:`Coordinator` over HTTP on ``(bind_addr, port)`` (port 0: any free).
 
-    Requests must be ``POST`` with JSON bodies of at most ``messages.MAX_BODY_BYTES`` and a valid
-    HMAC header; anything else gets 4xx before the body is parsed and changes nothing.
+    Requests must be ``POST`` with a ``Content-Length`` of at most ``messages.MAX_BODY_BYTES``
+    (else 411 / 413, unread) and a valid, fresh, not yet seen signature (else 401 / 403, see
+    :mod:`launcher.control_auth`); only then is the JSON body parsed.  A refused request changes
+    nothing.  ``extra_routes`` maps further paths to handlers taking and returning JSON objects
+    (the control API); a handler raising ``ValueError`` / ``KeyError`` answers 400 with its
+    message.
     """
 
     def __init__(self, coordinator: Coordinator, secret: str, bind_addr: str, port: int = 0,
                  extra_routes: Optional[Dict[str, Callable[[dict], dict]]] = None):
         coord = coordinator
         extra = extra_routes or {}
+        auth = self.auth = RequestAuthenticator(secret)
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = IDLE_CONNECTION_TIMEOUT_S  # a client that sends nothing loses its thread
 
             def log_message(self, fmt, *args):  # quiet
                 log.debug("http: " + fmt, *args)
@@ -395,21 +436,23 @@ class CoordinatorServer:
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the worker died while waiting (a long poll): nothing to tell it
 
+            def _refuse(self, refusal: Refused) -> None:
+                auth.note_refusal("coordinator", self.client_address[0], refusal)
+                self.close_connection = True
+                self._reply(refusal.status, json.dumps({"error": refusal.reason}).encode())
+
             def do_GET(self):  # noqa: N802
+                self.close_connection = True
                 self._reply(405, b'{"error": "POST only"}')
+
+            do_PUT = do_DELETE = do_HEAD = do_GET  # noqa: N815
 
             def do_POST(self):  # noqa: N802
                 try:
-                    length = int(self.headers.get("Content-Length", "0"))
-                except ValueError:
-                    length = -1
-                if length < 0 or length > messages.MAX_BODY_BYTES:
-                    self.close_connection = True
-                    return self._reply(413, b'{"error": "body too large"}')
-                body = self.rfile.read(length)
-                if not messages.verify(secret, "POST", self.path, body,
-                                       self.headers.get(messages.AUTH_HEADER)):
-                    return self._reply(403, b'{"error": "bad or missing signature"}')
+                    body = auth.read_body(self)
+                    auth.check("POST", self.path, body, self.headers.get(messages.AUTH_HEADER))
+                except Refused as refusal:
+                    return self._refuse(refusal)
                 route = _ROUTES.get(self.path)
                 try:
                     if route is not None:
@@ -418,12 +461,16 @@ class CoordinatorServer:
                         return self._reply(200, messages.encode(reply))
                     if self.path in extra:
                         data = json.loads(body.decode() or "{}")
+                        if not isinstance(data, dict):
+                            raise ValueError("expected a JSON object")
                         return self._reply(200, json.dumps(extra[self.path](data)).encode())
                     return self._reply(404, b'{"error": "no such endpoint"}')
                 except (ValueError, KeyError) as e:
-                    return self._reply(400, json.dumps({"error": str(e)}).encode())
+                    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+                    return self._reply(400, json.dumps({"error": str(msg)}).encode())
 
-        self.httpd = ThreadingHTTPServer((bind_addr, port), Handler)
+        server_cls = _ThreadingHTTPServer6 if ":" in bind_addr else ThreadingHTTPServer
+        self.httpd = server_cls((bind_addr, port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="coordinator",

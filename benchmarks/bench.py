@@ -380,25 +380,25 @@ def plot(timelines: Dict[str, dict], path: Path) -> None:
         tl = run["timeline"]
         t0 = min(recs[0][0] for recs in tl.values() if recs)
         for i, (pid, recs) in enumerate(sorted(tl.items(), key=lambda kv: kv[1][0][0])):
-            ax.plot([r[0] - t0 for r in recs], [r[2] for r in recs], ".", ms=2,
+            ax.plot([r[0] - t0 for r in recs], [i + 1] * len(recs), "|", ms=9,
                     label=f"worker {i + 1} (pid {pid})")
         for c in run["changes"]:
             ax.axvline(c["time"] - t0, color="grey", ls="--", lw=0.8)
             stall = "?" if c.get("stall_s") is None else f"{c['stall_s']:.2f} s"
             build = f" (build {c['joiner_build_delay_s']} s)" if c["joiner_build_delay_s"] else ""
-            ax.annotate(f"{c['from']}->{c['to']}{build}\nstall {stall}", (c["time"] - t0, 0),
+            ax.annotate(f"{c['from']}->{c['to']}{build}\nstall {stall}", (c["time"] - t0, 0.1),
                         xytext=(3, 5), textcoords="offset points", fontsize=8, va="bottom")
         k = run["kill"]
         ax.axvline(k["time"] - t0, color="red", ls="--", lw=0.8)
         text = (f"kill -9\nrecovery {k['recovery_s']:.2f} s, lost {k['steps_lost']}"
                 if k["survives"] else "kill -9\njob ended")
-        ax.annotate(text, (k["time"] - t0, 0), xytext=(3, 5), textcoords="offset points",
+        ax.annotate(text, (k["time"] - t0, 0.1), xytext=(3, 5), textcoords="offset points",
                     fontsize=8, va="bottom", color="red")
         ax.set_title(f"{system}: steps of each worker (2 -> 3 -> 2 -> 3 workers, the second "
                      f"joiner building its model for 8 s; then kill -9 of one)")
         ax.set_xlabel("seconds since the first step")
-        ax.set_ylabel("step counter")
-        ax.legend(fontsize=7, loc="upper left")
+        ax.set_ylabel("worker (one tick per step)")
+        ax.set_ylim(-0.2, len(tl) + 0.6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hvd_edl-deps
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench chaos clean
 
 setup: $(STAMP)
 	@cmake -S . -B build -DPython3_EXECUTABLE=$(abspath $(PY)) > build.cmake.log 2>&1 || (cat build.cmake.log; exit 1)
@@ -35,6 +35,10 @@ test: setup
 # hvd_edl vs Horovod Elastic vs static Horovod (about 15 minutes on 2 cores): benchmarks/results/
 bench: setup
 	$(VENV)/bin/python benchmarks/bench.py
+
+# Seeded random faults over the digits job (3 runs x 7 faults, a few minutes).
+chaos: setup
+	$(VENV)/bin/python -m pytest -m chaos -s $(PYTEST_ARGS) tests/test_chaos.py
 
 clean:
 	rm -rf build build.cmake.log

@@ -156,6 +156,13 @@ class WatchRequest:
     wait_s: float = 20.0
 
 
+@dataclass
+class Leave:
+    """``POST /leave``: this worker received SIGTERM and leaves gracefully: at the next step
+    boundary if it is a member (nothing rolled back), at once otherwise."""
+    worker_id: str
+
+
 # ---- coordinator -> worker -------------------------------------------------------------------
 
 @dataclass
@@ -179,6 +186,9 @@ class Assignment:
     code 0: scaled in, or the job is over), or "wait" (ask again).  Ranks follow Horovod: ``rank``
     in [0, size), ``local_rank`` in [0, local_size) within ``hostname``, ``cross_rank`` in
     [0, cross_size) over hosts.  ``rendezvous_port`` is this generation's Gloo rendezvous.
+    ``sync``: whether the members broadcast the state when the generation starts; the same for
+    every member (False only after an agreed switch that removed members and added none, when
+    every member holds the state committed at that step boundary).
     """
     action: str
     generation: int = 0
@@ -193,6 +203,7 @@ class Assignment:
     rendezvous_port: int = 0
     members: List[str] = field(default_factory=list)
     reason: str = ""
+    sync: bool = True
 
 
 @dataclass

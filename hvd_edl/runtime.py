@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import socket
 import sys
 import threading
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Set, Tuple
 
 from hvd_edl import messages
 from hvd_edl.client import CoordinatorClient, CoordinatorUnreachable
@@ -65,6 +67,10 @@ class WorkerRuntime:
         self._phases: Dict[str, float] = {}
         self._init_done: Optional[float] = None
         self._removal_only = False
+        self._ring: List[Tuple[int, tuple, tuple]] = []  # Gloo's connections of this generation
+        self._leaving = False
+        self._ready_reported = False
+        self._install_sigterm()
 
     # ---- joining ------------------------------------------------------------------------------
 
@@ -80,6 +86,7 @@ class WorkerRuntime:
         """
         if self.joined:
             return
+        self._ready_reported = True
         self.client.post("/ready", messages.Ready(self.worker_id), messages.WatchReply)
         self._switch("join", step=self.steps, steps_before_restore=self.steps)
 
@@ -96,6 +103,10 @@ class WorkerRuntime:
             self.mark_switch_start()
         self._phases = {"boundary_s": t0 - self._switch_started}
         _hvd.shutdown()
+        if reason == "failure":
+            # peers still blocked in a collective with us see EOF now, not after Gloo's timeout
+            _release_ring(self._ring)
+        self._ring = []
         self._phases["shutdown_s"] = time.monotonic() - t0
         self._switch(reason, step=self.steps, steps_before_restore=steps_before_restore)
 
@@ -125,15 +136,17 @@ class WorkerRuntime:
         env["HOROVOD_GLOO_RENDEZVOUS_PORT"] = str(a.rendezvous_port)
         env.setdefault("HOROVOD_CONTROLLER", "gloo")
         env.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
+        before = _tcp_connections()
         _hvd.init()
+        self._ring = [c for c in _tcp_connections() - before
+                      if c[2][1] not in (self.client.port, a.rendezvous_port)]
         self._init_done = time.monotonic()
         self._phases["wait_s"] = t1 - t0
         self._phases["init_s"] = self._init_done - t1
         # an agreed switch that only removed members: every member already holds the state
         # committed at the same step boundary, so sync has nothing to send (samplers still
-        # repartition in state.on_reset)
-        self._removal_only = (reason == "update" and self.assignment is not None
-                              and set(a.members) <= set(self.assignment.members))
+        # repartition in state.on_reset); the coordinator decides, the same for all members
+        self._removal_only = not a.sync
         self.generation = a.generation
         self.assignment = a
         self._change.clear()
@@ -141,6 +154,39 @@ class WorkerRuntime:
         if self.elastic and self._watcher is None:
             self._watcher = threading.Thread(target=self._watch, name="hvd_edl-watch", daemon=True)
             self._watcher.start()
+
+    # ---- SIGTERM: leave gracefully ------------------------------------------------------------
+
+    def _install_sigterm(self) -> None:
+        """SIGTERM (a preemption notice from Kubernetes, a scheduler, ``kill``) makes this worker
+        leave gracefully: a member at the next commit through the stop-free protocol, others at
+        once.  A script that installed its own SIGTERM handler keeps it."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        if self._leaving:  # a second SIGTERM: die now
+            _die(signum)
+        self._leaving = True
+        if not self._ready_reported:  # still building: no ring can be waiting for it
+            log.warning("worker %s got SIGTERM before joining: exiting", self.worker_id)
+            raise SystemExit(0)
+        threading.Thread(target=self._leave, args=(signum,), name="hvd_edl-leave",
+                         daemon=True).start()
+
+    def _leave(self, signum: int) -> None:
+        try:
+            a = self.client.post("/leave", messages.Leave(self.worker_id), messages.Assignment,
+                                 timeout_s=5)
+        except (CoordinatorUnreachable, RuntimeError) as e:
+            log.warning("worker %s: SIGTERM and no coordinator (%s): exiting", self.worker_id, e)
+            _die(signum)
+            return
+        if a.action == "exit":  # the launcher is stopping the job
+            _die(signum)
+        log.warning("worker %s got SIGTERM: leaving at the next commit", self.worker_id)
 
     # ---- step boundaries ----------------------------------------------------------------------
 
@@ -200,6 +246,50 @@ class WorkerRuntime:
                 while gen == self.generation:
                     self._generation_changed.wait()
                     self._generation_changed.clear()
+
+
+def _die(signum: int) -> None:
+    """End the process with ``signum``'s default action (as if no handler were installed)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _tcp_connections() -> Set[Tuple[int, tuple, tuple]]:
+    """This process's established TCP connections as (fd, local address, remote address)."""
+    import psutil
+    try:
+        return {(c.fd, tuple(c.laddr), tuple(c.raddr))
+                for c in psutil.Process().net_connections(kind="tcp")
+                if c.raddr and c.status == psutil.CONN_ESTABLISHED and c.fd >= 0}
+    except (psutil.Error, OSError):
+        return set()
+
+
+def _release_ring(ring: List[Tuple[int, tuple, tuple]]) -> None:
+    """``shutdown(SHUT_RDWR)`` (not close: the descriptors stay Horovod's) the connections the
+    failed generation's Gloo context opened, if they still are the same connections.
+
+    After a failure Horovod's shutdown keeps its Gloo context, and with it the sockets, alive;
+    a peer blocked in a receive from this process would wait for Gloo's timeout (30 s by
+    default).  Shutting the sockets down gives it an EOF at once, so every survivor fails fast
+    and reaches the next generation.
+    """
+    current = _tcp_connections()
+    for conn in ring:
+        if conn not in current:
+            continue
+        try:
+            sock = socket.socket(fileno=conn[0])
+        except OSError:
+            continue
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        finally:
+            sock.detach()
 
 
 _runtime: Optional[WorkerRuntime] = None

@@ -17,7 +17,7 @@ from typing import Callable, Dict, List
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-from hvd_edl import runtime
+from hvd_edl import audit, runtime
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,13 @@ class State:
     def reset(self) -> None:
         """Hook for subclasses: refresh anything that depends on rank or size."""
 
+    def audit_resume(self) -> None:
+        """Audit mode: note in the ledger the committed step this generation resumes from
+        (see :mod:`hvd_edl.audit`)."""
+        ledger = audit.ledger()
+        if ledger is not None:
+            ledger.write("sync", **audit.position())
+
 
 def _agree(flag: int) -> bool:
     import torch
@@ -135,6 +142,7 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
             try:
                 if rt is None or rt.sync_needed():
                     state.sync()
+                state.audit_resume()
                 if rt is not None:
                     rt.mark_first_step()
                 return func(state, *args, **kwargs)

@@ -86,6 +86,7 @@ class Coordinator:
         self.first_report_at: Optional[float] = None
         self.assignments: Dict[str, messages.Assignment] = {}
         self.finishing = False
+        self.stopping = False  # the launcher is terminating every worker (SIGTERM means die)
         self.failure: Optional[str] = None
 
     # ---- driver side ---------------------------------------------------------------------------
@@ -131,6 +132,19 @@ class Coordinator:
             self._try_form()
             self.cond.notify_all()
             return not is_member
+
+    def leave(self, msg: messages.Leave) -> messages.Assignment:
+        """A worker asks to leave on its own (it got SIGTERM after reporting ready).  Answers
+        "wait": it is told to exit through the protocol (a member at the next step boundary,
+        nothing rolled back; a worker not in a ring in its pending ``/switch``); or "exit": die
+        now (the launcher is stopping the job, or the worker is already gone)."""
+        rec = self._worker(msg.worker_id)  # unknown ids are refused like elsewhere
+        if self.stopping:
+            return messages.Assignment(action="exit", reason="the job is stopping")
+        self.request_leave(msg.worker_id)
+        if rec.state in (WorkerState.EXITED, WorkerState.DEAD):
+            return messages.Assignment(action="exit", reason=f"worker is {rec.state.name}")
+        return messages.Assignment(action="wait", reason="leaving through the protocol")
 
     def tick(self, now: float) -> None:
         """Periodic checks: finalise generation events whose reports are overdue."""
@@ -323,6 +337,10 @@ class Coordinator:
                 hosts.append(self.workers[w].host)
         local_counts = {h: 0 for h in hosts}
         per_host = {h: sum(1 for w in participants if self.workers[w].host == h) for h in hosts}
+        kind, step, rolled_back = self._classify(previous, participants)
+        # one decision for every member (a rank that skipped the broadcast others wait in would
+        # hang them): skip sync only after an agreed switch that removed members and added none
+        sync = kind in ("start", "failure") or not set(participants) <= set(self.current.members)
         labels = []
         for rank, w in enumerate(participants):
             rec = self.workers[w]
@@ -340,12 +358,11 @@ class Coordinator:
                 cross_rank=cross_hosts.index(rec.host), cross_size=len(cross_hosts),
                 hostname=rec.host,
                 rendezvous_addr=self.rendezvous_addr, rendezvous_port=port,
-                members=list(participants))
+                members=list(participants), sync=sync)
             local_counts[rec.host] += 1
         for w in previous:
             if w not in participants:
                 self.assignments[w] = messages.Assignment(action="exit", reason="scaled in")
-        kind, step, rolled_back = self._classify(previous, participants)
         prev_size = len(self.current.members) if self.current else 0
         continuing = [w for w in participants if w in previous]
         gen = Generation(number, list(participants), kind, step, rolled_back, time.time(),
@@ -399,6 +416,7 @@ _ROUTES = {
     "/switch": (messages.SwitchRequest, "switch"),
     "/started": (messages.Started, "started"),
     "/watch": (messages.WatchRequest, "watch"),
+    "/leave": (messages.Leave, "leave"),
 }
 
 

@@ -143,6 +143,7 @@ class Driver:
                 self.wake.wait(LOOP_S)
                 self.wake.clear()
         finally:
+            self.coord.stopping = True
             terminate_all(list(self.procs.values()), grace_s=5.0)
             self.server.stop()
             self.rendezvous.close()
@@ -156,6 +157,7 @@ class Driver:
         """One pass of monitor / decide / act; returns an exit code when the job is over."""
         if self.stop_signal is not None:
             print(f"hvd-edl-run: got signal {self.stop_signal}: stopping workers", file=sys.stderr)
+            self.coord.stopping = True
             terminate_all(list(self.procs.values()), grace_s=10.0, sig=self.stop_signal)
             return 128 + self.stop_signal
         if not self.spec.elastic and self.first_failure is not None:

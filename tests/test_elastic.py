@@ -126,3 +126,17 @@ def test_host_added_while_first_workers_build_their_model(tmp_path, job_factory)
     job.end_training()
     assert job.finish() == 0, job.output()[-3000:]
     _assert_continuity(job.events())
+
+
+def test_sigterm_makes_a_member_leave_gracefully(tmp_path, job_factory):
+    job = job_factory(["-np", "3", "--min-np", "1", "--max-np", "3", "--discovery-interval", "0.2"],
+                      long_digits(tmp_path), hosts="localhost:3")
+    job.wait_generation(1)
+    job.kill_worker("w2", signal.SIGTERM)  # e.g. Kubernetes evicting the pod
+    ev = job.wait_generation(2)
+    assert ev["kind"] == "scale_in" and ev["rolled_back_steps"] == 0
+    assert "w2" not in _members(ev)
+    job.end_training()
+    assert job.finish() == 0, job.output()[-3000:]
+    assert "w2@localhost:1 failed" not in job.output()  # it left, it did not fail
+    _assert_continuity(job.events())

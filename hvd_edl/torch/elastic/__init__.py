@@ -149,11 +149,16 @@ class TorchState(ObjectState):
         for k, s in self._samplers.items():
             s.load_state_dict(payload["samplers"][k])  # also resets to the new rank/size
         self.save()
+
+    def audit_resume(self) -> None:
         ledger = audit.ledger()
-        if ledger is not None:
-            for k, s in self._samplers.items():
-                ledger.write("sync", sampler=k, epoch=s.epoch, consumed=s.consumed,
-                             **audit.position())
+        if ledger is None:
+            return
+        if not self._samplers:
+            super().audit_resume()
+        for k, s in self._samplers.items():
+            ledger.write("sync", sampler=k, epoch=s.epoch, consumed=s.consumed,
+                         **audit.position())
 
     def reset(self) -> None:
         for s in self._samplers.values():

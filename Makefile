@@ -36,7 +36,7 @@ test: setup
 bench: setup
 	$(VENV)/bin/python benchmarks/bench.py
 
-# Seeded random faults over the digits job (3 runs x 7 faults, a few minutes).
+# Seeded random faults over the digits job (3 runs x 10 faults, about 2 minutes).
 chaos: setup
 	$(VENV)/bin/python -m pytest -m chaos -s $(PYTEST_ARGS) tests/test_chaos.py
 

@@ -140,3 +140,27 @@ def test_sigterm_makes_a_member_leave_gracefully(tmp_path, job_factory):
     assert job.finish() == 0, job.output()[-3000:]
     assert "w2@localhost:1 failed" not in job.output()  # it left, it did not fail
     _assert_continuity(job.events())
+
+
+def test_when_every_member_leaves_the_state_is_handed_to_the_joiners(tmp_path, job_factory,
+                                                                      monkeypatch):
+    """The only member's host leaves discovery while a new host arrives: the leaver stays one
+    generation to sync its state to the joiner, so no work is lost (ledger resume steps)."""
+    from hvd_edl import audit
+    ledger = tmp_path / "ledger"
+    monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
+    job = job_factory(["-np", "1", "--min-np", "1", "--max-np", "2", "--discovery-interval", "0.2"],
+                      long_digits(tmp_path), hosts="localhost:1")
+    job.wait_generation(1)
+    job.wait_for("20 steps", lambda: any(
+        r["kind"] == "step" and r["step"] >= 20 for r in audit.read_records(ledger)), 60)
+    job.set_hosts("127.0.0.2:1")
+    ev = job.wait_for("w2 alone in the ring", lambda: next(
+        (e for e in job.events() if _members(e) == ["w2"]), None), 120)
+    job.end_training()
+    assert job.finish() == 0, job.output()[-3000:]
+    kinds = [e["kind"] for e in job.events()]
+    assert kinds == ["start", "scale_out", "scale_in"], kinds  # w1 + w2, then w2
+    resumes = {r["gen"]: r["step"] for r in audit.read_records(ledger) if r["kind"] == "sync"}
+    assert resumes[ev["generation"]] >= 20 and resumes[2] >= 20, resumes
+    assert audit.check(ledger, 1347).ok

@@ -9,6 +9,8 @@ import torch
 
 import horovod.torch as _hvd
 
+import hvd_edl.torch as _edl
+
 from hvd_edl import audit
 from hvd_edl.sampler import ElasticBatchSampler, ElasticSampler
 from hvd_edl.state import ObjectState, State, run_fn
@@ -95,7 +97,7 @@ class TorchState(ObjectState):
         for k, v in samplers.items():
             v.name = k
             object.__setattr__(self, k, v)
-        super().__init__(bcast_object=_hvd.broadcast_object, get_rank=_hvd.rank, **scalars)
+        super().__init__(bcast_object=_edl.broadcast_object, get_rank=_hvd.rank, **scalars)
         self._saved_model = None
         self._saved_optimizer = None
         self._saved_samplers: Dict[str, Dict] = {}
@@ -136,7 +138,7 @@ class TorchState(ObjectState):
                 "samplers": {k: s.state_dict() for k, s in self._samplers.items()},
                 "steps": rt.steps if rt is not None else 0,
             }
-        payload = _hvd.broadcast_object(payload, root_rank=0, name="hvd_edl.sync")
+        payload = _edl.broadcast_object(payload, root_rank=0, name="hvd_edl.sync")
         if _hvd.rank() != 0:
             if self.model is not None:
                 self.model.load_state_dict(payload["model"])

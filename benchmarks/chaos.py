@@ -16,7 +16,7 @@ or the discovery complaint in the launcher's output), with a deadline: a fault i
 that happens and the job is still running.  At the end the job is asked to finish its epoch
 (``--stop-file``); the run passes when it exits 0, every fault was survived, the audit ledger has
 0 repeated and 0 missing indices in every complete epoch, no fault cost more than the steps since
-the last commit (10), and test accuracy is >= 0.95.
+the last commit (10), every rank ends with the same parameters, and test accuracy is >= 0.95.
 
     python benchmarks/chaos.py --runs 3 --faults 10 --seed 1  # results/chaos.json
     make chaos                                                 # the same, via pytest -m chaos
@@ -75,6 +75,7 @@ class RunResult:
     faults: List[Fault] = field(default_factory=list)
     returncode: Optional[int] = None
     accuracy: Optional[float] = None
+    param_spread: Optional[float] = None
     generations: int = 0
     repeated: Optional[int] = None
     missing: Optional[int] = None
@@ -88,7 +89,7 @@ class RunResult:
     def passed(self) -> bool:
         return (self.returncode == 0 and all(f.survived for f in self.faults)
                 and self.repeated == 0 and self.missing == 0
-                and self.max_steps_lost <= COMMIT_EVERY
+                and self.max_steps_lost <= COMMIT_EVERY and self.param_spread == 0.0
                 and self.accuracy is not None and self.accuracy >= 0.95)
 
 
@@ -247,7 +248,9 @@ def run_chaos(seed: int, n_faults: int, work: Path, fault_timeout_s: float = 120
         result.wall_s = round(time.monotonic() - t0, 1)
     result.generations = len(job.generations())
     if job.summary.exists():
-        result.accuracy = json.loads(job.summary.read_text())["test_accuracy"]
+        summary = json.loads(job.summary.read_text())
+        result.accuracy = summary["test_accuracy"]
+        result.param_spread = summary.get("param_spread")
     if job.ledger.exists():
         lost = _steps_lost(job.ledger)
         result.steps_lost, result.max_steps_lost = sum(lost), max(lost, default=0)
@@ -315,7 +318,8 @@ def main(argv=None) -> int:
                   f"faults survived, {r.generations} generations, exit {r.returncode}, "
                   f"repeated {r.repeated}, missing {r.missing} ({r.complete_epochs} complete "
                   f"epochs), steps lost {r.steps_lost} (at most {r.max_steps_lost} at once), "
-                  f"accuracy {r.accuracy}, {r.wall_s} s: "
+                  f"accuracy {r.accuracy}, parameter spread across ranks {r.param_spread}, "
+                  f"{r.wall_s} s: "
                   f"{'PASS' if r.passed else 'FAIL'}", flush=True)
             if r.error and not r.passed:
                 print(r.error[-2000:])

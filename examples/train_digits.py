@@ -7,7 +7,9 @@ train/test split.  It is a plain Horovod elastic script: only the import differs
     hvd-edl-run -np 2 --min-np 1 --max-np 4 --host-discovery-script ./d.sh \\
         python examples/train_digits.py --build-delay 8
 
-``--summary PATH`` writes {"test_accuracy", "world_size", "steps", "epochs", "wall_s", ...}.
+``--summary PATH`` writes {"test_accuracy", "world_size", "steps", "epochs", "wall_s",
+"param_spread"} (param_spread: the largest difference of a parameter across ranks, 0 when the
+ranks agree, as data parallelism requires).
 """
 import argparse
 import json
@@ -34,7 +36,8 @@ def parse_args():
     p.add_argument("--train-size", type=int, help="use only the first N training samples")
     p.add_argument("--repeat-data", type=int, default=1,
                    help="an epoch passes over K copies of the training set (longer epochs)")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=float, default=0.02,
+                   help="SGD learning rate, momentum 0.9 (0.05 is unstable at 1 worker of 16)")
     p.add_argument("--commit-every", type=int, default=10, help="steps between state.commit()")
     p.add_argument("--build-delay", type=float, default=0.0,
                    help="seconds to sleep between init() and entering run (a slow model build)")
@@ -149,9 +152,14 @@ def main():
     totals = hvd.allreduce(torch.stack([correct, torch.tensor(float(len(ys[shard])))]),
                            op=hvd.Sum, name="test_accuracy")
     accuracy = float(totals[0] / totals[1])
+    # every rank must hold the same parameters (data parallelism): the spread across ranks
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    spread = float((hvd.allreduce(flat, op=hvd.Max, name="param_max")
+                    - hvd.allreduce(flat, op=hvd.Min, name="param_min")).abs().max())
     if hvd.rank() == 0:
         summary = {"test_accuracy": accuracy, "world_size": hvd.size(), "steps": state.step,
-                   "epochs": state.epoch, "wall_s": round(time.time() - t0, 3)}
+                   "epochs": state.epoch, "wall_s": round(time.time() - t0, 3),
+                   "param_spread": spread}
         print(f"test accuracy {accuracy:.4f} at world size {hvd.size()} "
               f"({state.step} steps, {state.epoch} epochs, {summary['wall_s']:.1f} s)")
         if args.summary:

@@ -406,7 +406,7 @@ def plot(timelines: Dict[str, dict], path: Path) -> None:
 # ---- main --------------------------------------------------------------------------------------
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="1 repetition, short windows, "
                    "breakdown at 1 MB only")

@@ -302,7 +302,7 @@ def _ledger_steps(job: ChaosJob) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--faults", type=int, default=10, help="faults per run (default 10)")
     p.add_argument("--seed", type=int, default=1, help="run i uses seed + i")

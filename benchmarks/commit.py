@@ -65,7 +65,7 @@ def measure(impl: str, megabytes: float, reps: int) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1,10,100", help="model MB (default %(default)s)")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", default=str(RESULTS / "commit.json"))

@@ -140,7 +140,7 @@ def run_schedule(system: str, work: Path, repeat: int, step_delay: float,
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeat-data", type=int, default=20,
                    help="copies of the training set in the epoch (default 20: 26,940 samples)")
     p.add_argument("--step-delay", type=float, default=0.03)

@@ -57,7 +57,7 @@ def run_case(impl: str, n: int) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1e4,1e6,1e8", help="comma-separated N (default %(default)s)")
     p.add_argument("--reps", type=int, default=5, help="runs per case (default 5)")
     p.add_argument("--budget-s", type=float, default=240.0,

@@ -45,7 +45,7 @@ def worker(sizes, reps: int) -> None:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1,10,100", help="state MB (default %(default)s)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -35,7 +35,7 @@ from train_digits import DigitsCNN, load_data  # noqa: E402  - the main job's mo
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--system", required=True, choices=["hvd_edl", "horovod_elastic", "static"])
     p.add_argument("--timeline-dir", required=True)
     p.add_argument("--epochs", type=int, default=100000)

@@ -27,7 +27,7 @@ import hvd_edl.torch as hvd
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--epochs", type=int, default=12)
     p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
     p.add_argument("--global-batch-size", type=int,

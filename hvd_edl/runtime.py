@@ -235,7 +235,14 @@ class WorkerRuntime:
             try:
                 r = client.post("/watch", messages.WatchRequest(self.worker_id, gen),
                                 messages.WatchReply, timeout_s=60)
-            except (CoordinatorUnreachable, RuntimeError) as e:
+            except CoordinatorUnreachable as e:
+                # the launcher is gone (killed, or its host is): nothing can ever switch this
+                # ring again, so end the worker instead of training on as an orphan
+                log.error("worker %s: the launcher is unreachable (%s): exiting",
+                          self.worker_id, e)
+                _die(signal.SIGTERM)
+                return
+            except RuntimeError as e:
                 log.warning("watch failed: %s", e)
                 time.sleep(1.0)
                 continue
@@ -249,11 +256,13 @@ class WorkerRuntime:
 
 
 def _die(signum: int) -> None:
-    """End the process with ``signum``'s default action (as if no handler were installed)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    signal.signal(signum, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)
+    """End the process now with exit status ``128 + signum`` (as a shell reports a process killed
+    by ``signum``); callable from any thread (``signal.signal`` is main-thread only)."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(128 + signum)
 
 
 def _tcp_connections() -> Set[Tuple[int, tuple, tuple]]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import socket
 import sys
 from typing import List, Optional
@@ -25,13 +26,16 @@ from launcher.driver import Driver, JobSpec
 from launcher.hosts import HostSpecError, parse_host_lines, parse_hosts_arg
 
 
+MAX_WORKERS = 65536  # upper bound of -np/--min-np/--max-np/--slots-per-host (a sanity limit)
+
+
 def _positive_int(text: str) -> int:
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    if not 1 <= v <= MAX_WORKERS:
+        raise argparse.ArgumentTypeError(f"expected an integer from 1 to {MAX_WORKERS}, got {v}")
     return v
 
 
@@ -128,7 +132,8 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
             with open(a.hostfile) as f:
                 discovery = FixedHosts(parse_host_lines(f.read(), a.slots or 1))
         else:
-            discovery = FixedHosts({"localhost": a.slots or max(a.np or 1, a.max_np or 1)})
+            # like horovodrun without -H: this host with -np slots (--min-np if no -np)
+            discovery = FixedHosts({"localhost": a.slots or a.np or a.min_np or 1})
     except HostSpecError as e:
         parser.error(str(e))
     except OSError as e:
@@ -146,6 +151,11 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
         parser.error(f"--target-np {a.target_np} needs an elastic job and must lie within "
                      f"[--min-np {min_np}, --max-np {max_np}]")
     command = a.command[1:] if a.command[0] == "--" else a.command
+    if not command:
+        parser.error("no training command given after -- (e.g. -- python train.py)")
+    if not shutil.which(command[0]):
+        parser.error(f"training command {command[0]!r} not found (not an executable file or on "
+                     f"PATH)")
     bind_addr = a.bind_address
     if bind_addr is None:
         bind_addr = interface_address(a.nic) if a.nic else "127.0.0.1"

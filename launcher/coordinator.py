@@ -111,6 +111,10 @@ class Coordinator:
                         and worker_id in self.current.members:
                     # a member finished its script: the job is ending; form no more generations
                     self.finishing = True
+                elif was in (WorkerState.PENDING, WorkerState.READY) and self.current is None:
+                    # the script ended successfully without ever joining a ring (nothing to
+                    # train): the job is over, as under horovodrun; do not respawn it forever
+                    self.finishing = True
             else:
                 rec.move(WorkerState.DEAD)
             self._try_form()
@@ -147,8 +151,11 @@ class Coordinator:
         return messages.Assignment(action="wait", reason="leaving through the protocol")
 
     def tick(self, now: float) -> None:
-        """Periodic checks: finalise generation events whose reports are overdue."""
+        """Periodic checks: finalise generation events whose reports are overdue; wake the
+        watchers while joiners are ready (a joiner batch's wait, ``JOIN_BATCH_S``, may end)."""
         with self.cond:
+            if self._ready():
+                self.cond.notify_all()
             g = self.current
             if g is not None and not g.logged and now - g.formed_at > EVENT_REPORT_TIMEOUT_S:
                 self._log_event(g)
@@ -291,9 +298,27 @@ class Coordinator:
         if self.current is None or self.finishing or self.failure or not self.elastic:
             return False
         members = self.current.members
-        if any(not self.workers[w].state == WorkerState.MEMBER for w in members):
-            return True  # a member leaves or died
-        return bool(self._ready()) and len(members) < self.max_np
+        ready = self._ready()
+        states = [self.workers[w].state for w in members]
+        if WorkerState.DEAD in states or WorkerState.EXITED in states:
+            return True  # a member died (or ended): the ring is broken, switch now
+        if WorkerState.LEAVING in states:
+            # if every member leaves, they train on until a replacement is ready to take the
+            # state over (the oldest hands it on, see _try_form) instead of idling at a boundary
+            return WorkerState.MEMBER in states or bool(ready) or not any(
+                w.state == WorkerState.PENDING for w in self.workers.values())
+        return bool(ready) and len(members) < self.max_np and not self._siblings_coming(ready)
+
+    def _siblings_coming(self, ready: List[WorkerRecord]) -> bool:
+        """True while joiners spawned together with the first ready one are still building,
+        for at most ``JOIN_BATCH_S`` after it became ready: they then join in the same switch
+        (one stall for the ring instead of one per joiner).  The ring trains on meanwhile."""
+        first = min(ready, key=lambda w: w.ready_at or 0.0)
+        if first.ready_at is None or time.monotonic() - first.ready_at >= JOIN_BATCH_S:
+            return False
+        return any(w.state == WorkerState.PENDING
+                   and abs(w.spawned_at - first.spawned_at) < JOIN_BATCH_S
+                   for w in self.workers.values())
 
     def _watch_reply(self, generation: int) -> messages.WatchReply:
         latest = self.current.number if self.current else 0
@@ -301,7 +326,7 @@ class Coordinator:
                                    latest_generation=latest)
 
     def _try_form(self) -> None:
-        if self.finishing or self.failure:
+        if self.finishing or self.failure or self.stopping:
             return
         ready = self._ready()
         if self.current is None:
@@ -409,9 +434,18 @@ class Coordinator:
 # ---- HTTP ----------------------------------------------------------------------------------------
 
 IDLE_CONNECTION_TIMEOUT_S = 120.0
+JOIN_BATCH_S = 2.0  # how long a ready joiner waits for siblings spawned with it (seconds)
 
 
-class _ThreadingHTTPServer6(ThreadingHTTPServer):
+class _QuietServer(ThreadingHTTPServer):
+    """A peer that resets its connection (a worker killed or exiting mid-request) is routine in
+    an elastic job: log it at debug level instead of printing a traceback."""
+
+    def handle_error(self, request, client_address) -> None:
+        log.debug("coordinator: error serving %s", client_address, exc_info=True)
+
+
+class _QuietServer6(_QuietServer):
     address_family = socket.AF_INET6
 
 
@@ -492,7 +526,7 @@ class CoordinatorServer:
                     msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
                     return self._reply(400, json.dumps({"error": str(msg)}).encode())
 
-        server_cls = _ThreadingHTTPServer6 if ":" in bind_addr else ThreadingHTTPServer
+        server_cls = _QuietServer6 if ":" in bind_addr else _QuietServer
         self.httpd = server_cls((bind_addr, port), Handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]

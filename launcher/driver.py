@@ -383,13 +383,15 @@ class Driver:
 
     def _on_exit(self, rec: WorkerRecord, code: int) -> None:
         was = rec.state
-        if code != 0 and was.alive and not self.coord.finishing:
+        # a worker the launcher asked to leave and SIGTERMed before its handler existed
+        terminated = was == WorkerState.LEAVING and code == -signal.SIGTERM
+        if code != 0 and was.alive and not self.coord.finishing and not terminated:
             with self._lock:
                 if self.first_failure is None:
                     self.first_failure = (rec, code)
             if self.spec.elastic:
                 self._record_failure(rec, code)
-        self.coord.on_exit(rec.worker_id, code)
+        self.coord.on_exit(rec.worker_id, 0 if terminated else code)
         self.wake.set()
 
     def _record_failure(self, rec: WorkerRecord, code: int) -> None:

@@ -86,6 +86,18 @@ class WorkerProcess:
 _OUT_LOCK = threading.Lock()
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the launcher dies (Linux ``PR_SET_PDEATHSIG``),
+    so a ``kill -9`` of ``hvd-edl-run`` leaves no orphaned workers training.  The signal fires
+    when the *thread* that forked exits: the driver spawns from its main thread only."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: remote-style cleanup (the worker exits when the coordinator is gone)
+
+
 def spawn(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Callable[[], str],
           on_exit: Callable[[int], None], ssh_port: Optional[int] = None) -> WorkerProcess:
     """Start ``spec.command`` for one worker on ``host`` (local hosts without ssh)."""
@@ -104,7 +116,7 @@ def spawn(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Callabl
         cmd += (["-p", str(ssh_port)] if ssh_port else []) + [host, remote]
     popen = subprocess.Popen(cmd, env=env, cwd=spec.cwd, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                             start_new_session=True)
+                             start_new_session=True, preexec_fn=_die_with_parent)
     return WorkerProcess(popen, label, on_exit)
 
 

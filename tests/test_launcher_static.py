@@ -12,7 +12,11 @@ def run(args, **kw):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["-np", "0", "python", "x.py"], "expected a positive integer, got 0"),
+    (["-np", "0", "python", "x.py"], "expected an integer from 1 to 65536, got 0"),
+    (["--max-np", "99999999999999999999", "python", "x.py"],
+     "expected an integer from 1 to 65536"),
+    (["-np", "1", "--"], "no training command given after --"),
+    (["-np", "1", "/nonexistent/cmd"], "'/nonexistent/cmd' not found"),
     (["-np", "two", "python", "x.py"], "expected a positive integer, got 'two'"),
     (["-np", "2", "-H", "localhost:zero", "python", "x.py"], "must be a positive integer"),
     (["-np", "2", "-H", "localhost:-1", "python", "x.py"], "must be a positive integer"),

@@ -47,7 +47,7 @@ def probe(session: requests.Session, base: str, timeout_s: float) -> Tuple[Verdi
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    return spot.main(argv, "gce", __doc__.splitlines()[0], DEFAULT_URL, probe)
+    return spot.main(argv, "gce", __doc__.split("\n\n")[0], DEFAULT_URL, probe)
 
 
 if __name__ == "__main__":

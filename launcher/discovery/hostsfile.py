@@ -20,7 +20,7 @@ from launcher.hosts import HostSpecError, format_host_entry, parse_host_lines  #
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="hostsfile", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="hostsfile", description=__doc__.split("\n\n")[0])
     p.add_argument("path", help="the hosts file")
     a = p.parse_args(argv)
     try:

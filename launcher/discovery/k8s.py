@@ -39,7 +39,7 @@ def usable_pods(pod_list: dict) -> List[dict]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="k8s", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="k8s", description=__doc__.split("\n\n")[0])
     p.add_argument("-l", "--selector", required=True, help="label selector, e.g. app=train")
     p.add_argument("-n", "--namespace", help="namespace (default: kubectl's current one)")
     p.add_argument("--kubectl", default="kubectl", help="kubectl binary (default: on PATH)")

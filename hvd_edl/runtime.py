@@ -67,6 +67,7 @@ class WorkerRuntime:
         self._phases: Dict[str, float] = {}
         self._init_done: Optional[float] = None
         self._removal_only = False
+        self.pending_agreement = None  # Horovod handle of the in-flight switch agreement
         self._ring: List[Tuple[int, tuple, tuple]] = []  # Gloo's connections of this generation
         self._leaving = False
         self._ready_reported = False
@@ -122,6 +123,12 @@ class WorkerRuntime:
         if a.action == "exit":
             log.info("worker %s leaves: %s", self.worker_id, a.reason)
             sys.stdout.flush()
+            try:
+                # the interpreter's teardown (torch, CUDA) takes about a CPU-second: let it run
+                # only when the ring's re-initialisation on this host does not need the CPU
+                os.nice(19)
+            except OSError:
+                pass
             sys.exit(0)
         t1 = time.monotonic()
         env = os.environ
@@ -149,6 +156,7 @@ class WorkerRuntime:
         self._removal_only = not a.sync
         self.generation = a.generation
         self.assignment = a
+        self.pending_agreement = None  # a new ring: nothing in flight on any member
         self._change.clear()
         self._generation_changed.set()
         if self.elastic and self._watcher is None:

@@ -238,21 +238,33 @@ class ElasticSampler(torch.utils.data.Sampler):
     def _map(self, positions: np.ndarray) -> np.ndarray:
         return positions if self._perm is None else self._perm(positions)
 
-    def _indices(self, first: int, count: int) -> List[int]:
-        out: List[int] = []
-        for lo in range(first, first + count, _CHUNK):
-            chunk = np.arange(lo, min(first + count, lo + _CHUNK), dtype=np.uint64)
-            out.extend(int(i) for i in self._map(chunk))
-        return out
-
     def _shares(self) -> Iterator[Tuple[int, List[int], bool]]:
-        """(global step, indices, repeated) of this rank's shares, in order; audit mode keeps
-        them until their step is recorded."""
+        """(global step, indices, repeated) of this rank's shares, in order.  Positions are
+        mapped through the permutation ``_CHUNK`` at a time (one vectorised call for many
+        steps, so a step costs no numpy call of its own); audit mode keeps each share until
+        its step is recorded."""
         self.repeated = 0
         self._yielded.clear()
         audited = audit.ledger() is not None
-        for step, first, count, repeat in self._blocks():
-            idx = self._indices(first, count)
+        batch: List[Tuple[int, int, int, bool]] = []
+        total = 0
+        for item in self._blocks():
+            batch.append(item)
+            total += item[2]
+            if total >= _CHUNK:
+                yield from self._mapped(batch, audited)
+                batch, total = [], 0
+        if batch:
+            yield from self._mapped(batch, audited)
+
+    def _mapped(self, batch, audited: bool) -> Iterator[Tuple[int, List[int], bool]]:
+        positions = np.concatenate([np.arange(first, first + count, dtype=np.uint64)
+                                    for _, first, count, _ in batch])
+        indices = self._map(positions).tolist()
+        k = 0
+        for step, _, count, repeat in batch:
+            idx = indices[k:k + count]
+            k += count
             if repeat:
                 self.repeated += count
             if audited:

@@ -57,12 +57,18 @@ class State:
         self.check_host_updates()
 
     def check_host_updates(self) -> None:
-        """One allreduce (max) of "the coordinator asked for a switch"; raises
-        ``HostsUpdatedInterrupt`` on every rank when any rank saw the request."""
+        """Agree on "the coordinator asked for a switch" with one allreduce (max) of a flag;
+        raises ``HostsUpdatedInterrupt`` on every rank when any rank saw the request.
+
+        The allreduce is pipelined: the flags sent at this commit are read at the next one
+        (it runs alongside the training steps' gradient allreduces instead of stalling the
+        commit), so every rank switches at the same commit, one commit interval after the
+        request.  A generation's first commit only sends.
+        """
         rt = runtime.get()
         if rt is None or not rt.elastic or not rt.joined:
             return
-        if _agree(1 if rt.change_pending() else 0):
+        if _agree(rt, 1 if rt.change_pending() else 0):
             rt.mark_switch_start()
             raise HostsUpdatedInterrupt(False)
 
@@ -91,12 +97,24 @@ class State:
             ledger.write("sync", **audit.position())
 
 
-def _agree(flag: int) -> bool:
+def _agree(rt, flag: int) -> bool:
+    """Read the flags allreduced since the previous commit (False at a generation's first),
+    then send this commit's ``flag``.  ``rt.pending_agreement`` holds the in-flight handle; the
+    runtime clears it when a generation starts, so all members agree on what is in flight.
+
+    Raises:
+        HorovodInternalError: a member failed.
+    """
     import torch
     import horovod.torch as _hvd
-    t = _hvd.allreduce(torch.tensor([flag], dtype=torch.int32), op=_hvd.Max,
-                       name="hvd_edl.check_host_updates")
-    return bool(int(t[0]) > 0)
+    previous = rt.pending_agreement
+    rt.pending_agreement = None
+    agreed = previous is not None and int(_hvd.synchronize(previous)[0]) > 0
+    if not agreed:
+        rt.pending_agreement = _hvd.allreduce_async_(
+            torch.tensor([flag], dtype=torch.int32), op=_hvd.Max,
+            name="hvd_edl.check_host_updates")
+    return agreed
 
 
 class ObjectState(State):

@@ -13,7 +13,8 @@ the workers write (wall time, rank, size, step counter):
 * kill -9 of the highest rank of 3: survives (any step after the kill), time from the kill to the
   start of the first step of the new ring, steps lost (highest counter before the kill minus
   (first counter after - 1));
-* throughput = samples/s of rank 0 over a window of steady training at 2 workers.
+* throughput = samples/s of rank 0 over a window of steady training at 2 workers (12 s after
+  2 s of start-up), each run started on an idle machine, the systems' order rotated per repetition.
 
 Runs, per repetition, systems alternated A B A B:
   changes     2 -> 3 (scale-out, the joiner builds its model at once) -> 2 (scale-in)
@@ -50,6 +51,7 @@ WORKLOAD = str(ROOT / "benchmarks" / "workload.py")
 RESULTS = ROOT / "benchmarks" / "results"
 SYSTEMS = ("hvd_edl", "horovod_elastic")
 BATCH = 16
+THROUGHPUT_SKIP_S = 2.0  # seconds of each throughput run left out (start-up)
 
 
 class Job:
@@ -272,14 +274,23 @@ def run_changes(system: str, a) -> dict:
         return res
 
 
+def wait_idle(max_s: float = 30.0, busy_pct: float = 15.0) -> None:
+    """Before a throughput run: wait (at most ``max_s``) until the previous run's processes
+    have finished exiting and the machine's CPU use over one second is below ``busy_pct``."""
+    deadline = time.monotonic() + max_s
+    while time.monotonic() < deadline and psutil.cpu_percent(interval=1.0) > busy_pct:
+        pass
+
+
 def run_throughput(system: str, a) -> Optional[float]:
+    wait_idle()
     with tempfile.TemporaryDirectory() as tmp:
         job = Job(system, Path(tmp), 2)
         try:
             if not job.wait_settled(2, 20, 0, a.start_timeout):
                 raise RuntimeError(f"{system}: ring of 2 never formed: {job.output_tail()}")
-            time.sleep(a.throughput_s + 1.0)
-            return throughput(job.timelines(), 1.0)
+            time.sleep(a.throughput_s + THROUGHPUT_SKIP_S)
+            return throughput(job.timelines(), THROUGHPUT_SKIP_S)
         finally:
             job.finish()
 
@@ -413,7 +424,7 @@ def main() -> int:
     p.add_argument("--step-delay", type=float, default=0.01,
                    help="extra seconds per step in the change runs (throughput runs use 0)")
     p.add_argument("--settle-steps", type=int, default=25)
-    p.add_argument("--throughput-s", type=float, default=8.0)
+    p.add_argument("--throughput-s", type=float, default=12.0)
     p.add_argument("--model-mb", default="1,10,100", help="breakdown model sizes (MB)")
     p.add_argument("--breakdown-reps", type=int, default=1)
     p.add_argument("--only", choices=["changes", "throughput", "breakdown"],
@@ -441,7 +452,8 @@ def main() -> int:
                     f"{c['from']}->{c['to']} stall {c.get('stall_s')} rb {c.get('rolled_back_steps')}"
                     for c in r["changes"]) + f"; kill {json.dumps(r['kill'])[:200]}")
         if "throughput" in parts:
-            for s in ("hvd_edl", "static_horovod", "horovod_elastic"):
+            order = ("hvd_edl", "static_horovod", "horovod_elastic")
+            for s in order[rep % 3:] + order[:rep % 3]:  # each system goes first once
                 v = run_throughput("static" if s == "static_horovod" else s, a)
                 tput[s].append(v)
                 log(f"rep {rep} {s} throughput {v} samples/s")

@@ -2,11 +2,13 @@
 
 Semantics follow Horovod's: ``commit()`` saves, then checks for host updates; after a failure
 (``HorovodInternalError``) ``restore()`` goes back to the last save; ``sync()`` broadcasts from
-rank 0.  Differences from Horovod: the host-update check is one allreduce of a flag that the
-coordinator set (all ranks agree on the same step boundary); ``sync()`` runs after every
-generation change, removal-only ones included (Horovod skips it, horovod issue 3399); and the
-state also carries the worker's optimizer-step count, so the launcher can report step boundaries
-and rolled-back steps.
+rank 0.  Differences from Horovod: the host-update check is one pipelined allreduce of a flag
+that the coordinator set (all ranks agree on the same step boundary, see
+:meth:`State.check_host_updates`); after every generation change, removal-only ones included,
+``on_reset`` repartitions the samplers (Horovod does not, horovod issue 3399), and ``sync()``
+broadcasts unless the coordinator says the change only removed members after an agreed switch
+(then every member already holds the same commit); and the state also carries the worker's
+optimizer-step count, so the launcher can report step boundaries and rolled-back steps.
 """
 from __future__ import annotations
 

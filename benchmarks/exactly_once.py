@@ -88,23 +88,16 @@ def run_schedule(system: str, work: Path, repeat: int, step_delay: float,
 
     try:
         _wait("20 steps at 2 workers", lambda: max_step() >= 20, proc, 120)
-        hosts.write_text("localhost:3\n")
-        at = max_step()
-        _wait("a step at 3 workers", lambda: 3 in sizes_after(at), proc, 120)
-        phases.append("scale_out")
-        at = max_step() + 10
-        _wait("10 more steps", lambda: max_step() >= at, proc, 60)
-        hosts.write_text("localhost:2\n")
-        at = max_step()
-        _wait("a step at 2 workers", lambda: 2 in sizes_after(at), proc, 120)
-        phases.append("scale_in")
-        at = max_step() + 10
-        _wait("10 more steps", lambda: max_step() >= at, proc, 60)
+        for size, phase in ((3, "scale_out"), (2, "scale_in")):
+            hosts.write_text(f"localhost:{size}\n")
+            at = max_step()
+            _wait(f"a step at {size} workers", lambda: size in sizes_after(at), proc, 120)
+            phases.append(phase)
+            at = max_step() + 10
+            _wait("10 more steps", lambda: max_step() >= at, proc, 60)
         victim = max((r for r in _steps(ledger) if r["rank"] == 1),
                      key=lambda r: (r["gen"], r["step"]))
-        pid = int(next(p for p in ledger.glob("*.jsonl")
-                       if f'"step":{victim["step"]},' in p.read_text()
-                       and f'"gen":{victim["gen"]},' in p.read_text()).stem[3:])
+        pid = victim["pid"]
         at = max_step()
         os.kill(pid, signal.SIGKILL)
         phases.append("kill")

@@ -79,7 +79,7 @@ def main():
                 state.step += 1
                 ledger.write("step", gen=gen, step=state.step, epoch=state.epoch,
                              rank=hvd.rank(), size=hvd.size(), sampler="train",
-                             indices=idx.tolist())
+                             indices=idx.tolist(), pid=os.getpid())
                 if a.step_delay:
                     time.sleep(a.step_delay)
                 if state.step % a.commit_every == 0:

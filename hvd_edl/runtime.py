@@ -23,7 +23,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Dict, Optional, Tuple
 
 from hvd_edl import messages
 from hvd_edl.client import CoordinatorClient, CoordinatorUnreachable
@@ -68,7 +68,7 @@ class WorkerRuntime:
         self._init_done: Optional[float] = None
         self._removal_only = False
         self.pending_agreement = None  # Horovod handle of the in-flight switch agreement
-        self._ring: List[Tuple[int, tuple, tuple]] = []  # Gloo's connections of this generation
+        self._ring: Dict[int, str] = {}  # Gloo's sockets of this generation (fd: inode)
         self._leaving = False
         self._ready_reported = False
         self._install_sigterm()
@@ -96,30 +96,56 @@ class WorkerRuntime:
 
         ``reason`` is "update" (agreed switch) or "failure" (a collective failed).  Shuts
         Horovod down, asks the coordinator for the next assignment (exit 0 if scaled in) and
-        initialises Horovod again.  Raises :class:`CoordinatorUnreachable` if the launcher died.
+        initialises Horovod again.  After an agreed switch every member is at the same step
+        boundary already, so the assignment is asked for while Horovod shuts down (the
+        coordinator forms the next generation meanwhile); after a failure only once this
+        worker has left the broken ring.  Raises :class:`CoordinatorUnreachable` if the
+        launcher died.
         """
         import horovod.torch as _hvd
         t0 = time.monotonic()
         if self._switch_started is None:
             self.mark_switch_start()
         self._phases = {"boundary_s": t0 - self._switch_started}
+        request = messages.SwitchRequest(self.worker_id, self.generation, reason, self.steps,
+                                         steps_before_restore)
+        early = _Background(self._next_assignment, request) if reason == "update" else None
         _hvd.shutdown()
         if reason == "failure":
             # peers still blocked in a collective with us see EOF now, not after Gloo's timeout
-            _release_ring(self._ring)
-        self._ring = []
-        self._phases["shutdown_s"] = time.monotonic() - t0
-        self._switch(reason, step=self.steps, steps_before_restore=steps_before_restore)
+            _release_ring(self._ring, exclude_ports=self._service_ports())
+        self._ring = {}
+        t1 = time.monotonic()
+        self._phases["shutdown_s"] = t1 - t0
+        a = early.result() if early is not None else self._next_assignment(request)
+        self._phases["wait_s"] = time.monotonic() - t1
+        self._enter(a)
+
+    def _next_assignment(self, request: messages.SwitchRequest) -> messages.Assignment:
+        """Report this worker at a step boundary; block until the coordinator answers with the
+        next generation (or "exit")."""
+        while True:
+            a = self.client.post("/switch", request, messages.Assignment)
+            if a.action != "wait":
+                return a
+
+    def _service_ports(self) -> Tuple[int, ...]:
+        ports = [self.client.port]
+        if self.assignment is not None:
+            ports.append(self.assignment.rendezvous_port)
+        return tuple(ports)
 
     def _switch(self, reason: str, step: int, steps_before_restore: int) -> None:
-        import horovod.torch as _hvd
         t0 = time.monotonic()
-        while True:
-            a = self.client.post("/switch", messages.SwitchRequest(
-                self.worker_id, self.generation, reason, step, steps_before_restore),
-                messages.Assignment)
-            if a.action != "wait":
-                break
+        a = self._next_assignment(messages.SwitchRequest(
+            self.worker_id, self.generation, reason, step, steps_before_restore))
+        self._phases["wait_s"] = time.monotonic() - t0
+        self._enter(a)
+
+    def _enter(self, a: messages.Assignment) -> None:
+        """Act on an assignment: exit 0 when scaled in, else initialise Horovod for its
+        generation."""
+        import horovod.torch as _hvd
         if a.action == "exit":
             log.info("worker %s leaves: %s", self.worker_id, a.reason)
             sys.stdout.flush()
@@ -143,12 +169,10 @@ class WorkerRuntime:
         env["HOROVOD_GLOO_RENDEZVOUS_PORT"] = str(a.rendezvous_port)
         env.setdefault("HOROVOD_CONTROLLER", "gloo")
         env.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
-        before = _tcp_connections()
+        before = _socket_fds()
         _hvd.init()
-        self._ring = [c for c in _tcp_connections() - before
-                      if c[2][1] not in (self.client.port, a.rendezvous_port)]
+        self._ring = {fd: ino for fd, ino in _socket_fds().items() if before.get(fd) != ino}
         self._init_done = time.monotonic()
-        self._phases["wait_s"] = t1 - t0
         self._phases["init_s"] = self._init_done - t1
         # an agreed switch that only removed members: every member already holds the state
         # committed at the same step boundary, so sync has nothing to send (samplers still
@@ -273,38 +297,75 @@ def _die(signum: int) -> None:
         os._exit(128 + signum)
 
 
-def _tcp_connections() -> Set[Tuple[int, tuple, tuple]]:
-    """This process's established TCP connections as (fd, local address, remote address)."""
-    import psutil
+class _Background:
+    """``fn(*args)`` in a daemon thread; :meth:`result` joins it and returns its value or
+    raises its exception."""
+
+    def __init__(self, fn, *args):
+        self._value = None
+        self._error: Optional[BaseException] = None
+        self._thread = threading.Thread(target=self._run, args=(fn, args),
+                                        name="hvd_edl-switch", daemon=True)
+        self._thread.start()
+
+    def _run(self, fn, args) -> None:
+        try:
+            self._value = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller of result()
+            self._error = e
+
+    def result(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+def _socket_fds() -> Dict[int, str]:
+    """This process's socket descriptors as {fd: "socket:[inode]"}, read from /proc/self/fd
+    (a fraction of a millisecond; empty where /proc is missing, which only costs the fast
+    release of :func:`_release_ring`)."""
+    out: Dict[int, str] = {}
     try:
-        return {(c.fd, tuple(c.laddr), tuple(c.raddr))
-                for c in psutil.Process().net_connections(kind="tcp")
-                if c.raddr and c.status == psutil.CONN_ESTABLISHED and c.fd >= 0}
-    except (psutil.Error, OSError):
-        return set()
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return out
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:"):
+            out[int(name)] = target
+    return out
 
 
-def _release_ring(ring: List[Tuple[int, tuple, tuple]]) -> None:
-    """``shutdown(SHUT_RDWR)`` (not close: the descriptors stay Horovod's) the connections the
-    failed generation's Gloo context opened, if they still are the same connections.
+def _release_ring(ring: Dict[int, str], exclude_ports: Tuple[int, ...] = ()) -> None:
+    """``shutdown(SHUT_RDWR)`` (not close: the descriptors stay Horovod's) the TCP connections
+    the failed generation's Gloo context opened (``ring``: the sockets that appeared during its
+    ``hvd.init()``), if they still are the same sockets; connections to ``exclude_ports`` (the
+    coordinator, the rendezvous) are left alone.
 
     After a failure Horovod's shutdown keeps its Gloo context, and with it the sockets, alive;
     a peer blocked in a receive from this process would wait for Gloo's timeout (30 s by
     default).  Shutting the sockets down gives it an EOF at once, so every survivor fails fast
     and reaches the next generation.
     """
-    current = _tcp_connections()
-    for conn in ring:
-        if conn not in current:
+    current = _socket_fds()
+    for fd, inode in ring.items():
+        if current.get(fd) != inode:
             continue
         try:
-            sock = socket.socket(fileno=conn[0])
+            sock = socket.socket(fileno=fd)
         except OSError:
             continue
         try:
-            sock.shutdown(socket.SHUT_RDWR)
+            if sock.family in (socket.AF_INET, socket.AF_INET6) \
+                    and sock.type == socket.SOCK_STREAM \
+                    and sock.getpeername()[1] not in exclude_ports:
+                sock.shutdown(socket.SHUT_RDWR)
         except OSError:
-            pass
+            pass  # a listening or already closed socket
         finally:
             sock.detach()
 

@@ -20,6 +20,15 @@ authenticated without patching Horovod.  What each server does instead:
 * is *sealed* once the next generation forms (every live member has then left it): it answers
   only the ``DELETE`` Horovod sends at shutdown, so its keys can no longer be read or planted.
 
+Serving it fast.  Horovod's ``HTTPStore::wait`` polls for a missing key every 10 ms, and its
+``get`` of the ``rank_<i>`` keys does not wait at all; one ``hvd.init()`` runs six rendezvous (global,
+local and cross, then the same three for the global process set), each a few such waits.  A GET
+of a key that is not there yet is therefore *held* here (up to ``HOLD_S``) until a PUT brings it,
+and answered at once with the value: every wait ends the moment the key exists instead of at the
+next 10 ms poll, and the ``rank_<i>`` reads see the real host names.  After ``HOLD_S`` a held GET
+gets Horovod's usual 404 and the client polls again, so a member that never comes still ends in
+Gloo's own timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``).
+
 Residual risk: a process on a member host (another user of that machine, or any process on this
 one for local jobs) can still read and plant keys of the *current* generation while its ring
 forms, and so learn Gloo's addresses or redirect a connection; Gloo's TCP pairs themselves are not
@@ -32,6 +41,7 @@ import ipaddress
 import logging
 import socket
 import threading
+import time
 from typing import Dict, FrozenSet, Iterable, Optional, Set, Tuple
 
 import psutil
@@ -45,6 +55,7 @@ MAX_PATH_CHARS = 512
 MAX_VALUE_BYTES = 1 << 20    # Gloo stores a few hundred bytes of addresses per rank
 MAX_STORE_BYTES = 64 << 20   # all values of one generation together
 LOOPBACK = "loopback"        # in an allow-list: any loopback address
+HOLD_S = 2.0                 # longest a GET of a missing key waits for its PUT (seconds)
 
 
 def _normalise(addr: str) -> str:
@@ -111,6 +122,9 @@ class GuardedRendezvousServer(RendezvousHTTPServer):
     def __init__(self, addr: Tuple[str, int], verbose: bool):
         self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
         super().__init__(addr, GuardedRendezvousHandler, verbose)
+        # Horovod's handlers take ``cache_lock`` with ``with``; a Condition on the same kind of
+        # lock lets a held GET wait for the PUT of its key
+        self.cache_lock = threading.Condition(threading.Lock())
         self.allowed: FrozenSet[str] = frozenset()
         self.sealed = False
         self.refused = 0
@@ -118,6 +132,12 @@ class GuardedRendezvousServer(RendezvousHTTPServer):
     def admit(self, peers: FrozenSet[str]) -> None:
         """Serve these peer addresses (canonical text, :func:`allowed_peers`)."""
         self.allowed = peers
+
+    def seal(self) -> None:
+        """The generation is over: answer only DELETEs from now on, and release held GETs."""
+        with self.cache_lock:
+            self.sealed = True
+            self.cache_lock.notify_all()
 
     def store_bytes(self) -> int:
         with self.cache_lock:
@@ -161,6 +181,25 @@ class GuardedRendezvousHandler(RendezvousHandler):
             if server.store_bytes() + length > MAX_STORE_BYTES:
                 return self._refuse(413, "store full")
         return True
+
+    def _get_value(self, scope, key):
+        """The value of ``key`` in ``scope``; a missing key is waited for up to ``HOLD_S``
+        (None after that, or once the server is sealed: Horovod's handler then answers 404)."""
+        server: GuardedRendezvousServer = self.server
+        deadline = time.monotonic() + HOLD_S
+        with server.cache_lock:
+            while True:
+                value = server.cache.get(scope, {}).get(key)
+                remaining = deadline - time.monotonic()
+                if value is not None or server.sealed or remaining <= 0:
+                    return value
+                server.cache_lock.wait(remaining)
+
+    def _put_value(self, scope, key, value):
+        server: GuardedRendezvousServer = self.server
+        super()._put_value(scope, key, value)
+        with server.cache_lock:
+            server.cache_lock.notify_all()
 
     def do_GET(self):  # noqa: N802
         if self._admit():
@@ -211,7 +250,7 @@ class GenerationRendezvous:
             self._spare = None
             spare[0].admit(peers)
             for httpd, _ in self._servers.values():
-                httpd.sealed = True
+                httpd.seal()
             self._servers[generation] = spare
             old = [g for g in self._servers if g < generation - 1]
             stale = [self._servers.pop(g) for g in old]
@@ -236,5 +275,6 @@ class GenerationRendezvous:
             self._servers.clear()
             self._spare = None
         for httpd, _ in servers:
+            httpd.seal()
             httpd.shutdown()
             httpd.server_close()

@@ -13,14 +13,16 @@ the workers write (wall time, rank, size, step counter):
 * kill -9 of the highest rank of 3: survives (any step after the kill), time from the kill to the
   start of the first step of the new ring, steps lost (highest counter before the kill minus
   (first counter after - 1));
-* throughput = samples/s of rank 0 over a window of steady training at 2 workers (12 s after
-  2 s of start-up), each run started on an idle machine, the systems' order rotated per repetition.
+* throughput = samples/s of rank 0 in steady training at 2 workers, interleaved: the three jobs
+  stay alive, each runs alone for 2 s slices while the other two are SIGSTOPped, 30 rounds with
+  the order rotated (this machine's speed drifts by +-15% within seconds; slices side by side
+  see the same drift), ratios also per round.
 
 Runs, per repetition, systems alternated A B A B:
   changes     2 -> 3 (scale-out, the joiner builds its model at once) -> 2 (scale-in)
               -> 3 (scale-out, the joiner takes 8 s to build its model) -> kill -9 of one
-  throughput  2 workers: hvd_edl, static Horovod (horovodrun -np 2), Horovod Elastic
-then hvd_edl's switch breakdown (from its event log: boundary, shutdown, wait, init, sync, rest)
+then throughput at 2 workers (hvd_edl, static Horovod = horovodrun -np 2, Horovod Elastic),
+interleaved as above, then hvd_edl's switch breakdown (from its event log: boundary, shutdown, wait, init, sync, rest)
 for 2 -> 3 -> 4 -> 3 -> 2 with about 1, 10 and 100 MB of frozen parameters.
 
 Writes benchmarks/results/latest.json and benchmarks/results/timeline.png.
@@ -51,7 +53,7 @@ WORKLOAD = str(ROOT / "benchmarks" / "workload.py")
 RESULTS = ROOT / "benchmarks" / "results"
 SYSTEMS = ("hvd_edl", "horovod_elastic")
 BATCH = 16
-THROUGHPUT_SKIP_S = 2.0  # seconds of each throughput run left out (start-up)
+SLICE_SKIP_S = 0.3  # seconds of each throughput slice left out (the job resuming)
 
 
 class Job:
@@ -228,17 +230,6 @@ def kill_outcome(tl: Dict[int, List[dict]], killed: int, t_kill: float, size: in
             "new_size": first["size"]}
 
 
-def throughput(tl: Dict[int, List[dict]], skip_s: float) -> Optional[float]:
-    recs = next((recs for recs in tl.values() if recs and recs[0]["rank"] == 0), None)
-    if not recs:
-        return None
-    t0 = recs[0]["t"] + skip_s
-    window = [r for r in recs if r["t"] >= t0 and r["size"] == 2]
-    if len(window) < 10:
-        return None
-    return round((len(window) - 1) * BATCH * 2 / (window[-1]["t"] - window[0]["t"]), 2)
-
-
 # ---- scenarios ---------------------------------------------------------------------------------
 
 def run_changes(system: str, a) -> dict:
@@ -274,25 +265,80 @@ def run_changes(system: str, a) -> dict:
         return res
 
 
-def wait_idle(max_s: float = 30.0, busy_pct: float = 15.0) -> None:
-    """Before a throughput run: wait (at most ``max_s``) until the previous run's processes
-    have finished exiting and the machine's CPU use over one second is below ``busy_pct``."""
-    deadline = time.monotonic() + max_s
-    while time.monotonic() < deadline and psutil.cpu_percent(interval=1.0) > busy_pct:
-        pass
+def _job_processes(job: Job) -> List[psutil.Process]:
+    try:
+        root = psutil.Process(job.proc.pid)
+        return [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
-def run_throughput(system: str, a) -> Optional[float]:
-    wait_idle()
-    with tempfile.TemporaryDirectory() as tmp:
-        job = Job(system, Path(tmp), 2)
+def _signal_job(job: Job, sig: int) -> None:
+    for p in _job_processes(job):
         try:
+            p.send_signal(sig)
+        except psutil.NoSuchProcess:
+            pass
+
+
+def slice_throughput(tl: Dict[int, List[dict]], t0: float, t1: float) -> Optional[float]:
+    """Samples/s of rank 0 between unix times ``t0`` and ``t1`` (at 2 workers)."""
+    recs = next((r for r in tl.values() if r and r[-1]["rank"] == 0 and r[-1]["size"] == 2),
+                None)
+    window = [r for r in (recs or []) if t0 <= r["t"] <= t1 and r["size"] == 2]
+    if len(window) < 3:
+        return None
+    return round((len(window) - 1) * BATCH * 2 / (window[-1]["t"] - window[0]["t"]), 2)
+
+
+def run_throughput_interleaved(a) -> Dict[str, List[Optional[float]]]:
+    """Steady-state throughput of the three systems, interleaved in time.
+
+    Sequential runs on this shared 2-core machine drift by +-15% within seconds, more than the
+    differences being measured.  So the three jobs (2 workers each) are started one after the
+    other and all kept alive; each is SIGSTOPped (launcher and workers) once it trains.  Then,
+    for ``a.throughput_rounds`` rounds (the order rotated each round), each job in turn is
+    continued alone for ``a.throughput_slice_s`` seconds and stopped again; its throughput in
+    that slice is rank 0's samples/s after ``SLICE_SKIP_S`` of warm-up.  The systems see the
+    same machine conditions within a round, and the ratios are taken per round (paired).
+
+    Returns {system: [samples/s per round]} for "hvd_edl", "static_horovod", "horovod_elastic".
+    """
+    systems = {"hvd_edl": "hvd_edl", "static_horovod": "static",
+               "horovod_elastic": "horovod_elastic"}
+    out: Dict[str, List[Optional[float]]] = {s: [] for s in systems}
+    jobs: Dict[str, Job] = {}
+    tmps = []
+    try:
+        for name, system in systems.items():
+            tmp = tempfile.TemporaryDirectory()
+            tmps.append(tmp)
+            job = Job(system, Path(tmp.name), 2)
+            jobs[name] = job
             if not job.wait_settled(2, 20, 0, a.start_timeout):
                 raise RuntimeError(f"{system}: ring of 2 never formed: {job.output_tail()}")
-            time.sleep(a.throughput_s + THROUGHPUT_SKIP_S)
-            return throughput(job.timelines(), THROUGHPUT_SKIP_S)
-        finally:
+            _signal_job(job, signal.SIGSTOP)
+        names = list(systems)
+        for r in range(a.throughput_rounds):
+            for name in names[r % 3:] + names[:r % 3]:
+                job = jobs[name]
+                _signal_job(job, signal.SIGCONT)
+                t0 = time.time()
+                time.sleep(a.throughput_slice_s)
+                t1 = time.time()
+                _signal_job(job, signal.SIGSTOP)
+                out[name].append(slice_throughput(job.timelines(), t0 + SLICE_SKIP_S, t1))
+    finally:
+        for job in jobs.values():
+            _signal_job(job, signal.SIGCONT)
             job.finish()
+        for tmp in tmps:
+            tmp.cleanup()
+    return out
+
+
+def paired_ratios(a: List[Optional[float]], b: List[Optional[float]]) -> List[float]:
+    return [round(x / y, 4) for x, y in zip(a, b) if x and y]
 
 
 def run_breakdown(model_mb: float, a) -> List[dict]:
@@ -356,6 +402,10 @@ def summarise_breakdown(runs: Dict[str, List[List[dict]]]) -> dict:
                              [e["phases"].get(k, 0.0) for e in evs]), 4) for k in names}})
         out[mb] = rows
     return out
+
+
+def _median(values: List[float]) -> Optional[float]:
+    return round(statistics.median(values), 4) if values else None
 
 
 def ratio(a, b) -> Optional[float]:
@@ -424,7 +474,10 @@ def main() -> int:
     p.add_argument("--step-delay", type=float, default=0.01,
                    help="extra seconds per step in the change runs (throughput runs use 0)")
     p.add_argument("--settle-steps", type=int, default=25)
-    p.add_argument("--throughput-s", type=float, default=12.0)
+    p.add_argument("--throughput-rounds", type=int, default=30,
+                   help="interleaved throughput: rounds of one slice per system")
+    p.add_argument("--throughput-slice-s", type=float, default=2.0,
+                   help="seconds each system runs alone per round")
     p.add_argument("--model-mb", default="1,10,100", help="breakdown model sizes (MB)")
     p.add_argument("--breakdown-reps", type=int, default=1)
     p.add_argument("--only", choices=["changes", "throughput", "breakdown"],
@@ -432,7 +485,7 @@ def main() -> int:
     p.add_argument("--out", default=str(RESULTS / "latest.json"))
     a = p.parse_args()
     if a.quick:
-        a.reps, a.settle_steps, a.throughput_s, a.model_mb = 1, 15, 4.0, "1"
+        a.reps, a.settle_steps, a.throughput_rounds, a.model_mb = 1, 15, 5, "1"
     a.start_timeout, a.change_timeout = 120.0, 60.0
     parts = set(a.only or ["changes", "throughput", "breakdown"])
     t_start = time.time()
@@ -451,12 +504,10 @@ def main() -> int:
                 log(f"rep {rep} {s} changes: " + ", ".join(
                     f"{c['from']}->{c['to']} stall {c.get('stall_s')} rb {c.get('rolled_back_steps')}"
                     for c in r["changes"]) + f"; kill {json.dumps(r['kill'])[:200]}")
-        if "throughput" in parts:
-            order = ("hvd_edl", "static_horovod", "horovod_elastic")
-            for s in order[rep % 3:] + order[:rep % 3]:  # each system goes first once
-                v = run_throughput("static" if s == "static_horovod" else s, a)
-                tput[s].append(v)
-                log(f"rep {rep} {s} throughput {v} samples/s")
+    if "throughput" in parts:
+        tput = run_throughput_interleaved(a)
+        for name, values in tput.items():
+            log(f"throughput {name}: " + " ".join(str(v) for v in values) + " samples/s")
     breakdown: Dict[str, List[List[dict]]] = {}
     if "breakdown" in parts:
         for rep in range(a.breakdown_reps):
@@ -482,6 +533,8 @@ def main() -> int:
                                 theirs["scale_in_stall_s"]["median"]),
         "throughput_vs_static": ratio(ours["throughput_samples_per_s"]["median"],
                                       result["static_horovod"]["throughput_samples_per_s"]["median"]),
+        "throughput_vs_static_paired_median": _median(paired_ratios(
+            tput["hvd_edl"], tput["static_horovod"])),
         "horovod_elastic_throughput_vs_static": ratio(
             theirs["throughput_samples_per_s"]["median"],
             result["static_horovod"]["throughput_samples_per_s"]["median"]),
@@ -491,7 +544,11 @@ def main() -> int:
     result["machine"] = machine
     result["repetitions"] = a.reps
     result["method"] = {"step_delay_s_in_change_runs": a.step_delay,
-                        "settle_steps": a.settle_steps, "throughput_window_s": a.throughput_s,
+                        "settle_steps": a.settle_steps,
+                        "throughput": (f"interleaved: {a.throughput_rounds} rounds, each system "
+                                       f"alone for {a.throughput_slice_s} s per round (the "
+                                       f"others SIGSTOPped), first {SLICE_SKIP_S} s of a slice "
+                                       f"left out"),
                         "batch_per_rank": BATCH, "commit_every": 10, "order": "A B A B per rep"}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -150,10 +150,13 @@ class Started:
 @dataclass
 class WatchRequest:
     """``POST /watch``: long-poll; answered when a change is pending after ``generation`` or after
-    ``wait_s`` seconds, whichever is first."""
+    ``wait_s`` seconds, whichever is first.  With ``until_started`` (a worker scaled in, before
+    it exits): answered once ``generation`` trains (every continuing member reported its first
+    step) or is over, or after ``wait_s``."""
     worker_id: str
     generation: int
     wait_s: float = 20.0
+    until_started: bool = False
 
 
 @dataclass

@@ -15,6 +15,8 @@ from __future__ import annotations
 import copy
 import functools
 import logging
+import os
+import time
 from typing import Callable, Dict, List
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
@@ -62,10 +64,11 @@ class State:
         """Agree on "the coordinator asked for a switch" with one allreduce (max) of a flag;
         raises ``HostsUpdatedInterrupt`` on every rank when any rank saw the request.
 
-        The allreduce is pipelined: the flags sent at this commit are read at the next one
-        (it runs alongside the training steps' gradient allreduces instead of stalling the
-        commit), so every rank switches at the same commit, one commit interval after the
-        request.  A generation's first commit only sends.
+        The allreduce is pipelined: the flags sent at one agreement commit are read at the
+        next (it runs alongside the training steps' gradient allreduces instead of stalling
+        the commit), and commits closer together than ``AGREE_PERIOD_S`` share one agreement
+        (see :func:`_agree`), so every rank switches at the same commit, at most two agreement
+        periods after the request.  A generation's first commit only sends.
         """
         rt = runtime.get()
         if rt is None or not rt.elastic or not rt.joined:
@@ -99,24 +102,55 @@ class State:
             ledger.write("sync", **audit.position())
 
 
+AGREE_PERIOD_S = float(os.environ.get("HVD_EDL_AGREE_PERIOD_S", "0.25"))
+"""Target seconds between two switch agreements (``HVD_EDL_AGREE_PERIOD_S``): commits closer
+together than this share one agreement allreduce."""
+MAX_AGREE_EVERY = 1000  # commits between two agreements, at most
+
+
 def _agree(rt, flag: int) -> bool:
-    """Read the flags allreduced since the previous commit (False at a generation's first),
-    then send this commit's ``flag``.  ``rt.pending_agreement`` holds the in-flight handle; the
-    runtime clears it when a generation starts, so all members agree on what is in flight.
+    """One check for host updates, pipelined and thinned out: at an *agreement commit*, read the
+    flags allreduced at the previous one (False at a generation's first), then send this one's
+    ``flag``; at other commits do nothing.
+
+    Every agreement carries, besides the flag, each rank's proposal for how many commits apart
+    the next agreement should be (commits per ``AGREE_PERIOD_S``, from its own commit period);
+    the allreduce takes the maximum, so every rank reads the same spacing and the same commits
+    are agreement commits on all of them.  With commits every 60 ms this costs one small
+    allreduce per quarter second instead of one per commit, and a switch is agreed at most two
+    agreement periods after the coordinator asked for it.  ``rt.pending_agreement`` holds the
+    in-flight handle; the runtime clears it and the commit count when a generation starts.
 
     Raises:
         HorovodInternalError: a member failed.
     """
     import torch
     import horovod.torch as _hvd
+    now = time.monotonic()
+    if rt.last_commit_at is not None:
+        dt = now - rt.last_commit_at
+        rt.commit_period_s = dt if rt.commit_period_s is None else 0.8 * rt.commit_period_s + 0.2 * dt
+    rt.last_commit_at = now
+    n = rt.commits_in_generation
+    rt.commits_in_generation += 1
+    if n < rt.next_agreement_commit:
+        return False
     previous = rt.pending_agreement
     rt.pending_agreement = None
-    agreed = previous is not None and int(_hvd.synchronize(previous)[0]) > 0
-    if not agreed:
-        rt.pending_agreement = _hvd.allreduce_async_(
-            torch.tensor([flag], dtype=torch.int32), op=_hvd.Max,
-            name="hvd_edl.check_host_updates")
-    return agreed
+    every = 1
+    if previous is not None:
+        result = _hvd.synchronize(previous)
+        if int(result[0]) > 0:
+            return True
+        every = max(1, min(int(result[1]), MAX_AGREE_EVERY))
+    rt.next_agreement_commit = n + every
+    proposal = 1
+    if rt.commit_period_s:
+        proposal = max(1, min(int(AGREE_PERIOD_S / rt.commit_period_s), MAX_AGREE_EVERY))
+    rt.pending_agreement = _hvd.allreduce_async_(
+        torch.tensor([flag, proposal], dtype=torch.int32), op=_hvd.Max,
+        name="hvd_edl.check_host_updates")
+    return False
 
 
 class ObjectState(State):

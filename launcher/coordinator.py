@@ -263,12 +263,20 @@ class Coordinator:
                 if not g.logged and all(w in g.stalls or not self.workers[w].state.alive
                                         for w in g.continuing):
                     self._log_event(g)
+                    self.cond.notify_all()  # leavers waiting for this generation to train
             return self._watch_reply(msg.generation)
 
     def watch(self, msg: messages.WatchRequest) -> messages.WatchReply:
         """Long poll: answer as soon as a switch is wanted after ``msg.generation``."""
         deadline = time.monotonic() + min(max(msg.wait_s, 0.0), 30.0)
         with self.cond:
+            while msg.until_started:
+                g = self.current
+                left = deadline - time.monotonic()
+                if g is None or g.number != msg.generation or g.logged or left <= 0 \
+                        or self.finishing or self.failure or self.stopping:
+                    return self._watch_reply(msg.generation)
+                self.cond.wait(left)
             while True:
                 reply = self._watch_reply(msg.generation)
                 left = deadline - time.monotonic()
@@ -392,7 +400,8 @@ class Coordinator:
             local_counts[rec.host] += 1
         for w in previous:
             if w not in participants:
-                self.assignments[w] = messages.Assignment(action="exit", reason="scaled in")
+                self.assignments[w] = messages.Assignment(action="exit", reason="scaled in",
+                                                          generation=number)
         prev_size = len(self.current.members) if self.current else 0
         continuing = [w for w in participants if w in previous]
         gen = Generation(number, list(participants), kind, step, rolled_back, time.time(),

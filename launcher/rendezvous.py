@@ -1,5 +1,9 @@
-"""One Gloo rendezvous per generation, served by Horovod's own rendezvous HTTP server
-(``horovod.runner.http.http_server.RendezvousHTTPServer`` with its ``RendezvousHandler``).
+"""One Gloo rendezvous per generation: the key-value store Horovod's C++ ``HTTPStore`` talks to,
+with the semantics of Horovod's own ``RendezvousHandler`` (``horovod.runner.http.http_server``:
+``PUT`` stores, ``GET`` answers the value or 404, ``DELETE`` removes a rank's key), served by an
+asyncio server in the launcher instead of Horovod's thread-per-request ``http.server``: each of the
+about 28 requests a rank sends per ``hvd.init()`` then costs the launcher a fraction of a
+millisecond of CPU, on the same CPUs the members need to initialise Gloo.
 
 Horovod's Gloo controller reads ``HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT`` at every ``hvd.init()`` and
 keeps its keys under fixed scopes ("global", "local<host>", "cross<n>"), so each generation gets a
@@ -16,7 +20,9 @@ authenticated without patching Horovod.  What each server does instead:
 * accepts only ``/<scope>/<key>`` paths of printable characters up to ``MAX_PATH_CHARS``, values
   up to ``MAX_VALUE_BYTES`` (413) and a store of at most ``MAX_STORE_BYTES`` in all (413);
 * refuses ``HEAD`` (Horovod's handler inherits ``SimpleHTTPRequestHandler.do_HEAD``, which would
-  report on files in the launcher's working directory) and every other method but GET/PUT/DELETE;
+  report on files in the launcher's working directory) and every other method but GET/PUT/DELETE
+  (405), a PUT without ``Content-Length`` (411), and a request not sent within
+  ``REQUEST_TIMEOUT_S``;
 * is *sealed* once the next generation forms (every live member has then left it): it answers
   only the ``DELETE`` Horovod sends at shutdown, so its keys can no longer be read or planted.
 
@@ -36,16 +42,15 @@ authenticated either.  Run jobs on hosts whose other users you trust, or on an i
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import ipaddress
 import logging
 import socket
 import threading
-import time
-from typing import Dict, FrozenSet, Iterable, Optional, Set, Tuple
+from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 import psutil
-from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
 from launcher.hosts import is_local
 
@@ -56,6 +61,7 @@ MAX_VALUE_BYTES = 1 << 20    # Gloo stores a few hundred bytes of addresses per 
 MAX_STORE_BYTES = 64 << 20   # all values of one generation together
 LOOPBACK = "loopback"        # in an allow-list: any loopback address
 HOLD_S = 2.0                 # longest a GET of a missing key waits for its PUT (seconds)
+REQUEST_TIMEOUT_S = 3.0      # to send a request's head or body (Horovod's server: the same)
 
 
 def _normalise(addr: str) -> str:
@@ -115,166 +121,223 @@ def peer_allowed(peer: str, allowed: FrozenSet[str]) -> bool:
         return False
 
 
-class GuardedRendezvousServer(RendezvousHTTPServer):
-    """Horovod's rendezvous server with a peer allow-list, size limits and a seal (see module
-    docstring).  ``allowed`` is empty until :meth:`admit` is called, so a spare answers no one."""
+class GenerationStore:
+    """One generation's key-value store and its listening socket (state owned by the event
+    loop's thread; ``allowed`` is replaced whole, so reading it from there is safe)."""
 
-    def __init__(self, addr: Tuple[str, int], verbose: bool):
-        self.address_family = socket.AF_INET6 if ":" in addr[0] else socket.AF_INET
-        super().__init__(addr, GuardedRendezvousHandler, verbose)
-        # Horovod's handlers take ``cache_lock`` with ``with``; a Condition on the same kind of
-        # lock lets a held GET wait for the PUT of its key
-        self.cache_lock = threading.Condition(threading.Lock())
+    def __init__(self):
+        self.cache: Dict[str, Dict[str, bytes]] = {}
         self.allowed: FrozenSet[str] = frozenset()
         self.sealed = False
         self.refused = 0
+        self.bytes = 0
+        self.waiters: Dict[Tuple[str, str], List[asyncio.Future]] = {}
+        self.server: Optional[asyncio.base_events.Server] = None
+        self.port = 0
 
-    def admit(self, peers: FrozenSet[str]) -> None:
-        """Serve these peer addresses (canonical text, :func:`allowed_peers`)."""
-        self.allowed = peers
+    def put(self, scope: str, key: str, value: bytes) -> None:
+        old = self.cache.setdefault(scope, {}).get(key)
+        self.bytes += len(value) - (len(old) if old is not None else 0)
+        self.cache[scope][key] = value
+        for f in self.waiters.pop((scope, key), []):
+            if not f.done():
+                f.set_result(None)
+
+    def delete(self, scope: str, key: str) -> None:
+        # Horovod's RendezvousHandler.do_DELETE for an "ad hoc" scope (no allocation plan)
+        d = self.cache.get(scope)
+        if d is not None:
+            value = d.pop(key, None)
+            if value is not None:
+                self.bytes -= len(value)
+            if not d:
+                del self.cache[scope]
 
     def seal(self) -> None:
-        """The generation is over: answer only DELETEs from now on, and release held GETs."""
-        with self.cache_lock:
-            self.sealed = True
-            self.cache_lock.notify_all()
-
-    def store_bytes(self) -> int:
-        with self.cache_lock:
-            return sum(len(v) for scope in self.cache.values() for v in scope.values())
-
-    def handle_error(self, request, client_address) -> None:
-        log.debug("rendezvous: error serving %s", client_address, exc_info=True)
+        self.sealed = True
+        for futures in self.waiters.values():
+            for f in futures:
+                if not f.done():
+                    f.set_result(None)
+        self.waiters.clear()
 
 
-class GuardedRendezvousHandler(RendezvousHandler):
-    """``RendezvousHandler`` that checks peer, seal, path and size before Horovod's code runs."""
-
-    def _refuse(self, code: int, why: str) -> bool:
-        server: GuardedRendezvousServer = self.server
-        server.refused += 1
-        if server.refused == 1 or server.refused % 100 == 0:
-            log.warning("rendezvous on port %d refused %s %s from %s: %s (%d refused)",
-                        server.server_address[1], self.command, self.path[:80],
-                        self.client_address[0], why, server.refused)
-        self.close_connection = True
-        self.send_status_code(code)
-        return False
-
-    def _admit(self) -> bool:
-        server: GuardedRendezvousServer = self.server
-        if not peer_allowed(self.client_address[0], server.allowed):
-            return self._refuse(403, "not a member host of this generation")
-        if server.sealed and self.command != "DELETE":
-            return self._refuse(403, "generation over (sealed)")
-        parts = self.path.split("/")
-        if len(self.path) > MAX_PATH_CHARS or len(parts) != 3 or parts[0] or not parts[1] \
-                or not self.path.isprintable() or " " in self.path:
-            return self._refuse(400, "path must be /<scope>/<key>")
-        if self.command == "PUT":
-            try:
-                length = int(self.headers.get("Content-Length", ""))
-            except ValueError:
-                return self._refuse(411, "Content-Length required")
-            if length < 0 or length > MAX_VALUE_BYTES:
-                return self._refuse(413, f"value of {length} bytes")
-            if server.store_bytes() + length > MAX_STORE_BYTES:
-                return self._refuse(413, "store full")
-        return True
-
-    def _get_value(self, scope, key):
-        """The value of ``key`` in ``scope``; a missing key is waited for up to ``HOLD_S``
-        (None after that, or once the server is sealed: Horovod's handler then answers 404)."""
-        server: GuardedRendezvousServer = self.server
-        deadline = time.monotonic() + HOLD_S
-        with server.cache_lock:
-            while True:
-                value = server.cache.get(scope, {}).get(key)
-                remaining = deadline - time.monotonic()
-                if value is not None or server.sealed or remaining <= 0:
-                    return value
-                server.cache_lock.wait(remaining)
-
-    def _put_value(self, scope, key, value):
-        server: GuardedRendezvousServer = self.server
-        super()._put_value(scope, key, value)
-        with server.cache_lock:
-            server.cache_lock.notify_all()
-
-    def do_GET(self):  # noqa: N802
-        if self._admit():
-            super().do_GET()
-
-    def do_PUT(self):  # noqa: N802
-        if self._admit():
-            super().do_PUT()
-
-    def do_DELETE(self):  # noqa: N802
-        if self._admit():
-            super().do_DELETE()
-
-    def do_HEAD(self):  # noqa: N802
-        self._refuse(405, "method not allowed")
-
-    do_POST = do_HEAD  # noqa: N815
+_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
+            413: "Payload Too Large"}
 
 
 class GenerationRendezvous:
     """Hands out a started rendezvous server per generation; keeps the last two running (the
     older one sealed: Horovod's shutdown still sends it a DELETE).
 
+    All servers run on one asyncio event loop in one thread: a request costs a fraction of a
+    millisecond of the launcher's CPU (no thread per request, no ``http.server`` parsing), which
+    matters while the members' Gloo initialisation needs the same CPUs.
+
     Args:
         bind_addr: address the servers listen on (e.g. "127.0.0.1").
-        verbose: Horovod's rendezvous logging.
+        verbose: log every request at INFO.
     """
 
     def __init__(self, bind_addr: str, verbose: bool = False):
         self.bind_addr = bind_addr
         self.verbose = verbose
-        self._servers: Dict[int, Tuple[GuardedRendezvousServer, threading.Thread]] = {}
+        self._servers: Dict[int, GenerationStore] = {}
         self._lock = threading.Lock()
-        self._spare: Optional[Tuple[GuardedRendezvousServer, threading.Thread]] = self._start()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rendezvous",
+                                        daemon=True)
+        self._thread.start()
+        self._spare: Optional[GenerationStore] = self._start()
 
-    def _start(self) -> Tuple[GuardedRendezvousServer, threading.Thread]:
-        httpd = GuardedRendezvousServer((self.bind_addr, 0), self.verbose)
-        thread = threading.Thread(target=httpd.serve_forever, name="rendezvous", daemon=True)
-        thread.start()
-        return httpd, thread
+    # ---- called from the launcher's threads ----------------------------------------------------
+
+    def _call(self, coro_or_fn, *args):
+        if asyncio.iscoroutinefunction(coro_or_fn):
+            return asyncio.run_coroutine_threadsafe(coro_or_fn(*args), self._loop).result(30)
+
+        async def run():
+            return coro_or_fn(*args)
+        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(30)
+
+    def _start(self) -> GenerationStore:
+        return self._call(self._listen)
 
     def open(self, generation: int, hosts: Iterable[str] = ("localhost",)) -> int:
         """A fresh rendezvous for ``generation`` whose members run on ``hosts``; returns its TCP
         port.  Earlier generations' servers are sealed; those before ``generation - 1`` stopped."""
         peers = allowed_peers(hosts)
         with self._lock:
-            spare = self._spare or self._start()
+            store = self._spare or self._start()
             self._spare = None
-            spare[0].admit(peers)
-            for httpd, _ in self._servers.values():
-                httpd.seal()
-            self._servers[generation] = spare
-            old = [g for g in self._servers if g < generation - 1]
-            stale = [self._servers.pop(g) for g in old]
+            store.allowed = peers
+            earlier = list(self._servers.values())
+            self._servers[generation] = store
+            stale = [self._servers.pop(g) for g in [g for g in self._servers
+                                                    if g < generation - 1]]
+        for old in earlier:
+            self._loop.call_soon_threadsafe(old.seal)
         threading.Thread(target=self._refill_and_stop, args=(stale,), daemon=True).start()
-        return spare[0].server_address[1]
+        return store.port
 
-    def _refill_and_stop(self, stale) -> None:
-        for httpd, thread in stale:
-            httpd.shutdown()
-            httpd.server_close()
+    def _refill_and_stop(self, stale: List[GenerationStore]) -> None:
+        for store in stale:
+            self._call(self._stop, store)
         fresh = self._start()
         with self._lock:
             if self._spare is None:
                 self._spare = fresh
                 return
-        fresh[0].shutdown()
-        fresh[0].server_close()
+        self._call(self._stop, fresh)
 
     def close(self) -> None:
+        """Stop every server and the event loop."""
         with self._lock:
-            servers = list(self._servers.values()) + ([self._spare] if self._spare else [])
+            stores = list(self._servers.values()) + ([self._spare] if self._spare else [])
             self._servers.clear()
             self._spare = None
-        for httpd, _ in servers:
-            httpd.seal()
-            httpd.shutdown()
-            httpd.server_close()
+        if not self._loop.is_running():
+            return
+        for store in stores:
+            try:
+                self._call(self._stop, store)
+            except Exception:  # noqa: BLE001 - closing down: keep stopping the others
+                log.debug("rendezvous: stopping port %d failed", store.port, exc_info=True)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    # ---- on the event loop -----------------------------------------------------------------------
+
+    async def _listen(self) -> GenerationStore:
+        store = GenerationStore()
+        family = socket.AF_INET6 if ":" in self.bind_addr else socket.AF_INET
+        store.server = await asyncio.start_server(
+            functools.partial(self._serve, store), self.bind_addr, 0, family=family,
+            limit=MAX_PATH_CHARS + 4096)
+        store.port = store.server.sockets[0].getsockname()[1]
+        return store
+
+    async def _stop(self, store: GenerationStore) -> None:
+        store.seal()
+        if store.server is not None:
+            store.server.close()
+
+    async def _serve(self, store: GenerationStore, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> None:
+        try:
+            code, body = await self._answer(store, reader, writer)
+            writer.write(b"HTTP/1.0 %d %s\r\nContent-Length: %d\r\n\r\n"
+                         % (code, _REASONS.get(code, "").encode(), len(body)) + body)
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
+                asyncio.TimeoutError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    def _refuse(self, store: GenerationStore, code: int, why: str, method: str, path: str,
+                peer: str) -> Tuple[int, bytes]:
+        store.refused += 1
+        if store.refused == 1 or store.refused % 100 == 0:
+            log.warning("rendezvous on port %d refused %s %s from %s: %s (%d refused)",
+                        store.port, method, path[:80], peer, why, store.refused)
+        return code, b""
+
+    async def _answer(self, store: GenerationStore, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> Tuple[int, bytes]:
+        """(status, body) for one request, after the checks of the module docstring."""
+        peer = writer.get_extra_info("peername")[0]
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        method, path = (parts[0], parts[1]) if len(parts) == 3 else ("", lines[0])
+        if not peer_allowed(peer, store.allowed):
+            return self._refuse(store, 403, "not a member host of this generation", method,
+                                path, peer)
+        if len(parts) != 3:
+            return self._refuse(store, 400, "malformed request line", method, path, peer)
+        headers = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if sep:
+                headers[name.strip().lower()] = value.strip()
+        if self.verbose:
+            log.info("rendezvous %d: %s %s from %s", store.port, method, path, peer)
+        if method not in ("GET", "PUT", "DELETE"):
+            return self._refuse(store, 405, "method not allowed", method, path, peer)
+        if store.sealed and method != "DELETE":
+            return self._refuse(store, 403, "generation over (sealed)", method, path, peer)
+        fields = path.split("/")
+        if len(path) > MAX_PATH_CHARS or len(fields) != 3 or fields[0] or not fields[1] \
+                or not path.isprintable():
+            return self._refuse(store, 400, "path must be /<scope>/<key>", method, path, peer)
+        _, scope, key = fields
+        if method == "PUT":
+            if "chunked" in headers.get("transfer-encoding", "").lower():
+                return self._refuse(store, 411, "Content-Length required", method, path, peer)
+            try:
+                length = int(headers.get("content-length", ""))
+            except ValueError:
+                return self._refuse(store, 411, "Content-Length required", method, path, peer)
+            if length < 0 or length > MAX_VALUE_BYTES:
+                return self._refuse(store, 413, f"value of {length} bytes", method, path, peer)
+            if store.bytes + length > MAX_STORE_BYTES:
+                return self._refuse(store, 413, "store full", method, path, peer)
+            value = await asyncio.wait_for(reader.readexactly(length), REQUEST_TIMEOUT_S)
+            store.put(scope, key, value)
+            return 200, b""
+        if method == "DELETE":
+            store.delete(scope, key)
+            return 200, b""
+        value = store.cache.get(scope, {}).get(key)
+        if value is None and not store.sealed:
+            # held until the PUT of this key (see "Serving it fast")
+            f = self._loop.create_future()
+            store.waiters.setdefault((scope, key), []).append(f)
+            try:
+                await asyncio.wait_for(f, HOLD_S)
+            except asyncio.TimeoutError:
+                pass
+            value = None if store.sealed else store.cache.get(scope, {}).get(key)
+        return (404, b"") if value is None else (200, value)

@@ -19,7 +19,7 @@ the workers write (wall time, rank, size, step counter):
   see the same drift), ratios also per round.
 
 Runs, per repetition, systems alternated A B A B:
-  changes     2 -> 3 (scale-out, the joiner builds its model at once) -> 2 (scale-in)
+  changes     2 -> 3 (scale-out, the joiner builds its model at once) -> 2 (scale-in) -> 3 -> 2
               -> 3 (scale-out, the joiner takes 8 s to build its model) -> kill -9 of one
 then throughput at 2 workers (hvd_edl, static Horovod = horovodrun -np 2, Horovod Elastic),
 interleaved as above, then hvd_edl's switch breakdown (from its event log: boundary, shutdown, wait, init, sync, rest)
@@ -232,8 +232,13 @@ def kill_outcome(tl: Dict[int, List[dict]], killed: int, t_kill: float, size: in
 
 # ---- scenarios ---------------------------------------------------------------------------------
 
+CHANGES = ((2, 3, 0.0), (3, 2, 0.0), (2, 3, 0.0), (3, 2, 0.0), (2, 3, 8.0))
+"""The timetable of one run: (workers before, after, joiner build delay in seconds)."""
+
+
 def run_changes(system: str, a) -> dict:
-    """2 -> 3 (joiner build 0 s) -> 2 -> 3 (joiner build 8 s) -> kill -9 of the highest rank."""
+    """2 -> 3 (joiner build 0 s) -> 2 -> 3 -> 2 -> 3 (joiner build 8 s) -> kill -9 of the highest
+    rank: two scale-ins and two immediate scale-outs per run."""
     with tempfile.TemporaryDirectory() as tmp:
         job = Job(system, Path(tmp), 2, step_delay=a.step_delay)
         res: Dict[str, object] = {"changes": []}
@@ -241,7 +246,7 @@ def run_changes(system: str, a) -> dict:
             if not job.wait_settled(2, a.settle_steps, 0, a.start_timeout):
                 raise RuntimeError(f"{system}: ring of 2 never formed: {job.output_tail()}")
             marks = []
-            for old, new, delay in ((2, 3, 0.0), (3, 2, 0.0), (2, 3, 8.0)):
+            for old, new, delay in CHANGES:
                 job.set_joiner_build_delay(delay)
                 t = job.change(new)
                 ok = job.wait_settled(new, a.settle_steps, t, a.change_timeout + delay)
@@ -250,7 +255,7 @@ def run_changes(system: str, a) -> dict:
             killed = job.killed_pid
             job.wait_settled(2, a.settle_steps, t_kill, a.change_timeout)
             tl = job.timelines()
-            for (old, new, t, ok), delay in zip(marks, (0, 0, 8)):
+            for (old, new, t, ok), (_, _, delay) in zip(marks, CHANGES):
                 res["changes"].append({"from": old, "to": new, "time": t,
                                        "joiner_build_delay_s": delay,
                                        **(change_stall(tl, old, new, t) or {"stall_s": None})})
@@ -370,15 +375,24 @@ def spread(values) -> dict:
 
 
 def summarise_system(runs: List[dict], tput: List[Optional[float]]) -> dict:
-    def nth(i, key):
-        return [r["changes"][i].get(key) for r in runs if len(r["changes"]) > i]
+    def of(kind, key):
+        out_ = []
+        for r in runs:
+            for c in r["changes"]:
+                grow = c["to"] > c["from"]
+                if (kind == "in" and not grow) or (grow and kind == "out0" and
+                                                   not c["joiner_build_delay_s"]) \
+                        or (grow and kind == "out8" and c["joiner_build_delay_s"]):
+                    out_.append(c.get(key))
+        return out_
     kills = [r["kill"] for r in runs]
     out = {
-        "scale_out_stall_delay0_s": spread(nth(0, "stall_s")),
-        "scale_out_stall_delay8_s": spread(nth(2, "stall_s")),
-        "scale_in_stall_s": spread(nth(1, "stall_s")),
-        "scale_in_rolled_back_steps": spread(nth(1, "rolled_back_steps")),
-        "scale_out_rolled_back_steps": spread(nth(0, "rolled_back_steps") + nth(2, "rolled_back_steps")),
+        "scale_out_stall_delay0_s": spread(of("out0", "stall_s")),
+        "scale_out_stall_delay8_s": spread(of("out8", "stall_s")),
+        "scale_in_stall_s": spread(of("in", "stall_s")),
+        "scale_in_rolled_back_steps": spread(of("in", "rolled_back_steps")),
+        "scale_out_rolled_back_steps": spread(of("out0", "rolled_back_steps")
+                                              + of("out8", "rolled_back_steps")),
         "kill": {"survives": [k["survives"] for k in kills],
                  "recovery_s": spread([k.get("recovery_s") for k in kills]),
                  "steps_lost": spread([k.get("steps_lost") for k in kills]),
@@ -455,8 +469,8 @@ def plot(timelines: Dict[str, dict], path: Path) -> None:
                 if k["survives"] else "kill -9\njob ended")
         ax.annotate(text, (k["time"] - t0, 0.1), xytext=(3, 5), textcoords="offset points",
                     fontsize=8, va="bottom", color="red")
-        ax.set_title(f"{system}: steps of each worker (2 -> 3 -> 2 -> 3 workers, the second "
-                     f"joiner building its model for 8 s; then kill -9 of one)")
+        ax.set_title(f"{system}: steps of each worker (2 -> 3 -> 2 -> 3 -> 2 -> 3 workers, the "
+                     f"last joiner building its model for 8 s; then kill -9 of one)")
         ax.set_xlabel("seconds since the first step")
         ax.set_ylabel("worker (one tick per step)")
         ax.set_ylim(-0.2, len(tl) + 0.6)

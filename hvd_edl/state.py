@@ -73,7 +73,7 @@ class State:
         rt = runtime.get()
         if rt is None or not rt.elastic or not rt.joined:
             return
-        if _agree(rt, 1 if rt.change_pending() else 0):
+        if _agree(rt, rt.change_pending):
             rt.mark_switch_start()
             raise HostsUpdatedInterrupt(False)
 
@@ -105,10 +105,10 @@ class State:
 AGREE_PERIOD_S = float(os.environ.get("HVD_EDL_AGREE_PERIOD_S", "0.25"))
 """Target seconds between two switch agreements (``HVD_EDL_AGREE_PERIOD_S``): commits closer
 together than this share one agreement allreduce."""
-MAX_AGREE_EVERY = 1000  # commits between two agreements, at most
+MAX_AGREE_EVERY = 64  # commits between two agreements, at most
 
 
-def _agree(rt, flag: int) -> bool:
+def _agree(rt, change_pending: Callable[[], bool]) -> bool:
     """One check for host updates, pipelined and thinned out: at an *agreement commit*, read the
     flags allreduced at the previous one (False at a generation's first), then send this one's
     ``flag``; at other commits do nothing.
@@ -142,13 +142,14 @@ def _agree(rt, flag: int) -> bool:
         result = _hvd.synchronize(previous)
         if int(result[0]) > 0:
             return True
-        every = max(1, min(int(result[1]), MAX_AGREE_EVERY))
+        every = max(1, min(-int(result[1]), MAX_AGREE_EVERY))
     rt.next_agreement_commit = n + every
     proposal = 1
     if rt.commit_period_s:
         proposal = max(1, min(int(AGREE_PERIOD_S / rt.commit_period_s), MAX_AGREE_EVERY))
+    flag = 1 if change_pending() else 0
     rt.pending_agreement = _hvd.allreduce_async_(
-        torch.tensor([flag, proposal], dtype=torch.int32), op=_hvd.Max,
+        torch.tensor([flag, -proposal], dtype=torch.int32), op=_hvd.Max,
         name="hvd_edl.check_host_updates")
     return False
 

@@ -185,6 +185,7 @@ class GenerationRendezvous:
         self.verbose = verbose
         self._servers: Dict[int, GenerationStore] = {}
         self._lock = threading.Lock()
+        self._closed = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="rendezvous",
                                         daemon=True)
@@ -224,9 +225,12 @@ class GenerationRendezvous:
     def _refill_and_stop(self, stale: List[GenerationStore]) -> None:
         for store in stale:
             self._call(self._stop, store)
+        with self._lock:
+            if self._closed:
+                return
         fresh = self._start()
         with self._lock:
-            if self._spare is None:
+            if self._spare is None and not self._closed:
                 self._spare = fresh
                 return
         self._call(self._stop, fresh)
@@ -234,11 +238,12 @@ class GenerationRendezvous:
     def close(self) -> None:
         """Stop every server and the event loop."""
         with self._lock:
+            if self._closed:
+                return
+            self._closed = True
             stores = list(self._servers.values()) + ([self._spare] if self._spare else [])
             self._servers.clear()
             self._spare = None
-        if not self._loop.is_running():
-            return
         for store in stores:
             try:
                 self._call(self._stop, store)
@@ -246,6 +251,8 @@ class GenerationRendezvous:
                 log.debug("rendezvous: stopping port %d failed", store.port, exc_info=True)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        if not self._thread.is_alive():
+            self._loop.close()
 
     # ---- on the event loop -----------------------------------------------------------------------
 
@@ -273,6 +280,9 @@ class GenerationRendezvous:
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
                 asyncio.TimeoutError, ValueError):
             pass
+        except Exception:  # noqa: BLE001 - one bad request must not reach the loop's handler
+            log.debug("rendezvous: error serving a request on port %d", store.port,
+                      exc_info=True)
         finally:
             writer.close()
 
@@ -287,7 +297,7 @@ class GenerationRendezvous:
     async def _answer(self, store: GenerationStore, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> Tuple[int, bytes]:
         """(status, body) for one request, after the checks of the module docstring."""
-        peer = writer.get_extra_info("peername")[0]
+        peer = (writer.get_extra_info("peername") or ("",))[0]
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
         lines = head.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
@@ -339,5 +349,9 @@ class GenerationRendezvous:
                 await asyncio.wait_for(f, HOLD_S)
             except asyncio.TimeoutError:
                 pass
+            finally:
+                waiting = store.waiters.get((scope, key), [])
+                if f in waiting:
+                    waiting.remove(f)
             value = None if store.sealed else store.cache.get(scope, {}).get(key)
         return (404, b"") if value is None else (200, value)

@@ -111,15 +111,18 @@ MAX_AGREE_EVERY = 64  # commits between two agreements, at most
 def _agree(rt, change_pending: Callable[[], bool]) -> bool:
     """One check for host updates, pipelined and thinned out: at an *agreement commit*, read the
     flags allreduced at the previous one (False at a generation's first), then send this one's
-    ``flag``; at other commits do nothing.
+    flag (``change_pending()``, one request to the coordinator, asked only here); at other
+    commits do nothing.
 
     Every agreement carries, besides the flag, each rank's proposal for how many commits apart
-    the next agreement should be (commits per ``AGREE_PERIOD_S``, from its own commit period);
-    the allreduce takes the maximum, so every rank reads the same spacing and the same commits
-    are agreement commits on all of them.  With commits every 60 ms this costs one small
-    allreduce per quarter second instead of one per commit, and a switch is agreed at most two
-    agreement periods after the coordinator asked for it.  ``rt.pending_agreement`` holds the
-    in-flight handle; the runtime clears it and the commit count when a generation starts.
+    the next agreement should be (commits per ``AGREE_PERIOD_S`` from its own commit period, at
+    most ``MAX_AGREE_EVERY``); the allreduce takes the smallest proposal (the max of the
+    negated ones), so every rank reads the same spacing and the same commits are agreement
+    commits on all of them, and one rank's stale or odd estimate can only make agreements more
+    frequent.  With commits every 60 ms this costs one small allreduce per quarter second
+    instead of one per commit, and a switch is agreed at most two agreement periods after the
+    coordinator asked for it.  ``rt.pending_agreement`` holds the in-flight handle; the runtime
+    clears it and the commit count when a generation starts.
 
     Raises:
         HorovodInternalError: a member failed.

@@ -132,7 +132,8 @@ def _agree(rt, change_pending: Callable[[], bool]) -> bool:
     now = time.monotonic()
     if rt.last_commit_at is not None:
         dt = now - rt.last_commit_at
-        rt.commit_period_s = dt if rt.commit_period_s is None else 0.8 * rt.commit_period_s + 0.2 * dt
+        prev = rt.commit_period_s
+        rt.commit_period_s = dt if prev is None else 0.8 * prev + 0.2 * dt
     rt.last_commit_at = now
     n = rt.commits_in_generation
     rt.commits_in_generation += 1

@@ -353,5 +353,7 @@ class GenerationRendezvous:
                 waiting = store.waiters.get((scope, key), [])
                 if f in waiting:
                     waiting.remove(f)
+                if not waiting:
+                    store.waiters.pop((scope, key), None)
             value = None if store.sealed else store.cache.get(scope, {}).get(key)
         return (404, b"") if value is None else (200, value)

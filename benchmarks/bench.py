@@ -161,14 +161,17 @@ class Job:
         self._kill_tree()
         self.out.close()
 
-    def _kill_tree(self) -> None:
+    def processes(self) -> List[psutil.Process]:
+        """The launcher and every process under it (empty once the launcher is gone)."""
         try:
-            procs = psutil.Process(self.proc.pid).children(recursive=True)
+            root = psutil.Process(self.proc.pid)
+            return [root] + root.children(recursive=True)
         except psutil.NoSuchProcess:
-            procs = []
+            return []
+
+    def _kill_tree(self) -> None:
+        procs = self.processes() if self.proc.poll() is None else []
         procs += [psutil.Process(p) for p in self.timelines() if psutil.pid_exists(p)]
-        if self.proc.poll() is None:
-            procs.append(psutil.Process(self.proc.pid))
         for p in procs:
             try:
                 p.terminate()
@@ -270,16 +273,8 @@ def run_changes(system: str, a) -> dict:
         return res
 
 
-def _job_processes(job: Job) -> List[psutil.Process]:
-    try:
-        root = psutil.Process(job.proc.pid)
-        return [root] + root.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
 def _signal_job(job: Job, sig: int) -> None:
-    for p in _job_processes(job):
+    for p in job.processes():
         try:
             p.send_signal(sig)
         except psutil.NoSuchProcess:

@@ -216,8 +216,8 @@ class WorkerRuntime:
         self.commits_in_generation = 0
         self.next_agreement_commit = 0
         self.last_commit_at = None
-        self._change.clear()
         self.commit_period_s = None
+        self._change.clear()
 
     # ---- SIGTERM: leave gracefully ------------------------------------------------------------
 

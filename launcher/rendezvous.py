@@ -194,13 +194,9 @@ class GenerationRendezvous:
 
     # ---- called from the launcher's threads ----------------------------------------------------
 
-    def _call(self, coro_or_fn, *args):
-        if asyncio.iscoroutinefunction(coro_or_fn):
-            return asyncio.run_coroutine_threadsafe(coro_or_fn(*args), self._loop).result(30)
-
-        async def run():
-            return coro_or_fn(*args)
-        return asyncio.run_coroutine_threadsafe(run(), self._loop).result(30)
+    def _call(self, coroutine_fn, *args):
+        """Run ``coroutine_fn(*args)`` on the event loop; wait (at most 30 s) for its result."""
+        return asyncio.run_coroutine_threadsafe(coroutine_fn(*args), self._loop).result(30)
 
     def _start(self) -> GenerationStore:
         return self._call(self._listen)

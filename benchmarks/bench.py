@@ -15,14 +15,18 @@ the workers write (wall time, rank, size, step counter):
   (first counter after - 1));
 * throughput = samples/s of rank 0 in steady training at 2 workers, interleaved: the three jobs
   stay alive, each runs alone for 2 s slices while the other two are SIGSTOPped, 30 rounds with
-  the order rotated (this machine's speed drifts by +-15% within seconds; slices side by side
-  see the same drift), ratios also per round.
+  the order rotated, ratios also per round.  Measured twice: with every worker's threads bound
+  to one CPU (rank r -> CPU r, the same for all three systems; the ratios of record), then
+  with the threads left to the scheduler.  On this 2-core machine the scheduler's placement of
+  a 2-worker job's ~8 busy threads makes 1 s throughput vary by 14 % (coefficient of
+  variation) against 4 % when bound, so unbound ratios move by +-8 % between runs of the same
+  code (static Horovod against itself: 0.92-1.03).
 
 Runs, per repetition, systems alternated A B A B:
   changes     2 -> 3 (scale-out, the joiner builds its model at once) -> 2 (scale-in) -> 3 -> 2
               -> 3 (scale-out, the joiner takes 8 s to build its model) -> kill -9 of one
 then throughput at 2 workers (hvd_edl, static Horovod = horovodrun -np 2, Horovod Elastic),
-interleaved as above, then hvd_edl's switch breakdown (from its event log: boundary, shutdown, wait, init, sync, rest)
+interleaved as above, bound then unbound, then hvd_edl's switch breakdown (from its event log: boundary, shutdown, wait, init, sync, rest)
 for 2 -> 3 -> 4 -> 3 -> 2 with about 1, 10 and 100 MB of frozen parameters.
 
 Writes benchmarks/results/latest.json and benchmarks/results/timeline.png.
@@ -291,7 +295,30 @@ def slice_throughput(tl: Dict[int, List[dict]], t0: float, t1: float) -> Optiona
     return round((len(window) - 1) * BATCH * 2 / (window[-1]["t"] - window[0]["t"]), 2)
 
 
-def run_throughput_interleaved(a) -> Dict[str, List[Optional[float]]]:
+def bind_workers(job: Job) -> List[int]:
+    """Bind every thread of each live worker of ``job`` to one CPU: rank r -> the r-th CPU this
+    process may use (mod their number); threads created later inherit it.  Returns the pids
+    bound.  ``os.sched_setaffinity(pid)`` binds one thread only, hence the walk over
+    ``/proc/PID/task``."""
+    cpus = sorted(os.sched_getaffinity(0))
+    bound = []
+    for pid, recs in job.timelines().items():
+        if not recs or not psutil.pid_exists(pid):
+            continue
+        cpu = cpus[recs[-1]["rank"] % len(cpus)]
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    os.sched_setaffinity(int(tid), {cpu})
+                except ProcessLookupError:
+                    pass  # a thread that ended
+        except FileNotFoundError:
+            continue  # the worker ended
+        bound.append(pid)
+    return bound
+
+
+def run_throughput_interleaved(a, bind: bool) -> Dict[str, List[Optional[float]]]:
     """Steady-state throughput of the three systems, interleaved in time.
 
     Sequential runs on this shared 2-core machine drift by +-15% within seconds, more than the
@@ -300,7 +327,9 @@ def run_throughput_interleaved(a) -> Dict[str, List[Optional[float]]]:
     for ``a.throughput_rounds`` rounds (the order rotated each round), each job in turn is
     continued alone for ``a.throughput_slice_s`` seconds and stopped again; its throughput in
     that slice is rank 0's samples/s after ``SLICE_SKIP_S`` of warm-up.  The systems see the
-    same machine conditions within a round, and the ratios are taken per round (paired).
+    same machine conditions within a round, and the ratios are taken per round (paired).  With
+    ``bind``, each job's workers are bound to one CPU each (:func:`bind_workers`) before the
+    rounds.
 
     Returns {system: [samples/s per round]} for "hvd_edl", "static_horovod", "horovod_elastic".
     """
@@ -317,6 +346,8 @@ def run_throughput_interleaved(a) -> Dict[str, List[Optional[float]]]:
             jobs[name] = job
             if not job.wait_settled(2, 20, 0, a.start_timeout):
                 raise RuntimeError(f"{system}: ring of 2 never formed: {job.output_tail()}")
+            if bind and len(bind_workers(job)) != 2:
+                raise RuntimeError(f"{system}: could not bind its 2 workers")
             _signal_job(job, signal.SIGSTOP)
         names = list(systems)
         for r in range(a.throughput_rounds):
@@ -501,6 +532,7 @@ def main() -> int:
     machine = machine_info()
     changes = {s: [] for s in SYSTEMS}
     tput = {s: [] for s in SYSTEMS + ("static_horovod",)}
+    tput_unbound = {s: [] for s in SYSTEMS + ("static_horovod",)}
 
     def log(msg):
         print(f"[{time.time() - t_start:6.0f} s] {msg}", flush=True)
@@ -514,9 +546,13 @@ def main() -> int:
                     f"{c['from']}->{c['to']} stall {c.get('stall_s')} rb {c.get('rolled_back_steps')}"
                     for c in r["changes"]) + f"; kill {json.dumps(r['kill'])[:200]}")
     if "throughput" in parts:
-        tput = run_throughput_interleaved(a)
+        tput = run_throughput_interleaved(a, bind=True)
         for name, values in tput.items():
-            log(f"throughput {name}: " + " ".join(str(v) for v in values) + " samples/s")
+            log(f"throughput bound {name}: " + " ".join(str(v) for v in values) + " samples/s")
+        tput_unbound = run_throughput_interleaved(a, bind=False)
+        for name, values in tput_unbound.items():
+            log(f"throughput unbound {name}: " + " ".join(str(v) for v in values)
+                + " samples/s")
     breakdown: Dict[str, List[List[dict]]] = {}
     if "breakdown" in parts:
         for rep in range(a.breakdown_reps):
@@ -529,10 +565,13 @@ def main() -> int:
     result = {}
     for s in SYSTEMS:
         result[s] = summarise_system(changes[s], tput[s])
+        result[s]["throughput_unbound_samples_per_s"] = spread(tput_unbound[s])
     result["hvd_edl"]["switch_breakdown"] = summarise_breakdown(breakdown)
     result["hvd_edl"]["switch_breakdown_runs"] = breakdown
-    result["static_horovod"] = {"throughput_samples_per_s": spread(tput["static_horovod"])}
-    ours, theirs = result["hvd_edl"], result["horovod_elastic"]
+    result["static_horovod"] = {
+        "throughput_samples_per_s": spread(tput["static_horovod"]),
+        "throughput_unbound_samples_per_s": spread(tput_unbound["static_horovod"])}
+    ours, theirs, static = result["hvd_edl"], result["horovod_elastic"], result["static_horovod"]
     result["ratios"] = {
         "scale_out_stall_delay8": ratio(ours["scale_out_stall_delay8_s"]["median"],
                                         theirs["scale_out_stall_delay8_s"]["median"]),
@@ -541,12 +580,20 @@ def main() -> int:
         "scale_in_stall": ratio(ours["scale_in_stall_s"]["median"],
                                 theirs["scale_in_stall_s"]["median"]),
         "throughput_vs_static": ratio(ours["throughput_samples_per_s"]["median"],
-                                      result["static_horovod"]["throughput_samples_per_s"]["median"]),
+                                      static["throughput_samples_per_s"]["median"]),
         "throughput_vs_static_paired_median": _median(paired_ratios(
             tput["hvd_edl"], tput["static_horovod"])),
         "horovod_elastic_throughput_vs_static": ratio(
             theirs["throughput_samples_per_s"]["median"],
-            result["static_horovod"]["throughput_samples_per_s"]["median"]),
+            static["throughput_samples_per_s"]["median"]),
+        "throughput_vs_static_unbound": ratio(
+            ours["throughput_unbound_samples_per_s"]["median"],
+            static["throughput_unbound_samples_per_s"]["median"]),
+        "throughput_vs_static_unbound_paired_median": _median(paired_ratios(
+            tput_unbound["hvd_edl"], tput_unbound["static_horovod"])),
+        "horovod_elastic_throughput_vs_static_unbound": ratio(
+            theirs["throughput_unbound_samples_per_s"]["median"],
+            static["throughput_unbound_samples_per_s"]["median"]),
     }
     machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     machine["bench_wall_s"] = round(time.time() - t_start, 1)
@@ -557,7 +604,9 @@ def main() -> int:
                         "throughput": (f"interleaved: {a.throughput_rounds} rounds, each system "
                                        f"alone for {a.throughput_slice_s} s per round (the "
                                        f"others SIGSTOPped), first {SLICE_SKIP_S} s of a slice "
-                                       f"left out"),
+                                       f"left out; first with each worker bound to one CPU "
+                                       f"(rank r -> CPU r; the ratios of record), then "
+                                       f"unbound (*_unbound)"),
                         "batch_per_rank": BATCH, "commit_every": 10, "order": "A B A B per rep"}
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -111,8 +111,8 @@ MAX_AGREE_EVERY = 64  # commits between two agreements, at most
 def _agree(rt, change_pending: Callable[[], bool]) -> bool:
     """One check for host updates, pipelined and thinned out: at an *agreement commit*, read the
     flags allreduced at the previous one (False at a generation's first), then send this one's
-    flag (``change_pending()``, one request to the coordinator, asked only here); at other
-    commits do nothing.
+    flag (``change_pending()``: the runtime's watcher flag, no request); at other commits do
+    nothing.
 
     Every agreement carries, besides the flag, each rank's proposal for how many commits apart
     the next agreement should be (commits per ``AGREE_PERIOD_S`` from its own commit period, at

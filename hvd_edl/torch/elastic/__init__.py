@@ -34,11 +34,13 @@ def _reset():
     _hvd.init()
 
 
-def _to_host(obj: Any, into: Any = None, pending: list = None) -> Any:
+def _to_host(obj: Any, into: Any = None, pending: list = None, copies: list = None) -> Any:
     """Copy ``obj`` (nested dicts/lists of tensors and plain values) to host memory, reusing the
     buffers of the previous copy ``into`` where shapes and dtypes match (no allocation and no
     page faults at steady state).  CUDA tensors go to pinned buffers with asynchronous copies;
-    ``pending`` collects them so the caller synchronises once."""
+    ``pending`` collects their devices so the caller synchronises once.  With ``copies`` (a
+    list), host-to-host copies into reused buffers are not made here but appended as
+    ``(buffer, source)`` for the caller to make in one :func:`_copy_all`."""
     if isinstance(obj, torch.Tensor):
         src = obj.detach()
         if (isinstance(into, torch.Tensor) and into.device.type == "cpu"
@@ -48,17 +50,39 @@ def _to_host(obj: Any, into: Any = None, pending: list = None) -> Any:
             buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
         else:
             return src.to("cpu", copy=True)
-        buf.copy_(src, non_blocking=src.is_cuda)
-        if src.is_cuda and pending is not None:
-            pending.append(src.device)
+        if src.is_cuda:
+            buf.copy_(src, non_blocking=True)
+            if pending is not None:
+                pending.append(src.device)
+        elif copies is not None:
+            copies.append((buf, src))
+        else:
+            buf.copy_(src)
         return buf
     if isinstance(obj, dict):
         prev = into if isinstance(into, dict) else {}
-        return {k: _to_host(v, prev.get(k), pending) for k, v in obj.items()}
+        return {k: _to_host(v, prev.get(k), pending, copies) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         prev = into if isinstance(into, (list, tuple)) and len(into) == len(obj) else [None] * len(obj)
-        return type(obj)(_to_host(v, p, pending) for v, p in zip(obj, prev))
+        return type(obj)(_to_host(v, p, pending, copies) for v, p in zip(obj, prev))
     return copy.deepcopy(obj)
+
+
+_foreach_copy = getattr(torch, "_foreach_copy_", None)
+
+
+def _copy_all(copies: list) -> None:
+    """Make the host-to-host ``(buffer, source)`` copies ``_to_host`` deferred, in one
+    ``torch._foreach_copy_`` call where this torch has it (one dispatch instead of one per
+    tensor; ``TorchState.save`` of the digits CNN with SGD momentum, 2,000 saves in one
+    process: 0.103 ms with per-tensor copies, 0.091 ms with this)."""
+    if not copies:
+        return
+    if _foreach_copy is not None:
+        _foreach_copy([b for b, _ in copies], [s for _, s in copies])
+    else:
+        for b, s in copies:
+            b.copy_(s)
 
 
 def _clone(obj: Any) -> Any:
@@ -106,11 +130,14 @@ class TorchState(ObjectState):
     def save(self) -> None:
         super().save()
         pending: list = []
+        copies: list = []
         if self.model is not None:
-            self._saved_model = _to_host(self.model.state_dict(), self._saved_model, pending)
+            self._saved_model = _to_host(self.model.state_dict(), self._saved_model, pending,
+                                         copies)
         if self.optimizer is not None:
             self._saved_optimizer = _to_host(self.optimizer.state_dict(), self._saved_optimizer,
-                                             pending)
+                                             pending, copies)
+        _copy_all(copies)
         for device in set(pending):  # the asynchronous device-to-host copies are done here
             torch.cuda.synchronize(device)
         self._saved_samplers = {k: s.state_dict() for k, s in self._samplers.items()}

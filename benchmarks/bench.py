@@ -31,7 +31,7 @@ for 2 -> 3 -> 4 -> 3 -> 2 with about 1, 10 and 100 MB of frozen parameters.
 
 Writes benchmarks/results/latest.json and benchmarks/results/timeline.png.
 
-    .venv/bin/python benchmarks/bench.py            # full: 3 repetitions (about 15 minutes)
+    .venv/bin/python benchmarks/bench.py            # full: 3 repetitions (about 14 minutes)
     .venv/bin/python benchmarks/bench.py --quick    # 1 repetition, short windows
 """
 from __future__ import annotations

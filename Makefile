@@ -32,7 +32,7 @@ demo: setup
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS) tests
 
-# hvd_edl vs Horovod Elastic vs static Horovod (about 14 minutes on 2 cores): benchmarks/results/
+# hvd_edl vs Horovod Elastic vs static Horovod (about 15 minutes on 2 cores): benchmarks/results/
 bench: setup
 	$(VENV)/bin/python benchmarks/bench.py
 

@@ -14,10 +14,10 @@ the workers write (wall time, rank, size, step counter):
   start of the first step of the new ring, steps lost (highest counter before the kill minus
   (first counter after - 1));
 * throughput = samples/s of rank 0 in steady training at 2 workers, interleaved: the three jobs
-  stay alive, each runs alone for 2 s slices while the other two are SIGSTOPped, 30 rounds with
-  the order rotated, ratios also per round.  Measured twice: with every worker's threads bound
-  to one CPU (rank r -> CPU r, the same for all three systems; the ratios of record), then
-  with the threads left to the scheduler.  On this 2-core machine the scheduler's placement of
+  stay alive, each runs alone for 2 s slices while the other two are SIGSTOPped, the order
+  rotated every round, ratios also per round.  Measured twice: 50 rounds with every worker's
+  threads bound to one CPU (rank r -> CPU r, the same for all three systems; the ratios of
+  record), then 20 rounds with the threads left to the scheduler.  On this 2-core machine the scheduler's placement of
   a 2-worker job's ~8 busy threads makes 1 s throughput vary by 14 % (coefficient of
   variation) against 4 % when bound, so unbound ratios move by +-8 % between runs of the same
   code (static Horovod against itself: 0.92-1.03).
@@ -31,7 +31,7 @@ for 2 -> 3 -> 4 -> 3 -> 2 with about 1, 10 and 100 MB of frozen parameters.
 
 Writes benchmarks/results/latest.json and benchmarks/results/timeline.png.
 
-    .venv/bin/python benchmarks/bench.py            # full: 3 repetitions (about 14 minutes)
+    .venv/bin/python benchmarks/bench.py            # full: 3 repetitions (about 15 minutes)
     .venv/bin/python benchmarks/bench.py --quick    # 1 repetition, short windows
 """
 from __future__ import annotations
@@ -318,13 +318,13 @@ def bind_workers(job: Job) -> List[int]:
     return bound
 
 
-def run_throughput_interleaved(a, bind: bool) -> Dict[str, List[Optional[float]]]:
+def run_throughput_interleaved(a, bind: bool, rounds: int) -> Dict[str, List[Optional[float]]]:
     """Steady-state throughput of the three systems, interleaved in time.
 
     Sequential runs on this shared 2-core machine drift by +-15% within seconds, more than the
     differences being measured.  So the three jobs (2 workers each) are started one after the
     other and all kept alive; each is SIGSTOPped (launcher and workers) once it trains.  Then,
-    for ``a.throughput_rounds`` rounds (the order rotated each round), each job in turn is
+    for ``rounds`` rounds (the order rotated each round), each job in turn is
     continued alone for ``a.throughput_slice_s`` seconds and stopped again; its throughput in
     that slice is rank 0's samples/s after ``SLICE_SKIP_S`` of warm-up.  The systems see the
     same machine conditions within a round, and the ratios are taken per round (paired).  With
@@ -350,7 +350,7 @@ def run_throughput_interleaved(a, bind: bool) -> Dict[str, List[Optional[float]]
                 raise RuntimeError(f"{system}: could not bind its 2 workers")
             _signal_job(job, signal.SIGSTOP)
         names = list(systems)
-        for r in range(a.throughput_rounds):
+        for r in range(rounds):
             for name in names[r % 3:] + names[:r % 3]:
                 job = jobs[name]
                 _signal_job(job, signal.SIGCONT)
@@ -514,8 +514,11 @@ def main() -> int:
     p.add_argument("--step-delay", type=float, default=0.01,
                    help="extra seconds per step in the change runs (throughput runs use 0)")
     p.add_argument("--settle-steps", type=int, default=25)
-    p.add_argument("--throughput-rounds", type=int, default=30,
-                   help="interleaved throughput: rounds of one slice per system")
+    p.add_argument("--throughput-rounds", type=int, default=50,
+                   help="interleaved throughput, workers bound to one CPU each: rounds of one "
+                   "slice per system")
+    p.add_argument("--throughput-unbound-rounds", type=int, default=20,
+                   help="interleaved throughput, workers left to the scheduler: rounds")
     p.add_argument("--throughput-slice-s", type=float, default=2.0,
                    help="seconds each system runs alone per round")
     p.add_argument("--model-mb", default="1,10,100", help="breakdown model sizes (MB)")
@@ -525,7 +528,8 @@ def main() -> int:
     p.add_argument("--out", default=str(RESULTS / "latest.json"))
     a = p.parse_args()
     if a.quick:
-        a.reps, a.settle_steps, a.throughput_rounds, a.model_mb = 1, 15, 5, "1"
+        a.reps, a.settle_steps, a.model_mb = 1, 15, "1"
+        a.throughput_rounds, a.throughput_unbound_rounds = 5, 5
     a.start_timeout, a.change_timeout = 120.0, 60.0
     parts = set(a.only or ["changes", "throughput", "breakdown"])
     t_start = time.time()
@@ -546,10 +550,11 @@ def main() -> int:
                     f"{c['from']}->{c['to']} stall {c.get('stall_s')} rb {c.get('rolled_back_steps')}"
                     for c in r["changes"]) + f"; kill {json.dumps(r['kill'])[:200]}")
     if "throughput" in parts:
-        tput = run_throughput_interleaved(a, bind=True)
+        tput = run_throughput_interleaved(a, bind=True, rounds=a.throughput_rounds)
         for name, values in tput.items():
             log(f"throughput bound {name}: " + " ".join(str(v) for v in values) + " samples/s")
-        tput_unbound = run_throughput_interleaved(a, bind=False)
+        tput_unbound = run_throughput_interleaved(a, bind=False,
+                                                  rounds=a.throughput_unbound_rounds)
         for name, values in tput_unbound.items():
             log(f"throughput unbound {name}: " + " ".join(str(v) for v in values)
                 + " samples/s")
@@ -601,11 +606,12 @@ def main() -> int:
     result["repetitions"] = a.reps
     result["method"] = {"step_delay_s_in_change_runs": a.step_delay,
                         "settle_steps": a.settle_steps,
-                        "throughput": (f"interleaved: {a.throughput_rounds} rounds, each system "
-                                       f"alone for {a.throughput_slice_s} s per round (the "
-                                       f"others SIGSTOPped), first {SLICE_SKIP_S} s of a slice "
-                                       f"left out; first with each worker bound to one CPU "
-                                       f"(rank r -> CPU r; the ratios of record), then "
+                        "throughput": (f"interleaved: each system alone for "
+                                       f"{a.throughput_slice_s} s per round (the others "
+                                       f"SIGSTOPped), first {SLICE_SKIP_S} s of a slice left "
+                                       f"out; {a.throughput_rounds} rounds with each worker "
+                                       f"bound to one CPU (rank r -> CPU r; the ratios of "
+                                       f"record), then {a.throughput_unbound_rounds} rounds "
                                        f"unbound (*_unbound)"),
                         "batch_per_rank": BATCH, "commit_every": 10, "order": "A B A B per rep"}
     out = Path(a.out)

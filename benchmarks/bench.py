@@ -17,17 +17,18 @@ the workers write (wall time, rank, size, step counter):
   stay alive, each runs alone for 2 s slices while the other two are SIGSTOPped, the order
   rotated every round, ratios also per round.  Measured twice: 50 rounds with every worker's
   threads bound to one CPU (rank r -> CPU r, the same for all three systems; the ratios of
-  record), then 20 rounds with the threads left to the scheduler.  On this 2-core machine the scheduler's placement of
-  a 2-worker job's ~8 busy threads makes 1 s throughput vary by 14 % (coefficient of
-  variation) against 4 % when bound, so unbound ratios move by +-8 % between runs of the same
-  code (static Horovod against itself: 0.92-1.03).
+  record), then 20 rounds with the threads left to the scheduler.  On this 2-core machine the
+  scheduler's placement of a 2-worker job's ~8 busy threads makes 1 s throughput vary by 14 %
+  (coefficient of variation) against 4 % when bound, so unbound ratios move by +-8 % between
+  runs of the same code (static Horovod against itself: 0.92-1.03).
 
 Runs, per repetition, systems alternated A B A B:
   changes     2 -> 3 (scale-out, the joiner builds its model at once) -> 2 (scale-in) -> 3 -> 2
               -> 3 (scale-out, the joiner takes 8 s to build its model) -> kill -9 of one
 then throughput at 2 workers (hvd_edl, static Horovod = horovodrun -np 2, Horovod Elastic),
-interleaved as above, bound then unbound, then hvd_edl's switch breakdown (from its event log: boundary, shutdown, wait, init, sync, rest)
-for 2 -> 3 -> 4 -> 3 -> 2 with about 1, 10 and 100 MB of frozen parameters.
+interleaved as above, bound then unbound, then hvd_edl's switch breakdown (from its event log:
+boundary, shutdown, wait, init, sync, rest) for 2 -> 3 -> 4 -> 3 -> 2 with about 1, 10 and 100 MB
+of frozen parameters.
 
 Writes benchmarks/results/latest.json and benchmarks/results/timeline.png.
 

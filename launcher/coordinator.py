@@ -49,6 +49,7 @@ class Generation:
     stalls: Dict[str, float] = field(default_factory=dict)
     phases: Dict[str, Dict[str, float]] = field(default_factory=dict)
     logged: bool = False
+    state_lost: bool = False
 
 
 class JobFailed(RuntimeError):
@@ -404,8 +405,11 @@ class Coordinator:
                                                           generation=number)
         prev_size = len(self.current.members) if self.current else 0
         continuing = [w for w in participants if w in previous]
+        state_lost = self.current is not None and kind == "failure" and not continuing
+        if state_lost:  # every holder of the state died: the joiners start from scratch
+            rolled_back = max(rolled_back, self.current.step)
         gen = Generation(number, list(participants), kind, step, rolled_back, time.time(),
-                         prev_size, continuing, labels)
+                         prev_size, continuing, labels, state_lost=state_lost)
         self.current = gen
         self.history.append(gen)
         self.reports = {}
@@ -437,7 +441,8 @@ class Coordinator:
             stall_s=round(stall if g.kind != "start" else 0.0, 4),
             rolled_back_steps=g.rolled_back_steps, time=g.formed_at,
             previous_world_size=g.previous_size,
-            phases=dict(g.phases.get(slowest, {})) if g.kind != "start" else {}))
+            phases=dict(g.phases.get(slowest, {})) if g.kind != "start" else {},
+            state_lost=g.state_lost))
 
 
 # ---- HTTP ----------------------------------------------------------------------------------------

@@ -21,7 +21,9 @@ class GenerationEvent:
     in the new one (0 for "start").  ``rolled_back_steps``: steps redone after a failure.
     ``time``: unix seconds when the generation formed.  ``phases``: where the stall went, as the
     slowest continuing worker reported it (``messages.Started.phases``: boundary, shutdown, wait,
-    init, sync, rest; seconds).
+    init, sync, rest; seconds).  ``state_lost``: a failure after which no member of the previous
+    ring was left, so training restarted from the joiners' initial state (``rolled_back_steps``
+    is then at least the step the previous ring started at, a lower bound of the work lost).
     """
     generation: int
     kind: str
@@ -33,6 +35,7 @@ class GenerationEvent:
     time: float
     previous_world_size: int = 0
     phases: Dict[str, float] = field(default_factory=dict)
+    state_lost: bool = False
 
 
 class EventLog:
@@ -56,4 +59,7 @@ class EventLog:
                 text = (f"generation {ev.generation} ({ev.kind}): {ev.previous_world_size} -> "
                         f"{ev.world_size} workers at step {ev.step}, stall {ev.stall_s:.3f} s, "
                         f"rolled back {ev.rolled_back_steps} steps")
+                if ev.state_lost:
+                    text += (" -- STATE LOST: no member of the previous ring survived, training "
+                             "restarts from the initial state")
             print(f"hvd-edl-run: {text}", file=self.out, flush=True)

@@ -60,7 +60,7 @@ def _kill_one_of_three(tmp_path, job_factory, victim):
     job.wait_for("a progress line", lambda: "sample/s]" in job.output(), 60)
     job.kill_worker(victim_id, signal.SIGKILL)
     ev = job.wait_generation(2)
-    assert ev["kind"] == "failure"
+    assert ev["kind"] == "failure" and not ev["state_lost"]
     assert job.finish() == 0, job.output()[-3000:]
     events = job.events()
     assert all(victim_id not in _members(e) for e in events[1:])
@@ -69,6 +69,30 @@ def _kill_one_of_three(tmp_path, job_factory, victim):
     assert s["world_size"] == 2 and s["epochs"] == 15
     assert s["test_accuracy"] >= 0.95
     _assert_continuity(events)
+
+
+def test_when_every_state_holder_dies_the_restart_is_reported(tmp_path, job_factory):
+    """Both members of a ring that started at step s > 0 are killed: the replacements start from
+    their initial state, and the event log says so (state_lost, at least s steps rolled back)
+    instead of reporting a failure that rolled back nothing."""
+    job = job_factory(["-np", "1", "--min-np", "1", "--max-np", "2", "--discovery-interval", "0.2"],
+                      long_digits(tmp_path), hosts="localhost:1")
+    job.wait_generation(1)
+    job.wait_for("a progress line", lambda: "sample/s]" in job.output(), 60)
+    job.set_hosts("localhost:4")  # w2 joins; two more slots for the replacements
+    ev2 = job.wait_generation(2)
+    assert _members(ev2) == ["w1", "w2"] and ev2["step"] > 0
+    job.kill_worker("w1", signal.SIGKILL)
+    job.kill_worker("w2", signal.SIGKILL)
+    lost = job.wait_for("a generation without w1 and w2", lambda: next(
+        (e for e in job.events() if e["generation"] > 2
+         and not {"w1", "w2"} & set(_members(e))), None), 120)
+    assert lost["kind"] == "failure" and lost["state_lost"], lost
+    assert lost["rolled_back_steps"] >= ev2["step"], (lost, ev2)
+    assert "STATE LOST" in job.output()
+    assert not any(e["state_lost"] for e in job.events() if e["generation"] < lost["generation"])
+    job.end_training()
+    assert job.finish() == 0, job.output()[-3000:]
 
 
 def test_kill_rank_0_leaves_the_others_training(tmp_path, job_factory):

@@ -30,7 +30,8 @@ interleaved as above, bound then unbound, then hvd_edl's switch breakdown (from 
 boundary, shutdown, wait, init, sync, rest) for 2 -> 3 -> 4 -> 3 -> 2 with about 1, 10 and 100 MB
 of frozen parameters.
 
-Writes benchmarks/results/latest.json and benchmarks/results/timeline.png.
+Writes benchmarks/results/latest.json and benchmarks/results/timeline.png (``--quick`` and
+``--only``: quick.json and quick.png unless ``--out`` says otherwise).
 
     .venv/bin/python benchmarks/bench.py            # full: 3 repetitions (about 15 minutes)
     .venv/bin/python benchmarks/bench.py --quick    # 1 repetition, short windows
@@ -526,8 +527,11 @@ def main() -> int:
     p.add_argument("--breakdown-reps", type=int, default=1)
     p.add_argument("--only", choices=["changes", "throughput", "breakdown"],
                    action="append", help="run only these parts (repeatable)")
-    p.add_argument("--out", default=str(RESULTS / "latest.json"))
+    p.add_argument("--out", help="where to write the JSON (default: benchmarks/results/"
+                   "latest.json for a full run, quick.json with --quick or --only)")
     a = p.parse_args()
+    if a.out is None:
+        a.out = str(RESULTS / ("quick.json" if a.quick or a.only else "latest.json"))
     if a.quick:
         a.reps, a.settle_steps, a.model_mb = 1, 15, "1"
         a.throughput_rounds, a.throughput_unbound_rounds = 5, 5
@@ -619,7 +623,8 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     if changes["hvd_edl"]:
         result["timeline_runs"] = {s: changes[s][-1] for s in SYSTEMS if changes[s]}
-        plot(result["timeline_runs"], out.with_name("timeline.png"))
+        plot(result["timeline_runs"], out.with_name("timeline.png") if out.name == "latest.json"
+             else out.with_suffix(".png"))
     out.write_text(json.dumps(result, indent=1))
     log(f"wrote {out} ({machine['bench_wall_s']} s)")
     print(json.dumps({"ratios": result["ratios"]}, indent=1))

@@ -34,13 +34,13 @@ def _reset():
     _hvd.init()
 
 
-def _to_host(obj: Any, into: Any = None, pending: list = None, copies: list = None) -> Any:
+def _to_host(obj: Any, into: Any, pending: list, copies: list) -> Any:
     """Copy ``obj`` (nested dicts/lists of tensors and plain values) to host memory, reusing the
     buffers of the previous copy ``into`` where shapes and dtypes match (no allocation and no
     page faults at steady state).  CUDA tensors go to pinned buffers with asynchronous copies;
-    ``pending`` collects their devices so the caller synchronises once.  With ``copies`` (a
-    list), host-to-host copies into reused buffers are not made here but appended as
-    ``(buffer, source)`` for the caller to make in one :func:`_copy_all`."""
+    ``pending`` collects their devices so the caller synchronises once.  Host-to-host copies
+    into reused buffers are not made here but appended to ``copies`` as ``(buffer, source)``
+    for the caller to make in one :func:`_copy_all`."""
     if isinstance(obj, torch.Tensor):
         src = obj.detach()
         if (isinstance(into, torch.Tensor) and into.device.type == "cpu"
@@ -52,12 +52,9 @@ def _to_host(obj: Any, into: Any = None, pending: list = None, copies: list = No
             return src.to("cpu", copy=True)
         if src.is_cuda:
             buf.copy_(src, non_blocking=True)
-            if pending is not None:
-                pending.append(src.device)
-        elif copies is not None:
-            copies.append((buf, src))
+            pending.append(src.device)
         else:
-            buf.copy_(src)
+            copies.append((buf, src))
         return buf
     if isinstance(obj, dict):
         prev = into if isinstance(into, dict) else {}

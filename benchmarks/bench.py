@@ -446,6 +446,20 @@ def summarise_breakdown(runs: Dict[str, List[List[dict]]]) -> dict:
     return out
 
 
+def throughput_ratios(tput: Dict[str, List[Optional[float]]], suffix: str) -> dict:
+    """hvd_edl and Horovod Elastic against static Horovod from one interleaved measurement
+    ({system: samples/s per round}): ratios of medians and hvd_edl's median per-round ratio;
+    ``suffix`` names the measurement in the keys ("" bound, "_unbound")."""
+    med = {s: spread(v)["median"] for s, v in tput.items()}
+    return {
+        f"throughput_vs_static{suffix}": ratio(med["hvd_edl"], med["static_horovod"]),
+        f"throughput_vs_static{suffix}_paired_median": _median(paired_ratios(
+            tput["hvd_edl"], tput["static_horovod"])),
+        f"horovod_elastic_throughput_vs_static{suffix}": ratio(med["horovod_elastic"],
+                                                                med["static_horovod"]),
+    }
+
+
 def _median(values: List[float]) -> Optional[float]:
     return round(statistics.median(values), 4) if values else None
 
@@ -581,7 +595,7 @@ def main() -> int:
     result["static_horovod"] = {
         "throughput_samples_per_s": spread(tput["static_horovod"]),
         "throughput_unbound_samples_per_s": spread(tput_unbound["static_horovod"])}
-    ours, theirs, static = result["hvd_edl"], result["horovod_elastic"], result["static_horovod"]
+    ours, theirs = result["hvd_edl"], result["horovod_elastic"]
     result["ratios"] = {
         "scale_out_stall_delay8": ratio(ours["scale_out_stall_delay8_s"]["median"],
                                         theirs["scale_out_stall_delay8_s"]["median"]),
@@ -589,21 +603,8 @@ def main() -> int:
                                         theirs["scale_out_stall_delay0_s"]["median"]),
         "scale_in_stall": ratio(ours["scale_in_stall_s"]["median"],
                                 theirs["scale_in_stall_s"]["median"]),
-        "throughput_vs_static": ratio(ours["throughput_samples_per_s"]["median"],
-                                      static["throughput_samples_per_s"]["median"]),
-        "throughput_vs_static_paired_median": _median(paired_ratios(
-            tput["hvd_edl"], tput["static_horovod"])),
-        "horovod_elastic_throughput_vs_static": ratio(
-            theirs["throughput_samples_per_s"]["median"],
-            static["throughput_samples_per_s"]["median"]),
-        "throughput_vs_static_unbound": ratio(
-            ours["throughput_unbound_samples_per_s"]["median"],
-            static["throughput_unbound_samples_per_s"]["median"]),
-        "throughput_vs_static_unbound_paired_median": _median(paired_ratios(
-            tput_unbound["hvd_edl"], tput_unbound["static_horovod"])),
-        "horovod_elastic_throughput_vs_static_unbound": ratio(
-            theirs["throughput_unbound_samples_per_s"]["median"],
-            static["throughput_unbound_samples_per_s"]["median"]),
+        **throughput_ratios(tput, ""),
+        **throughput_ratios(tput_unbound, "_unbound"),
     }
     machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
     machine["bench_wall_s"] = round(time.time() - t_start, 1)

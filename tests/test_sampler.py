@@ -23,6 +23,19 @@ def test_feistel_depends_on_the_seed():
     assert (a != b).any()
 
 
+@pytest.mark.parametrize("n", [1, 5, 700, 1347, 40000, (1 << 16) + 1])
+def test_feistel_table_gives_the_walks_values(n):
+    """A call mapping much of a small domain follows the tabulated encryption; the values must
+    be those of the cycle walk over the cipher itself."""
+    perm = FeistelPermutation(n, seed=5)
+    got = perm(np.arange(n))
+    assert (perm._table is not None) == (perm._domain <= 1 << 16)
+    expected = perm._encrypt(np.arange(n, dtype=np.uint64))
+    while (expected >= n).any():
+        expected[expected >= n] = perm._encrypt(expected[expected >= n])
+    assert (got == expected).all()
+
+
 def _dataset(n):
     return torch.utils.data.TensorDataset(torch.arange(n))
 

@@ -162,6 +162,19 @@ class Coordinator:
                 self._log_event(g)
             self._try_form()
 
+    def settled(self) -> bool:
+        """True while nothing is in flight: every live worker is a member of the current
+        generation, that generation's switch is over (its event logged) and no member has
+        reached a step boundary for the next one.  The driver then needs no periodic pass
+        (see ``driver.IDLE_LOOP_S``)."""
+        with self.lock:
+            g = self.current
+            if g is None or not g.logged or self.reports or self.finishing or self.failure:
+                return False
+            members = set(g.members)
+            return all(w.state == WorkerState.MEMBER and w.worker_id in members
+                       for w in self.workers.values() if w.state.alive)
+
     def overdue_reporters(self, now: float, timeout_s: float) -> List[WorkerRecord]:
         """Live members that have not reached the step boundary ``timeout_s`` seconds after the
         first member did (stuck; the driver kills them)."""

@@ -14,13 +14,15 @@ the workers write (wall time, rank, size, step counter):
   start of the first step of the new ring, steps lost (highest counter before the kill minus
   (first counter after - 1));
 * throughput = samples/s of rank 0 in steady training at 2 workers, interleaved: the three jobs
-  stay alive, each runs alone for 2 s slices while the other two are SIGSTOPped, the order
-  rotated every round, ratios also per round.  Measured twice: 50 rounds with every worker's
-  threads bound to one CPU (rank r -> CPU r, the same for all three systems; the ratios of
-  record), then 20 rounds with the threads left to the scheduler.  On this 2-core machine the
-  scheduler's placement of a 2-worker job's ~8 busy threads makes 1 s throughput vary by 14 %
-  (coefficient of variation) against 4 % when bound, so unbound ratios move by +-8 % between
-  runs of the same code (static Horovod against itself: 0.92-1.03).
+  stay alive, each runs alone for 2 s slices while the other two are SIGSTOPped, the rounds
+  going through the 6 orders of the three systems in turn (each system as often in each place
+  and, within a round, right after each other system), ratios also per round.  Measured twice:
+  48 rounds with every worker's threads bound to one CPU (rank r -> CPU r, the same for all
+  three systems; the ratios of record), then 18 rounds with the threads left to the scheduler.
+  On this 2-core machine the scheduler's placement of a 2-worker job's ~8 busy threads makes
+  1 s throughput vary by 14 % (coefficient of variation) against 4 % when bound, so unbound
+  ratios move by +-8 % between runs of the same code (static Horovod against itself:
+  0.92-1.03).
 
 Runs, per repetition, systems alternated A B A B:
   changes     2 -> 3 (scale-out, the joiner builds its model at once) -> 2 (scale-in) -> 3 -> 2
@@ -39,6 +41,7 @@ Writes benchmarks/results/latest.json and benchmarks/results/timeline.png (``--q
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -326,10 +329,13 @@ def run_throughput_interleaved(a, bind: bool, rounds: int) -> Dict[str, List[Opt
     Sequential runs on this shared 2-core machine drift by +-15% within seconds, more than the
     differences being measured.  So the three jobs (2 workers each) are started one after the
     other and all kept alive; each is SIGSTOPped (launcher and workers) once it trains.  Then,
-    for ``rounds`` rounds (the order rotated each round), each job in turn is
+    for ``rounds`` rounds, each job in turn is
     continued alone for ``a.throughput_slice_s`` seconds and stopped again; its throughput in
     that slice is rank 0's samples/s after ``SLICE_SKIP_S`` of warm-up.  The systems see the
-    same machine conditions within a round, and the ratios are taken per round (paired).  With
+    same machine conditions within a round, and the ratios are taken per round (paired).  The
+    rounds go through the 6 orders of the systems in turn, so over every 6 rounds each system
+    runs as often first, second and third, and within a round as often right after each of the
+    others (a cyclic rotation put hvd_edl right after Horovod Elastic in 2 rounds of 3).  With
     ``bind``, each job's workers are bound to one CPU each (:func:`bind_workers`) before the
     rounds.
 
@@ -351,9 +357,9 @@ def run_throughput_interleaved(a, bind: bool, rounds: int) -> Dict[str, List[Opt
             if bind and len(bind_workers(job)) != 2:
                 raise RuntimeError(f"{system}: could not bind its 2 workers")
             _signal_job(job, signal.SIGSTOP)
-        names = list(systems)
+        orders = list(itertools.permutations(systems))
         for r in range(rounds):
-            for name in names[r % 3:] + names[:r % 3]:
+            for name in orders[r % len(orders)]:
                 job = jobs[name]
                 _signal_job(job, signal.SIGCONT)
                 t0 = time.time()
@@ -530,10 +536,10 @@ def main() -> int:
     p.add_argument("--step-delay", type=float, default=0.01,
                    help="extra seconds per step in the change runs (throughput runs use 0)")
     p.add_argument("--settle-steps", type=int, default=25)
-    p.add_argument("--throughput-rounds", type=int, default=50,
+    p.add_argument("--throughput-rounds", type=int, default=48,
                    help="interleaved throughput, workers bound to one CPU each: rounds of one "
-                   "slice per system")
-    p.add_argument("--throughput-unbound-rounds", type=int, default=20,
+                   "slice per system (a multiple of 6 balances the orders)")
+    p.add_argument("--throughput-unbound-rounds", type=int, default=18,
                    help="interleaved throughput, workers left to the scheduler: rounds")
     p.add_argument("--throughput-slice-s", type=float, default=2.0,
                    help="seconds each system runs alone per round")
@@ -548,7 +554,7 @@ def main() -> int:
         a.out = str(RESULTS / ("quick.json" if a.quick or a.only else "latest.json"))
     if a.quick:
         a.reps, a.settle_steps, a.model_mb = 1, 15, "1"
-        a.throughput_rounds, a.throughput_unbound_rounds = 5, 5
+        a.throughput_rounds, a.throughput_unbound_rounds = 6, 6
     a.start_timeout, a.change_timeout = 120.0, 60.0
     parts = set(a.only or ["changes", "throughput", "breakdown"])
     t_start = time.time()
@@ -615,7 +621,8 @@ def main() -> int:
                         "throughput": (f"interleaved: each system alone for "
                                        f"{a.throughput_slice_s} s per round (the others "
                                        f"SIGSTOPped), first {SLICE_SKIP_S} s of a slice left "
-                                       f"out; {a.throughput_rounds} rounds with each worker "
+                                       f"out; rounds through the 6 orders of the systems in "
+                                       f"turn; {a.throughput_rounds} rounds with each worker "
                                        f"bound to one CPU (rank r -> CPU r; the ratios of "
                                        f"record), then {a.throughput_unbound_rounds} rounds "
                                        f"unbound (*_unbound)"),

@@ -396,8 +396,10 @@ class Driver:
 
     def _on_exit(self, rec: WorkerRecord, code: int) -> None:
         was = rec.state
-        # a worker the launcher asked to leave and SIGTERMed before its handler existed
-        terminated = was == WorkerState.LEAVING and code == -signal.SIGTERM
+        # a worker the launcher asked to leave and SIGTERMed before its handler existed, or
+        # any worker once the launcher itself was told to stop: not a failure
+        terminated = (was == WorkerState.LEAVING and code == -signal.SIGTERM) \
+            or self.coord.stopping
         if code != 0 and was.alive and not self.coord.finishing and not terminated:
             with self._lock:
                 if self.first_failure is None:

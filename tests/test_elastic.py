@@ -166,6 +166,22 @@ def test_sigterm_makes_a_member_leave_gracefully(tmp_path, job_factory):
     _assert_continuity(job.events())
 
 
+def test_sigterm_to_the_launcher_stops_the_workers_without_blaming_them(tmp_path, job_factory):
+    """horovodrun's behaviour: the launcher passes the signal on and exits 128 + 15; stopping
+    is not a failure, so no slot rests and no host is blacklisted."""
+    import psutil
+    job = job_factory(ELASTIC, long_digits(tmp_path), hosts="localhost:2")
+    job.wait_generation(1)
+    workers = psutil.Process(job.proc.pid).children(recursive=True)
+    job.proc.send_signal(signal.SIGTERM)
+    assert job.proc.wait(timeout=60) == 128 + signal.SIGTERM, job.output()[-3000:]
+    said = [line for line in job.output().splitlines() if line.startswith("hvd-edl-run:")]
+    assert any("got signal 15: stopping workers" in line for line in said), said
+    for word in ("failed", "rests", "blacklisted"):
+        assert not any(word in line for line in said), said
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
+
+
 def test_when_every_member_leaves_the_state_is_handed_to_the_joiners(tmp_path, job_factory,
                                                                       monkeypatch):
     """The only member's host leaves discovery while a new host arrives: the leaver stays one

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hvd_edl import audit
-from hvd_edl.permutation import FeistelPermutation
+from hvd_edl.permutation import TABLE_MAX_DOMAIN, FeistelPermutation
 from hvd_edl.sampler import ElasticBatchSampler, ElasticSampler
 
 
@@ -29,7 +29,7 @@ def test_feistel_table_gives_the_walks_values(n):
     be those of the cycle walk over the cipher itself."""
     perm = FeistelPermutation(n, seed=5)
     got = perm(np.arange(n))
-    assert (perm._table is not None) == (perm._domain <= 1 << 16)
+    assert (perm._table is not None) == (perm._domain <= TABLE_MAX_DOMAIN)
     expected = perm._encrypt(np.arange(n, dtype=np.uint64))
     while (expected >= n).any():
         expected[expected >= n] = perm._encrypt(expected[expected >= n])

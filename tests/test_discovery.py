@@ -182,3 +182,28 @@ def test_bad_discovery_output_is_logged_once_and_the_job_goes_on(tmp_path, job_f
     assert [e["generation"] for e in job.events()] == [1]   # no change from bad output
     assert summary(tmp_path)["world_size"] == 2
     assert len(lines_with("host discovery recovered")) == 1
+
+
+def test_demo_timetable_waits_for_the_job_with_an_event_log(tmp_path):
+    """``examples/discover_timetable.py --event-log``: each phase counts from when the job
+    reached the previous size, so slow workers do not make the demo skip a phase."""
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from discover_timetable import current_slots
+    finally:
+        sys.path.pop(0)
+    table, t0 = [(0, 2), (8, 4), (18, 1), (26, 3)], 1000.0
+    assert current_slots(table, t0, t0 + 19) == 1  # plain seconds since the first call
+    events = []
+    assert current_slots(table, t0, t0 + 100, events) == 2  # the job never trained at 2: hold
+    events.append({"time": t0 + 16, "world_size": 2})  # workers took 16 s to start
+    assert [current_slots(table, t0, t0 + s, events) for s in (23.9, 24.1)] == [2, 4]
+    events.append({"time": t0 + 40, "world_size": 4})  # joiners took 16 s to build
+    assert [current_slots(table, t0, t0 + s, events) for s in (49.9, 50.1)] == [4, 1]
+    events.append({"time": t0 + 51, "world_size": 1})
+    assert [current_slots(table, t0, t0 + s, events) for s in (58.9, 59.1)] == [1, 3]
+    script = [sys.executable, str(ROOT / "examples" / "discover_timetable.py"), "--schedule",
+              "0:2,8:4", "--clock", str(tmp_path / "clock"), "--event-log",
+              str(tmp_path / "missing.jsonl")]
+    assert subprocess.run(script, capture_output=True, text=True, check=True).stdout == \
+        "localhost:2\n"

@@ -78,6 +78,16 @@ def write_job_file(path: Optional[str], url: str, secret: str) -> Path:
     return target
 
 
+def _launcher_running(pid: int, job_file: Path) -> bool:
+    """True when process ``pid`` exists and was started before ``job_file`` was written, so it
+    is the launcher that wrote it and not a later process that reused the pid of a launcher
+    ended by ``kill -9`` (whose job file stays behind)."""
+    try:
+        return psutil.Process(pid).create_time() <= job_file.stat().st_mtime + 1.0
+    except (psutil.Error, OSError):
+        return False
+
+
 def find_job_file(explicit: Optional[str] = None) -> Path:
     """The job file ``hvd-edl-ctl`` uses: ``explicit``, else ``$HVD_EDL_JOB``, else the only job
     file in :func:`default_job_dir` whose launcher is still running.
@@ -95,7 +105,7 @@ def find_job_file(explicit: Optional[str] = None) -> Path:
             pid = int(json.loads(p.read_text()).get("pid", -1))
         except (OSError, ValueError, AttributeError):
             continue
-        if psutil.pid_exists(pid):
+        if _launcher_running(pid, p):
             live.append(p)
     if not live:
         raise ControlError(f"no running job found in {folder}; give --job FILE or set {ENV_JOB} "

@@ -1,9 +1,15 @@
 """hvd-edl-ctl against real jobs: scale out and in through the stop-free protocol, status, drain,
 refused requests that leave the job untouched."""
 import json
+import os
 import subprocess
+import sys
+import time
+
+import pytest
 
 from conftest import VENV_BIN, long_digits
+from launcher import control
 
 CTL = str(VENV_BIN / "hvd-edl-ctl")
 
@@ -95,3 +101,28 @@ def test_ctl_drain_moves_workers_off_a_host_and_places_none_there(tmp_path, job_
     assert ev["members"] == ["w1@localhost:0", "w3@127.0.0.2:0"]  # w3: none placed while drained
     job.end_training()
     assert job.finish() == 0, job.output()[-3000:]
+
+
+def test_job_file_of_a_killed_launcher_is_not_taken_for_a_process_reusing_its_pid(
+        tmp_path, monkeypatch):
+    """A launcher ended by kill -9 leaves its job file behind; a later process with the same
+    pid must not make hvd-edl-ctl think that job still runs."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    folder = tmp_path / "hvd-edl"
+    folder.mkdir()
+    later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        stale = folder / "stale.json"
+        stale.write_text(json.dumps({"url": "http://127.0.0.1:1", "secret": "x",
+                                     "pid": later.pid}))
+        written = time.time() - 60  # the dead launcher wrote it a minute before `later` started
+        os.utime(stale, (written, written))
+        with pytest.raises(control.ControlError, match="no running job"):
+            control.find_job_file()
+        mine = folder / "mine.json"  # this process started before its file was written
+        mine.write_text(json.dumps({"url": "http://127.0.0.1:1", "secret": "x",
+                                    "pid": os.getpid()}))
+        assert control.find_job_file() == mine
+    finally:
+        later.kill()
+        later.wait()

@@ -108,9 +108,13 @@ class Coordinator:
             rec.exit_code = code
             if code == 0:
                 rec.move(WorkerState.EXITED)
-                if was == WorkerState.MEMBER and self.current is not None \
+                if was in (WorkerState.MEMBER, WorkerState.LEAVING) and self.current is not None \
                         and worker_id in self.current.members:
-                    # a member finished its script: the job is ending; form no more generations
+                    # a member finished its script: the job is ending; form no more generations.
+                    # Also a member asked to leave (a leaver that left through the protocol is
+                    # no longer in the current generation when it exits): it may be the last
+                    # holder of the state, training on until a replacement is ready, and the
+                    # replacement must not start the job over from its initial state.
                     self.finishing = True
                 elif was in (WorkerState.PENDING, WorkerState.READY) and self.current is None:
                     # the script ended successfully without ever joining a ring (nothing to

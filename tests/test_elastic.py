@@ -182,6 +182,21 @@ def test_sigterm_to_the_launcher_stops_the_workers_without_blaming_them(tmp_path
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
 
 
+def test_a_leaving_last_member_that_finishes_ends_the_job(tmp_path, job_factory):
+    """The only member's slot goes away while its replacement still builds, so it trains on;
+    when its script then finishes, the job is over: the replacement must not start a new ring
+    from the initial state (it used to: "1 -> 1 workers at step 0")."""
+    job = job_factory(["-np", "1", "--min-np", "1", "--max-np", "1", "--discovery-interval", "0.2"],
+                      long_digits(tmp_path, "--build-delay", "8"), hosts="localhost:1")
+    job.wait_generation(1)
+    job.set_hosts("127.0.0.2:1")
+    job.wait_for("the replacement spawned", lambda: job.worker_pid("w2"), 60)
+    job.end_training()  # w1 ends at this epoch's end, long before w2 is built
+    assert job.finish() == 0, job.output()[-3000:]
+    assert [e["kind"] for e in job.events()] == ["start"], job.events()
+    assert summary(tmp_path)["world_size"] == 1
+
+
 def test_when_every_member_leaves_the_state_is_handed_to_the_joiners(tmp_path, job_factory,
                                                                       monkeypatch):
     """The only member's host leaves discovery while a new host arrives: the leaver stays one

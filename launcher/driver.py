@@ -464,7 +464,8 @@ class Driver:
 
     def _install_signal_handlers(self) -> None:
         def handler(signum, frame):
-            self.stop_signal = signum
+            if self.stop_signal is None:  # the first signal decides what the workers get
+                self.stop_signal = signum
             self.wake.set()
         for sig in (signal.SIGINT, signal.SIGTERM):
             try:

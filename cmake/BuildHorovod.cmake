@@ -1,6 +1,6 @@
 # cmake -P script: build and install Horovod ${HOROVOD_VERSION} from its PyPI sdist into ${PYTHON}'s
-# environment, with C++17 instead of upstream's C++14.  Inputs: PYTHON, HOROVOD_VERSION, WORK_DIR,
-# CHECK_SCRIPT.  Idempotent: returns at once when the installed build already matches.
+# environment, with C++17 instead of upstream's C++14 and our patches (cmake/patches/*.patch).
+# Inputs: PYTHON, HOROVOD_VERSION, WORK_DIR, CHECK_SCRIPT.  Idempotent: returns at once when the installed build already matches.
 execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} RESULT_VARIABLE matches)
 if(matches EQUAL 0)
   message(STATUS "Horovod ${HOROVOD_VERSION} already built against this torch: nothing to do")
@@ -29,6 +29,22 @@ foreach(cml "${src}/CMakeLists.txt" "${src}/horovod/torch/CMakeLists.txt")
     message(FATAL_ERROR "no 'set(CMAKE_CXX_STANDARD 14)' in ${cml}: has the sdist changed?")
   endif()
   file(WRITE ${cml} "${patched}")
+endforeach()
+
+# Our patches to Horovod's sources: cmake/patches/NNNN-short-name.patch, unified diffs against the
+# unpacked sdist (-p1), applied in name order.  One that does not apply stops the build, naming it.
+# cmake/horovod_matches.py hashes the patch set, so adding or changing a patch triggers a rebuild.
+file(GLOB patches "${CMAKE_CURRENT_LIST_DIR}/patches/*.patch")
+list(SORT patches)
+foreach(p IN LISTS patches)
+  get_filename_component(name ${p} NAME)
+  execute_process(COMMAND patch -p1 --forward --batch -i ${p}
+                  WORKING_DIRECTORY ${src} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "Horovod patch ${name} does not apply to horovod-${HOROVOD_VERSION} "
+                        "(has the sdist changed?):\n${out}")
+  endif()
+  message(STATUS "applied Horovod patch ${name}")
 endforeach()
 
 # CPU torch here: no GPU operations unless the caller asks for them (HOROVOD_GPU_OPERATIONS=NCCL).

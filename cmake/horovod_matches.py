@@ -4,10 +4,27 @@ Usage: python horovod_matches.py VERSION [--write-stamp]
 
 A match is: ``horovod.__version__ == VERSION``, ``horovod.torch`` imports (its extension loads
 against this torch), Gloo is built, and the stamp written after our last build names the torch
-version installed now (an extension built against another torch must be rebuilt).
+version installed now (an extension built against another torch must be rebuilt) and the hash of
+the patch set in ``cmake/patches/`` (a patch added, changed or removed means a rebuild).
 """
+import hashlib
+import json
 import os
 import sys
+
+PATCH_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "patches")
+
+
+def patches_sha256() -> str:
+    """SHA-256 over the names and contents of ``cmake/patches/*.patch``, in name order."""
+    h = hashlib.sha256()
+    names = sorted(n for n in os.listdir(PATCH_DIR) if n.endswith(".patch")) \
+        if os.path.isdir(PATCH_DIR) else []
+    for name in names:
+        with open(os.path.join(PATCH_DIR, name), "rb") as f:
+            data = f.read()
+        h.update(name.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return h.hexdigest()
 
 
 def main() -> int:
@@ -18,15 +35,16 @@ def main() -> int:
     except ImportError:
         return 1
     stamp = os.path.join(os.path.dirname(horovod.__file__), ".hvd_edl_built_against_torch")
+    want = {"torch": torch.__version__, "patches_sha256": patches_sha256()}
     if "--write-stamp" in sys.argv:
         with open(stamp, "w") as f:
-            f.write(torch.__version__)
+            json.dump(want, f)
         return 0
     if horovod.__version__ != version:
         return 1
     try:
         with open(stamp) as f:
-            if f.read().strip() != torch.__version__:
+            if json.load(f) != want:  # an older plain-text stamp fails to parse: rebuild
                 return 1
         import horovod.torch as hvd
         if not hvd.gloo_built():

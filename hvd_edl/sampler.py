@@ -49,8 +49,10 @@ class ElasticSampler(torch.utils.data.Sampler):
         batch_size: per-rank batch size B of the DataLoader using this sampler.  Optional: if
             None it is learnt from the first :meth:`record_batch` and used from the next reset.
 
-    ``state_dict()`` is ``{"epoch", "seed", "consumed", "batch_size"}`` (consumed: positions of
-    this epoch in committed progress).  Call :meth:`record_batch` after each step; the elastic
+    ``state_dict()`` is ``{"epoch", "processed_num", "seed", "consumed", "batch_size"}``
+    (``consumed`` = ``processed_num``: positions of this epoch processed by all ranks; Horovod's
+    ``{"epoch", "processed_num"}`` loads too).  Call :meth:`record_batch` once after each step
+    (each call counts one step, whatever its ``batch_idx``, as in Horovod); the elastic
     state commits, restores and syncs the sampler and calls :meth:`reset` after every
     generation change.  Iterating yields this rank's indices from ``consumed`` to the epoch end.
 
@@ -78,6 +80,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self._base = 0
         self._block = 0  # positions per global step since the last reset; 0 = interleaved
         self._local_processed = 0
+        self._recorded = 0
         self._perm: Optional[FeistelPermutation] = None
         self._yielded: Deque[Tuple[int, List[int], List[int]]] = deque()  # audit mode
         self.reset()
@@ -95,36 +98,79 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
-        """Record that the ``batch_idx``-th batch (0-based, counted since the last reset) was
-        processed by every rank; ``batch_size`` is the per-rank batch size (used only in the
-        interleaved layout, and learnt there for the next reset)."""
+        """Record one more processed batch on every rank (Horovod's accounting: each call is one
+        step, ``processed_num += batch_size * num_replicas`` in horovod/torch/elastic/sampler.py,
+        0.28.1).
+
+        Args:
+            batch_idx: ignored, as in Horovod (scripts pass ``enumerate``'s index, a constant,
+                a global step counter...: the count of calls since the last reset is what
+                counts, so exactly-once holds whatever is passed).
+            batch_size: the per-rank batch size; used only while the batch size is unknown
+                (``ElasticSampler(dataset)``, interleaved layout: the step is ``batch_size``
+                positions per rank, and the size is learnt for the next reset).  In the block
+                layout a step is one block of ``L`` positions, so an epoch's short final batch
+                is counted right whatever size is passed.
+        """
         if self._block:
-            done = (batch_idx + 1) * self._block
+            self._recorded += 1
+            done = self._recorded * self._block
         else:
             if self.batch_size is None:
                 self.batch_size = int(batch_size)
-            self._local_processed = (batch_idx + 1) * batch_size
+            self._local_processed += int(batch_size)
             done = self._local_processed * self.world_size
-        self._advance(done, batch_idx)
+        self._advance(done)
 
     def record_indices(self, indices) -> None:
-        """Record ``len(indices)`` more samples processed by this rank (and the same step by
-        every rank)."""
-        self._local_processed += len(indices)
+        """Record one more processed step on every rank, this rank's share being ``indices``
+        (block layout: one step of the layout, whatever ``len(indices)``; interleaved layout:
+        ``len(indices)`` positions per rank)."""
         if self._block:
-            done = self._blocks_done(self._local_processed) * self._block
+            self._recorded += 1
+            done = self._recorded * self._block
         else:
+            self._local_processed += len(indices)
             done = self._local_processed * self.world_size
-        self._advance(done, None)
+        self._advance(done)
+
+    @property
+    def processed_num(self) -> int:
+        """Samples of this epoch processed by all ranks together, as Horovod's
+        ``ElasticSampler.processed_num`` (here: positions consumed, the same on every rank)."""
+        return self.consumed
+
+    @processed_num.setter
+    def processed_num(self, value: int) -> None:
+        self.consumed = int(value)
+
+    @property
+    def num_replicas(self) -> int:
+        """Horovod's name for the world size the sampler is laid out for."""
+        return self.world_size
+
+    @property
+    def num_samples(self) -> int:
+        """Horovod's name for ``len(self)``: indices this rank yields from the last reset."""
+        return len(self)
 
     def state_dict(self) -> Dict[str, int]:
-        return {"epoch": self.epoch, "seed": self.seed, "consumed": self.consumed,
-                "batch_size": self.batch_size}
+        """``{"epoch", "processed_num", "seed", "consumed", "batch_size"}``: Horovod's two keys
+        (``processed_num`` = ``consumed``) and ours."""
+        return {"epoch": self.epoch, "processed_num": self.consumed, "seed": self.seed,
+                "consumed": self.consumed, "batch_size": self.batch_size}
 
     def load_state_dict(self, state: Dict[str, int]) -> None:
+        """Load ours or Horovod's ``{"epoch", "processed_num"}`` (the seed and batch size are
+        then kept), then reset.
+
+        Raises:
+            KeyError: neither ``consumed`` nor ``processed_num`` given, or no ``epoch``.
+        """
         self.epoch = int(state["epoch"])
-        self.seed = int(state["seed"])
-        self.consumed = int(state["consumed"])
+        if state.get("seed") is not None:
+            self.seed = int(state["seed"])
+        self.consumed = int(state["consumed"] if "consumed" in state else state["processed_num"])
         if state.get("batch_size") is not None:
             self.batch_size = int(state["batch_size"])
         self.reset()
@@ -145,6 +191,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self._base = self.consumed
         self._block = self._block_length()
         self._local_processed = 0
+        self._recorded = 0  # steps recorded since this reset (block layout)
         self._yielded.clear()
         self._perm = (FeistelPermutation(self.num_samples_total,
                                          hash((self.seed, self.epoch)) & ((1 << 62) - 1))
@@ -198,28 +245,14 @@ class ElasticSampler(torch.utils.data.Sampler):
         remaining = max(0, self._end() - self._base)
         return -(-remaining // self._block) if self._block else 0
 
-    def _blocks_done(self, local: int) -> int:
-        """Global steps completed once this rank has processed ``local`` samples since the
-        reset (block layout)."""
-        steps = self._steps()
-        if steps == 0:
-            return 0
-        full = self._share(self._base, self._block)[1]
-        last_start = self._base + (steps - 1) * self._block
-        last = self._share(last_start, min(self._block, self._end() - last_start))[1]
-        if local < (steps - 1) * full:
-            return local // full
-        return steps - 1 + (1 if local >= (steps - 1) * full + last else 0)
-
-    def _advance(self, done: int, batch_idx: Optional[int]) -> None:
+    def _advance(self, done: int) -> None:
         self.consumed = self._base + min(self._end() - self._base, done)
         ledger = audit.ledger()
         if ledger is None or not self._yielded:
             return
         steps: List[Tuple[int, List[int], List[int]]] = []
         if self._block:
-            upto = batch_idx if batch_idx is not None else -(-(self.consumed - self._base)
-                                                             // self._block) - 1
+            upto = self._recorded - 1
             while self._yielded and self._yielded[0][0] <= upto:
                 steps.append(self._yielded.popleft())
         else:  # interleaved: one row per sample, a step is a batch of them
@@ -322,7 +355,8 @@ class ElasticBatchSampler(ElasticSampler):
         return self.global_batch_size
 
     def record_batch(self, batch_idx: int, batch_size: int = 0) -> None:
-        """Record that global step ``batch_idx`` (0-based since the last reset) is done."""
+        """Record one more global step done (each call is one step, as Horovod counts;
+        ``batch_idx`` and ``batch_size`` are not used)."""
         super().record_batch(batch_idx, batch_size)
 
     def loss_weight(self, batch_idx: int) -> float:

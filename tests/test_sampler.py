@@ -77,8 +77,8 @@ def _simulate(make, n, per_rank_batch, worlds, steps_per_generation=2):
             for s, b in zip(ranks, per_rank):
                 used.extend(b[step])
         for s in ranks:
-            if take:
-                s.record_batch(take - 1, per_rank_batch)
+            for _ in range(take):  # Horovod's accounting: one call per step, batch_idx unused
+                s.record_batch(0, per_rank_batch)
             repeats += s.repeated if last else 0
         consumed = {s.consumed for s in ranks}
         assert len(consumed) == 1
@@ -146,7 +146,7 @@ def test_interleaved_layout_learns_the_batch_size():
 def test_state_is_a_few_integers_and_reset_is_o1():
     s = ElasticSampler(_dataset(10), batch_size=2)
     big = ElasticSampler(range(10 ** 9), batch_size=32)  # no list of 10^9 indices is built
-    assert set(big.state_dict()) == {"epoch", "seed", "consumed", "batch_size"}
+    assert set(big.state_dict()) == {"epoch", "processed_num", "seed", "consumed", "batch_size"}
     assert len(next(iter(torch.utils.data.BatchSampler(big, 32, False)))) == 32
     assert len(json.dumps(big.state_dict())) < 100 and s.state_dict()["consumed"] == 0
 

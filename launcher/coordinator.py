@@ -21,7 +21,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from hvd_edl import messages
 from launcher.control_auth import Refused, RequestAuthenticator
@@ -221,19 +221,29 @@ class Coordinator:
 
     # ---- worker side (HTTP) --------------------------------------------------------------------
 
-    def register(self, msg: messages.Register) -> messages.Registered:
-        with self.cond:
-            rec = self._worker(msg.worker_id)
-            if self.current is None:  # among the initial workers, by spawn order
+    def provisional(self, worker_id: str, initial_np: int = 0) -> Tuple[int, int]:
+        """(rank, size) a worker would have if the next generation formed now: among the
+        initial workers by spawn order (``initial_np``: how many are being started, when
+        the caller knows it before all are added), else after the members and the joiners
+        already waiting.  What ``HOROVOD_RANK/SIZE`` say before the worker joins."""
+        with self.lock:
+            rec = self._worker(worker_id)
+            if self.current is None:
                 initial = sorted((w for w in self.workers.values() if w.initial),
                                  key=lambda w: w.order)
-                size = max(len(initial), 1)
+                size = max(len(initial), initial_np, 1)
                 prov_rank = next((i for i, w in enumerate(initial) if w is rec), 0)
-            else:  # after the members and the joiners already waiting
-                size = len(self.current.members) + len(self._ready()) + 1
+            else:
+                waiting = [w for w in self._ready() if w is not rec]
+                size = len(self.current.members) + len(waiting) + 1
                 prov_rank = size - 1
-            return messages.Registered(rec.worker_id, rec.host, rec.slot, prov_rank,
-                                       min(size, self.max_np),
+            return prov_rank, min(size, self.max_np)
+
+    def register(self, msg: messages.Register) -> messages.Registered:
+        prov_rank, size = self.provisional(msg.worker_id)
+        with self.cond:
+            rec = self._worker(msg.worker_id)
+            return messages.Registered(rec.worker_id, rec.host, rec.slot, prov_rank, size,
                                        self.current.number if self.current else 0)
 
     def ready(self, msg: messages.Ready) -> messages.WatchReply:

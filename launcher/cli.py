@@ -5,13 +5,21 @@
     hvd-edl-run -np 2 --min-np 1 --max-np 8 \\
         --host-discovery-script ./discover_hosts.sh python train.py     # elastic
 
-Bad flags exit with code 2 and one clear line.  The job's exit code is 0 when it finished, the
-first failing worker's exit code in a static job (the message names its rank and host), 1 when an
-elastic job cannot go on.
+Bad flags exit with code 2 and one clear line (a mistyped flag names the closest one: "did you
+mean --max-np?").  The job's exit code is 0 when it finished, the first failing worker's exit code
+in a static job (the message names its rank and host), 1 when an elastic job cannot go on.
+
+horovodrun flags a user copies from an existing command keep their meaning where it applies:
+``--log-level`` (Horovod's backend log level for the workers, and the launcher's own: DEBUG or
+TRACE also shows the protocol traffic), ``--gloo`` (accepted: Gloo is the only controller),
+``--output-filename DIR`` (each worker's output also goes to ``DIR/worker.<id>/stdout`` and
+``stderr``), ``--disable-cache`` (accepted, no effect: hvd-edl-run runs no cached start-up checks)
+and ``--verbose``.  ``--mpi`` / ``--jsrun`` exit 2 saying what to use instead.
 """
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import shutil
@@ -27,6 +35,27 @@ from launcher.hosts import HostSpecError, parse_host_lines, parse_hosts_arg
 
 
 MAX_WORKERS = 65536  # upper bound of -np/--min-np/--max-np/--slots-per-host (a sanity limit)
+LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodrun's choices
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a suggestion for a mistyped flag: ``unrecognized arguments: --max-nps``
+    becomes ``unrecognized arguments: --max-nps (did you mean --max-np?)``."""
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments:"):
+            known = [o for a in self._actions for o in a.option_strings]
+            flags = [t.split("=", 1)[0] for t in message.split(":", 1)[1].split()
+                     if t.startswith("-")]
+            hints = []
+            for flag in flags:
+                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+                if close:
+                    hints.append(f"did you mean {close[0]}?" if len(flags) == 1
+                                 else f"did you mean {close[0]} for {flag}?")
+            if hints:
+                message += " (" + "; ".join(hints) + ")"
+        super().error(message)
 
 
 def _positive_int(text: str) -> int:
@@ -60,7 +89,7 @@ def interface_address(nic: str) -> Optional[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="hvd-edl-run",
         description="Launch a Horovod PyTorch job that workers can join and leave while it runs.")
     p.add_argument("-np", "--num-proc", dest="np", type=_positive_int, default=None,
@@ -101,7 +130,30 @@ def build_parser() -> argparse.ArgumentParser:
                    "secret, mode 0600; default $XDG_RUNTIME_DIR/hvd-edl/<pid>.json or "
                    "~/.hvd_edl/jobs/<pid>.json)")
     p.add_argument("--event-log", help="write one JSON line per generation here")
-    p.add_argument("--verbose", action="store_true")
+    p.add_argument("--verbose", action="store_true",
+                   help="horovodrun's meaning: extra messages (here: the coordinator's and the "
+                        "rendezvous' requests, host set changes)")
+    p.add_argument("--log-level", choices=LOG_LEVELS, type=str.upper, default=None,
+                   help="horovodrun's meaning: the minimum level the Horovod backend logs to "
+                        "stderr (HOROVOD_LOG_LEVEL for every worker; default WARNING); also "
+                        "the launcher's own level (DEBUG/TRACE: protocol traffic as --verbose)")
+    p.add_argument("--gloo", action="store_true",
+                   help="horovodrun's meaning: use the Gloo controller.  Accepted: Gloo is "
+                        "hvd-edl-run's only controller (the elastic ring is rebuilt over it)")
+    p.add_argument("--mpi", action="store_true",
+                   help="horovodrun's meaning: use the MPI controller.  Refused (exit 2): an MPI "
+                        "world cannot change size; use Gloo (the default), or plain mpirun for "
+                        "a static job")
+    p.add_argument("--jsrun", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--output-filename", metavar="DIR",
+                   help="horovodrun's meaning for Gloo: also write each worker's stdout/stderr "
+                        "to files under DIR; here DIR/worker.<id>/stdout and "
+                        "DIR/worker.<id>/stderr (<id>: w1, w2, ... in start order; ranks change "
+                        "across generations, so files are per worker, not per rank)")
+    p.add_argument("--disable-cache", action="store_true",
+                   help="horovodrun's meaning: re-run the start-up checks instead of caching "
+                        "them for 60 minutes.  Accepted, no effect: hvd-edl-run caches nothing "
+                        "(each worker reaches the coordinator itself when it starts)")
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return p
 
@@ -110,6 +162,11 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
     """Parse and validate ``argv``; exits with code 2 and a clear message on bad input."""
     parser = build_parser()
     a = parser.parse_args(argv)
+    if a.mpi or a.jsrun:
+        parser.error(f"--{'mpi' if a.mpi else 'jsrun'} is not supported: hvd-edl-run runs "
+                     f"Horovod over Gloo (the default; --gloo is accepted) because an MPI world "
+                     f"cannot change size.  Drop the flag, or run a static job with plain "
+                     f"'mpirun -np N python train.py' (hvd.init(comm=MPI.COMM_WORLD) works)")
     if not a.command:
         parser.error("no training command given (e.g. python train.py)")
     if a.hosts and a.hostfile:
@@ -156,6 +213,11 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
     if not shutil.which(command[0]):
         parser.error(f"training command {command[0]!r} not found (not an executable file or on "
                      f"PATH)")
+    if a.output_filename:
+        try:
+            os.makedirs(a.output_filename, exist_ok=True)
+        except OSError as e:
+            parser.error(f"--output-filename {a.output_filename}: cannot create the folder: {e}")
     bind_addr = a.bind_address
     if bind_addr is None:
         bind_addr = interface_address(a.nic) if a.nic else "127.0.0.1"
@@ -169,13 +231,18 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                    blacklist_cooldown_range=(tuple(a.blacklist_cooldown_range)
                                              if a.blacklist_cooldown_range else None),
                    network_interface=a.nic, bind_addr=bind_addr, event_log=a.event_log,
-                   verbose=a.verbose, cwd=os.getcwd(), job_file=a.job_file, target_np=a.target_np)
+                   verbose=a.verbose or a.log_level in ("TRACE", "DEBUG"), cwd=os.getcwd(),
+                   job_file=a.job_file, target_np=a.target_np, log_level=a.log_level,
+                   output_dir=a.output_filename)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     spec = parse_spec(argv)
-    logging.basicConfig(level=logging.INFO if spec.verbose else logging.WARNING,
-                        format="hvd-edl-run: %(message)s")
+    level = logging.DEBUG if spec.log_level in ("TRACE", "DEBUG") else \
+        logging.INFO if spec.verbose or spec.log_level == "INFO" else \
+        getattr(logging, {"FATAL": "CRITICAL"}.get(spec.log_level or "", spec.log_level or ""),
+                logging.WARNING)
+    logging.basicConfig(level=level, format="hvd-edl-run: %(message)s")
     return Driver(spec).run()
 
 

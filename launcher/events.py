@@ -15,7 +15,9 @@ log = logging.getLogger(__name__)
 class GenerationEvent:
     """One generation change.
 
-    ``kind``: "start" | "scale_out" | "scale_in" | "failure".  ``step``: optimizer step boundary
+    ``kind``: "start" | "scale_out" | "scale_in" | "replace" (as many workers left as joined,
+    e.g. a job moved to other hosts) | "failure".  ``left`` / ``joined``: the workers
+    (``id@host:slot``) that left the previous ring and that joined this one.  ``step``: optimizer step boundary
     at which it took effect.  ``stall_s``: the longest pause (seconds) among workers that trained in
     both generations, from the end of their last step in the old ring to the start of their first
     in the new one (0 for "start").  ``rolled_back_steps``: steps redone after a failure.
@@ -36,6 +38,8 @@ class GenerationEvent:
     previous_world_size: int = 0
     phases: Dict[str, float] = field(default_factory=dict)
     state_lost: bool = False
+    left: List[str] = field(default_factory=list)
+    joined: List[str] = field(default_factory=list)
 
 
 class EventLog:
@@ -59,6 +63,10 @@ class EventLog:
                 text = (f"generation {ev.generation} ({ev.kind}): {ev.previous_world_size} -> "
                         f"{ev.world_size} workers at step {ev.step}, stall {ev.stall_s:.3f} s, "
                         f"rolled back {ev.rolled_back_steps} steps")
+                moved = [f"{what}: {', '.join(who)}" for what, who in
+                         (("left", ev.left), ("joined", ev.joined)) if who]
+                if moved:
+                    text += f" ({'; '.join(moved)})"
                 if ev.state_lost:
                     text += (" -- STATE LOST: no member of the previous ring survived, training "
                              "restarts from the initial state")

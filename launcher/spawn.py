@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 from hvd_edl.audit import ENV_AUDIT_DIR
+from hvd_edl.messages import ENV_WORKER_ID
 from launcher.hosts import is_local
 
 
@@ -28,11 +29,13 @@ class WorkerProcess:
     """A running worker.  ``label()`` gives the current output prefix (its rank once known)."""
 
     def __init__(self, popen: subprocess.Popen, label: Callable[[], str],
-                 on_exit: Callable[[int], None], out=sys.stdout):
+                 on_exit: Callable[[int], None], out=sys.stdout,
+                 files: Optional[Dict[str, object]] = None):
         self.popen = popen
         self._label = label
         self._on_exit = on_exit
         self._out = out
+        self._files = files or {}  # --output-filename: "stdout"/"stderr" -> a file, unprefixed
         self._out_lock = _OUT_LOCK
         self._threads = [threading.Thread(target=self._pump, args=(popen.stdout, "stdout"),
                                           daemon=True),
@@ -55,6 +58,8 @@ class WorkerProcess:
             self._write(name, lines)
         self._write(name, [pending])
         stream.close()
+        if name in self._files:
+            self._files[name].close()
 
     def _write(self, name: str, lines) -> None:
         lines = [line.decode(errors="replace") for line in lines if line]
@@ -64,6 +69,10 @@ class WorkerProcess:
             for line in lines:
                 self._out.write(f"[{self._label()}]<{name}>:{line}\n")
             self._out.flush()
+        f = self._files.get(name)
+        if f is not None:
+            f.write("".join(line + "\n" for line in lines))
+            f.flush()
 
     def _wait(self) -> None:
         code = self.popen.wait()
@@ -98,9 +107,23 @@ def _die_with_parent() -> None:
         pass  # not Linux: remote-style cleanup (the worker exits when the coordinator is gone)
 
 
+def worker_output_files(output_dir: str, worker_id: str) -> Dict[str, object]:
+    """``--output-filename DIR``: open ``DIR/worker.<worker_id>/stdout`` and ``.../stderr``
+    (horovodrun's ``DIR/rank.<rank>/stdout`` layout, per worker since ranks change).
+
+    Raises:
+        OSError: the folder or the files cannot be created.
+    """
+    folder = os.path.join(output_dir, f"worker.{worker_id}")
+    os.makedirs(folder, exist_ok=True)
+    return {name: open(os.path.join(folder, name), "w") for name in ("stdout", "stderr")}
+
+
 def spawn(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Callable[[], str],
-          on_exit: Callable[[int], None], ssh_port: Optional[int] = None) -> WorkerProcess:
-    """Start ``spec.command`` for one worker on ``host`` (local hosts without ssh)."""
+          on_exit: Callable[[int], None], ssh_port: Optional[int] = None,
+          output_dir: Optional[str] = None) -> WorkerProcess:
+    """Start ``spec.command`` for one worker on ``host`` (local hosts without ssh); with
+    ``output_dir`` its output also goes to :func:`worker_output_files`."""
     env = dict(os.environ)
     env.update(spec.env)
     env.update(extra_env)
@@ -114,10 +137,11 @@ def spawn(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Callabl
         remote = f"cd {shlex.quote(spec.cwd)} && env {exports} {shlex.join(spec.command)}"
         cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"]
         cmd += (["-p", str(ssh_port)] if ssh_port else []) + [host, remote]
+    files = worker_output_files(output_dir, extra_env[ENV_WORKER_ID]) if output_dir else None
     popen = subprocess.Popen(cmd, env=env, cwd=spec.cwd, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                              start_new_session=True, preexec_fn=_die_with_parent)
-    return WorkerProcess(popen, label, on_exit)
+    return WorkerProcess(popen, label, on_exit, files=files)
 
 
 def terminate_all(procs: List[WorkerProcess], grace_s: float = 10.0,

@@ -40,7 +40,9 @@ def init(comm=None, process_sets=None):
 
     Under ``hvd-edl-run``: register with the coordinator; static jobs join the ring at once,
     elastic jobs return at once (the join happens in ``hvd.elastic.run``).  Elsewhere: exactly
-    ``horovod.torch.init``.  On a CUDA machine the CUDA context of the slot's device is created
+    ``horovod.torch.init``; run with no launcher at all (plain ``python``, no ``horovodrun`` or
+    ``mpirun``), it says once on stderr that it trains alone at size 1 (``HVD_EDL_QUIET=1``
+    silences it).  On a CUDA machine the CUDA context of the slot's device is created
     here, before joining, so the switch never waits for it.
 
     Raises:
@@ -48,11 +50,32 @@ def init(comm=None, process_sets=None):
     """
     rt = _runtime.start()
     if rt is None:
+        _say_no_launcher(comm)
         return _hvd.init(comm=comm, process_sets=process_sets)
     _prebuild_cuda_context(rt.local_rank)
     if not rt.elastic:
         rt.join()
     return None
+
+
+ENV_QUIET = "HVD_EDL_QUIET"
+# set by horovodrun, mpirun (Open MPI, MPICH / Hydra, PMIx) and Slurm: another launcher runs us
+_LAUNCHER_ENV = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+_said_no_launcher = False
+
+
+def _say_no_launcher(comm) -> None:
+    """One stderr line, once per process, when no launcher started this process."""
+    global _said_no_launcher
+    import os
+    import sys
+    if _said_no_launcher or comm is not None or os.environ.get(ENV_QUIET, "") not in ("", "0") \
+            or any(k in os.environ for k in _LAUNCHER_ENV):
+        return
+    _said_no_launcher = True
+    print("hvd_edl: not started by hvd-edl-run: training alone at size 1, not elastic (start "
+          "it with hvd-edl-run -np N ...; HVD_EDL_QUIET=1 hides this line)", file=sys.stderr,
+          flush=True)
 
 
 def _prebuild_cuda_context(local_rank: int) -> None:

@@ -6,7 +6,13 @@ The contract for a discovery script (Horovod's format): print one ``host[:slots]
 ``--discovery-timeout`` seconds, printing at most 1 MiB.  Anything else (a malformed line, slots
 not an integer in [1, 1024], a host listed twice, no hosts at all, a non-zero exit, a hang, a
 script that is missing or not executable) raises :class:`DiscoveryError`; the driver then keeps
-the last good host set.
+the last good host set and prints one line each time the problem changes (a failing script's
+last stderr line is part of the problem, so a hosts file that goes from bad slots to a duplicate
+host to empty to deleted is reported four times, not once).
+
+A script that leaves a host out for a reason may say so on stderr, one line per host in the form
+``<anything>: <host> left out: <reason>`` (the ``gce`` / ``aws`` scripts do, for spot and
+preemption notices); the launcher then names that reason when the host's workers leave.
 
 Ready scripts for clusters live beside this file: ``gce`` and ``aws`` (spot / preemptible
 notices), ``k8s`` (pods by label), ``hostsfile`` (a validated file, re-read every call); each runs
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -29,6 +36,7 @@ log = logging.getLogger(__name__)
 
 MAX_OUTPUT_BYTES = 1 << 20
 _STDERR_TAIL_BYTES = 4096
+_LEFT_OUT_RE = re.compile(r"^.*?:\s*(?P<host>\S+) left out: (?P<reason>.+)$")
 
 
 class DiscoveryError(RuntimeError):
@@ -73,6 +81,7 @@ class HostDiscoveryScript:
         self.script = script
         self.slots = slots
         self.timeout_s = timeout_s
+        self.reasons: Dict[str, str] = {}  # host -> why the last good call left it out
 
     def find_available_hosts_and_slots(self) -> Dict[str, int]:
         """Returns ``{host: slots}`` in the script's order.
@@ -90,10 +99,13 @@ class HostDiscoveryScript:
         if why == "too large":
             raise DiscoveryError(f"{name} printed more than {MAX_OUTPUT_BYTES} bytes (1 MiB "
                                  f"limit): output ignored", key="too large")
+        lines = err.decode(errors="replace").strip().splitlines()
         if rc != 0:
-            lines = err.decode(errors="replace").strip().splitlines()
             last = lines[-1].strip()[:200] if lines else "(no stderr)"
-            raise DiscoveryError(f"{name} exited with code {rc}: {last}", key=("exit", rc))
+            # the problem is the exit code and what the script said, digits aside (a time or a
+            # count in the message is not a new problem; another message is)
+            raise DiscoveryError(f"{name} exited with code {rc}: {last}",
+                                 key=("exit", rc, re.sub(r"[0-9]+", "#", last)))
         try:
             hosts = parse_host_lines(out.decode(errors="replace"), self.slots)
         except HostSpecError as e:
@@ -101,6 +113,8 @@ class HostDiscoveryScript:
         if not hosts:
             raise DiscoveryError(f"{name} printed no hosts (empty output is taken as a broken "
                                  f"script, not as 'no hosts')")
+        self.reasons = {m.group("host"): m.group("reason").strip()[:200]
+                        for m in map(_LEFT_OUT_RE.match, lines) if m}
         return hosts
 
     def _check_executable(self) -> None:

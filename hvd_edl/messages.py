@@ -152,11 +152,18 @@ class WatchRequest:
     """``POST /watch``: long-poll; answered when a change is pending after ``generation`` or after
     ``wait_s`` seconds, whichever is first.  With ``until_started`` (a worker scaled in, before
     it exits): answered once ``generation`` trains (every continuing member reported its first
-    step) or is over, or after ``wait_s``."""
+    step) or is over, or after ``wait_s``.  Also answered at once when ``hvd-edl-ctl status``
+    wants fresh progress: ``step`` (optimizer steps), ``epoch`` and ``samples`` (the first
+    ElasticSampler's epoch and samples of every rank since epoch 0, as of the last commit;
+    -1 unknown) are what the status shows (``launcher.progress``)."""
     worker_id: str
     generation: int
     wait_s: float = 20.0
     until_started: bool = False
+    step: int = -1
+    epoch: int = -1
+    samples: int = -1
+
 
 
 @dataclass

@@ -63,6 +63,7 @@ class WorkerRuntime:
         self.assignment: Optional[messages.Assignment] = None
         self.steps = 0
         self.last_step_end: Optional[float] = None
+        self.progress = (-1, -1)  # (epoch, samples) as of the last commit (TorchState.save)
         self._change = threading.Event()  # the coordinator wants a switch after this generation
         self._generation_changed = threading.Event()
         self._generation_lock = threading.Lock()  # generation and _change change together
@@ -292,7 +293,10 @@ class WorkerRuntime:
         while True:
             gen = self.generation
             try:
-                r = self.client.post("/watch", messages.WatchRequest(self.worker_id, gen),
+                epoch, samples = self.progress
+                r = self.client.post("/watch", messages.WatchRequest(
+                                         self.worker_id, gen, step=self.steps, epoch=epoch,
+                                         samples=samples),
                                      messages.WatchReply,
                                      timeout_s=messages.WatchRequest.wait_s + 30)
             except CoordinatorUnreachable as e:

@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from hvd_edl import messages
 from launcher.control_auth import Refused, RequestAuthenticator
+from launcher.progress import ProgressBoard
 from launcher.events import EventLog, GenerationEvent
 from launcher.registry import WorkerRecord, WorkerState
 from launcher.rendezvous import GenerationRendezvous
@@ -89,6 +90,7 @@ class Coordinator:
         self.finishing = False
         self.stopping = False  # the launcher is terminating every worker (SIGTERM means die)
         self.failure: Optional[str] = None
+        self.progress = ProgressBoard()  # steps / epoch / samples the watchers report
 
     # ---- driver side ---------------------------------------------------------------------------
 
@@ -217,6 +219,11 @@ class Coordinator:
                              "rank": w.rank if w.worker_id in members else None}
                             for w in workers],
                 "finishing": self.finishing,
+                # rank 0's last report (step, epoch, samples, rates); seconds since the
+                # current generation formed
+                "progress": self.progress.summary(g.members[0] if g else None,
+                                                  time.monotonic()),
+                "since_change_s": round(time.time() - g.formed_at, 1) if g else None,
             }
 
     # ---- worker side (HTTP) --------------------------------------------------------------------
@@ -298,7 +305,51 @@ class Coordinator:
         """Long poll: answer as soon as a switch is wanted after ``msg.generation``."""
         deadline = time.monotonic() + min(max(msg.wait_s, 0.0), 30.0)
         with self.cond:
+            rec = self._worker(msg.worker_id)
+            if self.current is not None and msg.generation == self.current.number \
+                    and msg.worker_id in self.current.members:
+                self.reports[msg.worker_id] = msg
+                if self.first_report_at is None:
+                    self.first_report_at = time.monotonic()
+                self._try_form()
+                self.cond.notify_all()
+            while True:
+                a = self.assignments.get(msg.worker_id)
+                if a is not None and (a.action == "exit" or a.generation > msg.generation):
+                    return a
+                if self.finishing or self.failure or not rec.state.alive:
+                    return messages.Assignment(action="exit", reason="the job is over")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return messages.Assignment(action="wait")
+                self.cond.wait(left)
+
+    def started(self, msg: messages.Started) -> messages.WatchReply:
+        with self.cond:
+            g = self.current
+            if g is not None and g.number == msg.generation and msg.worker_id in g.continuing:
+                g.stalls[msg.worker_id] = float(msg.stall_s)
+                if isinstance(msg.phases, dict):
+                    g.phases[msg.worker_id] = {str(k): round(float(v), 4)
+                                               for k, v in msg.phases.items()
+                                               if isinstance(v, (int, float))}
+                if not g.logged and all(w in g.stalls or not self.workers[w].state.alive
+                                        for w in g.continuing):
+                    self._log_event(g)
+                    self.cond.notify_all()  # leavers waiting for this generation to train
+            return self._watch_reply(msg.generation)
+
+    def watch(self, msg: messages.WatchRequest) -> messages.WatchReply:
+        """Long poll: answer as soon as a switch is wanted after ``msg.generation``."""
+        deadline = time.monotonic() + min(max(msg.wait_s, 0.0), 30.0)
+        with self.cond:
+            self.progress.record(msg.worker_id, msg.step, msg.epoch, msg.samples,
+                                 time.monotonic())
+            if self.progress.waiting:
+                self.cond.notify_all()  # a status waits for fresh reports
+            asks = self.progress.asks
             while msg.until_started:
+
                 g = self.current
                 left = deadline - time.monotonic()
                 if g is None or g.number != msg.generation or g.logged or left <= 0 \
@@ -308,9 +359,30 @@ class Coordinator:
             while True:
                 reply = self._watch_reply(msg.generation)
                 left = deadline - time.monotonic()
-                if reply.change_pending or left <= 0 or reply.latest_generation != msg.generation:
+                if reply.change_pending or left <= 0 or reply.latest_generation != msg.generation \
+                        or self.progress.asks != asks:  # a status: ask again with fresh figures
                     return reply
                 self.cond.wait(left)
+
+    def fresh_progress(self, wait_s: float = 0.5) -> None:
+        """Have every member of the current generation report its progress now (their open
+        ``/watch`` polls are answered and come back with fresh figures); returns when all did
+        or after ``wait_s`` seconds (a member in a switch or a long step does not poll)."""
+        with self.cond:
+            now = time.monotonic()
+            self.progress.ask(now)
+            self.progress.waiting += 1
+            try:
+                self.cond.notify_all()
+                deadline = now + wait_s
+                while self.current is not None and \
+                        not self.progress.fresh(self._live_members(), now):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self.cond.wait(left)
+            finally:
+                self.progress.waiting -= 1
 
     # ---- internals (lock held) -----------------------------------------------------------------
 
@@ -455,7 +527,11 @@ class Coordinator:
         rolled_back = max((r.steps_before_restore - r.step for r in reps), default=0)
         if failed:
             return "failure", min((r.step for r in reps), default=0), max(rolled_back, 0)
-        kind = "scale_out" if len(participants) > len(self.current.members) else "scale_in"
+        size, before = len(participants), len(self.current.members)
+        if size == before:  # as many left as joined (a job moving hosts, a slot swapped)
+            kind = "replace"
+        else:
+            kind = "scale_out" if size > before else "scale_in"
         return kind, step, 0
 
     def _log_event(self, g: Generation) -> None:
@@ -469,7 +545,14 @@ class Coordinator:
             rolled_back_steps=g.rolled_back_steps, time=g.formed_at,
             previous_world_size=g.previous_size,
             phases=dict(g.phases.get(slowest, {})) if g.kind != "start" else {},
-            state_lost=g.state_lost))
+            state_lost=g.state_lost, **self._membership_change(g)))
+
+    def _membership_change(self, g: Generation) -> Dict[str, List[str]]:
+        """Who left and who joined between the generation before ``g`` and ``g`` (labels)."""
+        i = next((k for k, h in enumerate(self.history) if h is g), 0)
+        before = self.history[i - 1].members if i > 0 else []
+        return {"left": [self.workers[w].label for w in before if w not in g.members],
+                "joined": [self.workers[w].label for w in g.members if w not in before]}
 
 
 # ---- HTTP ----------------------------------------------------------------------------------------

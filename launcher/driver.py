@@ -66,6 +66,8 @@ class JobSpec:
     cwd: str = "."
     job_file: Optional[str] = None
     target_np: Optional[int] = None
+    log_level: Optional[str] = None     # --log-level: HOROVOD_LOG_LEVEL for the workers
+    output_dir: Optional[str] = None    # --output-filename: DIR/worker.<id>/{stdout,stderr}
 
 
 class Driver:
@@ -108,11 +110,34 @@ class Driver:
             print(f"hvd-edl-run: error: first host discovery failed, nothing launched: {e}",
                   file=sys.stderr)
             return 1
+        # a launch refused here leaves no job file (nor a server) behind: validate first
+        initial = min(self.spec.np, self._capacity())
+        if not self.spec.elastic and initial < self.spec.np:
+            print(f"hvd-edl-run: error: -np {self.spec.np} needs {self.spec.np} slots, the hosts "
+                  f"give {initial}", file=sys.stderr)
+            return 2
         port = self.server.start()
+        try:
+            return self._run_started(port, initial)
+        finally:
+            self.coord.stopping = True
+            terminate_all(list(self.procs.values()), grace_s=5.0)
+            self.server.stop()
+            self.rendezvous.close()
+            if self.job_path is not None:
+                try:
+                    self.job_path.unlink()
+                except OSError:
+                    pass
+
+    def _run_started(self, port: int, initial: int) -> int:
+        """:meth:`run` once the coordinator listens; whatever happens here, ``run`` stops the
+        workers and the servers and removes the job file."""
+        self._install_signal_handlers()  # before the job file: a SIGTERM now still removes it
         host = f"[{self.spec.bind_addr}]" if ":" in self.spec.bind_addr else self.spec.bind_addr
         try:
             self.job_path = control.write_job_file(self.spec.job_file, f"http://{host}:{port}",
-                                                   self.secret)
+                                                   self.secret, command=self.spec.command)
             print(f"hvd-edl-run: control: hvd-edl-ctl --job {self.job_path} status", flush=True)
         except OSError as e:
             print(f"hvd-edl-run: cannot write the job file ({e}); hvd-edl-ctl will not find "
@@ -127,40 +152,28 @@ class Driver:
             "HOROVOD_GLOO_IFACE": self.spec.network_interface or "lo",
             "PYTHONUNBUFFERED": "1",
         }
+        if self.spec.log_level:  # horovodrun's --log-level: the Horovod backend's level
+            self.worker_env["HOROVOD_LOG_LEVEL"] = self.spec.log_level
         self.worker_spec = WorkerSpec(list(self.spec.command), self.worker_env, self.spec.cwd)
-        self._install_signal_handlers()
         if self.spec.elastic:
             threading.Thread(target=self._discovery_loop, daemon=True).start()
-        initial = min(self.spec.np, self._capacity())
-        if not self.spec.elastic and initial < self.spec.np:
-            print(f"hvd-edl-run: error: -np {self.spec.np} needs {self.spec.np} slots, the hosts "
-                  f"give {initial}", file=sys.stderr)
-            return 2
         for _ in range(initial):
             self._spawn_one(initial=True)
-        try:
-            while True:
-                now = time.monotonic()
-                code = self._step(now)
-                if code is not None:
-                    return code
-                self.wake.wait(IDLE_LOOP_S if self._settled(now) else LOOP_S)
-                self.wake.clear()
-        finally:
-            self.coord.stopping = True
-            terminate_all(list(self.procs.values()), grace_s=5.0)
-            self.server.stop()
-            self.rendezvous.close()
-            if self.job_path is not None:
-                try:
-                    self.job_path.unlink()
-                except OSError:
-                    pass
+        while True:
+            now = time.monotonic()
+            code = self._step(now)
+            if code is not None:
+                return code
+            self.wake.wait(IDLE_LOOP_S if self._settled(now) else LOOP_S)
+            self.wake.clear()
 
     def _step(self, now: float) -> Optional[int]:
         """One pass of monitor / decide / act; returns an exit code when the job is over."""
         if self.stop_signal is not None:
-            print(f"hvd-edl-run: got signal {self.stop_signal}: stopping workers", file=sys.stderr)
+            names = ", ".join(w.worker_id for w in self.coord.live_workers()) or "none left"
+            print(f"hvd-edl-run: got signal {self.stop_signal}: stopping workers ({names}; "
+                  f"{signal.Signals(self.stop_signal).name})", file=sys.stderr)
+
             self.coord.stopping = True
             terminate_all(list(self.procs.values()), grace_s=10.0, sig=self.stop_signal)
             return 128 + self.stop_signal
@@ -219,8 +232,7 @@ class Driver:
         active = [w for w in self.coord.live_workers() if w.state != WorkerState.LEAVING]
         for w in active:  # scale-in: host gone or drained, or its slots shrank
             if (w.host, w.slot) not in allowed:
-                log.info("%s leaves: host %s no longer offers slot %d", w.label, w.host, w.slot)
-                self._ask_to_leave(w)
+                self._ask_to_leave(w, self._leave_reason(w, drained))
         if self.coord.finishing:
             return
         active = [w for w in self.coord.live_workers() if w.state != WorkerState.LEAVING]
@@ -229,8 +241,7 @@ class Driver:
         # (the highest ranks: the others keep their ranks, rank 0 keeps the state)
         excess = sorted(active, key=lambda w: (w.worker_id in members, -w.order))
         for w in excess[:max(0, len(active) - self._target())]:
-            log.info("%s leaves: above the target world size %d", w.label, self._target())
-            self._ask_to_leave(w)
+            self._ask_to_leave(w, f"scale: above the target world size {self._target()}")
         active = [w for w in self.coord.live_workers() if w.state != WorkerState.LEAVING]
         want = sum(len(v) for v in usable.values())
         for _ in range(max(0, want - len(active))):
@@ -296,14 +307,18 @@ class Driver:
 
     def status(self) -> dict:
         """The job as ``hvd-edl-ctl status`` shows it (see :meth:`Coordinator.snapshot`), plus
-        the target world size, bounds, hosts, drained and blacklisted hosts."""
+        the target world size, bounds, hosts, drained and blacklisted hosts, and the training
+        command.  Asks the members for fresh progress first (at most half a second)."""
+        self.coord.fresh_progress(wait_s=0.5)
         now = time.monotonic()
         out = self.coord.snapshot()
+        out["usable_slots"] = self._capacity()  # up to the target world size
         with self._lock:
             out.update(target_np=self.target_np, min_np=self.spec.min_np,
                        max_np=self.spec.max_np, elastic=self.spec.elastic,
                        hosts=dict(self.hosts), drained=sorted(self.drained),
-                       blacklisted=sorted(h for h, t in self.host_blacklist.items() if t > now))
+                       blacklisted=sorted(h for h, t in self.host_blacklist.items() if t > now),
+                       command=list(self.spec.command))
         return out
 
     def set_target_np(self, np_: int) -> dict:
@@ -362,10 +377,29 @@ class Driver:
 
     # ---- actions -------------------------------------------------------------------------------
 
-    def _ask_to_leave(self, w: WorkerRecord) -> None:
-        """Scale-in one worker: a member leaves at the next commit; any other exits now."""
+    def _ask_to_leave(self, w: WorkerRecord, reason: str) -> None:
+        """Scale-in one worker: a member leaves at the next commit; any other exits now.  Prints
+        one line saying which worker and why."""
+        rank = f"rank {w.rank}" if w.rank is not None and w.state == WorkerState.MEMBER \
+            else "not in a ring yet"
+        print(f"hvd-edl-run: worker {w.worker_id} ({rank}) on {w.host} slot {w.slot} leaves: "
+              f"{reason}", flush=True)
         if self.coord.request_leave(w.worker_id):
             self.procs[w.worker_id].signal(signal.SIGTERM)
+
+    def _leave_reason(self, w: WorkerRecord, drained: Set[str]) -> str:
+        """Why ``w``'s slot is no longer allowed: a drain, a spot / preemption notice (the reason
+        a discovery script gave, see :attr:`HostDiscoveryScript.reasons`), its host gone from
+        discovery, or its host's slots shrank."""
+        if w.host in drained:
+            return f"drain: host {w.host} drained (hvd-edl-ctl drain)"
+        if w.host in self.hosts:
+            return f"discovery: host {w.host} now offers {self.hosts[w.host]} slots"
+        why = getattr(self.spec.discovery, "reasons", {}).get(w.host)
+        if why:
+            return f"discovery: host {w.host} left out ({why})"
+        return f"discovery: host {w.host} no longer listed"
+
 
     def _spawn_one(self, initial: bool, usable: Optional[Dict[str, List[int]]] = None) -> bool:
         usable = usable if usable is not None else self._usable_slots(time.monotonic())
@@ -391,8 +425,9 @@ class Driver:
         def on_exit(code: int) -> None:
             self._on_exit(rec, code)
 
-        self.procs[worker_id] = spawn(self.worker_spec, host, env, label, on_exit)
-        log.info("spawned %s", rec.label)
+        self.procs[worker_id] = spawn(self.worker_spec, host, env, label, on_exit,
+                                      output_dir=self.spec.output_dir)
+        print(f"hvd-edl-run: worker {worker_id} started on {host} slot {slot}", flush=True)
 
     def _on_exit(self, rec: WorkerRecord, code: int) -> None:
         was = rec.state

@@ -1,42 +1,76 @@
 """Starting worker processes: locally, or over ssh for remote hosts; their output is prefixed with
-the worker's rank; their exit is reported to a callback."""
+the worker's rank; their exit is reported to a callback.
+
+A remote worker runs under :mod:`launcher.remote_worker`, a small supervisor whose source and the
+worker's environment (the job secret included) travel over the ssh session's stdin, never on a
+command line; it kills the worker's process group when the session ends, so a remote worker
+cannot outlive its job.  ssh's own failures (exit 255 before the worker started: host
+unreachable, key refused, host key changed, no ``ssh``) are reported in one line naming the host
+and ssh's message."""
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from hvd_edl.audit import ENV_AUDIT_DIR
-from hvd_edl.messages import ENV_WORKER_ID
+from hvd_edl.messages import ENV_SECRET, ENV_WORKER_ID
 from launcher.hosts import is_local
+from launcher.remote_worker import MARKER
+
+log = logging.getLogger(__name__)
+
+SSH_FAILED = 255   # ssh's exit code for its own errors (and for a session lost midway)
+# the launcher's environment carried to remote workers, less these (horovodrun's list and what
+# only makes sense on this host or in this shell)
+NOT_CARRIED = re.compile(r"BASH_FUNC_.*|OLDPWD|PWD|_|SHLVL|HOSTNAME|SSH_.*|.*CUDA_VISIBLE_DEVICES"
+                         r"|DISPLAY|TERM|TERMCAP|XAUTHORITY")
+# the remote command line: read the supervisor's source from stdin and run it (nothing secret)
+BOOTSTRAP = "import json,sys;exec(json.loads(sys.stdin.readline()))"
+REMOTE_PYTHON = "python3"
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    """What every worker is started with: the user's command and the extra environment."""
+    """What every worker is started with: the user's command, the extra environment, the
+    working directory, and for remote hosts how ssh reaches them (horovodrun's ``-p`` and
+    ``-i``: None leaves it to ssh's configuration)."""
     command: List[str]
     env: Dict[str, str]
     cwd: str
+    ssh_port: Optional[int] = None
+    ssh_identity_file: Optional[str] = None
 
 
 class WorkerProcess:
-    """A running worker.  ``label()`` gives the current output prefix (its rank once known)."""
+    """A running worker.  ``label()`` gives the current output prefix (its rank once known).
+
+    For a remote worker (``host`` given) ``popen`` is the local ssh client: signals go to the
+    remote supervisor over its stdin, the worker's exit code comes back in a marker line."""
 
     def __init__(self, popen: subprocess.Popen, label: Callable[[], str],
                  on_exit: Callable[[int], None], out=sys.stdout,
-                 files: Optional[Dict[str, object]] = None):
+                 files: Optional[Dict[str, object]] = None, host: Optional[str] = None):
         self.popen = popen
+        self.host = host
         self._label = label
         self._on_exit = on_exit
         self._out = out
         self._files = files or {}  # --output-filename: "stdout"/"stderr" -> a file, unprefixed
         self._out_lock = _OUT_LOCK
+        self._stdin_lock = threading.Lock()
+        self.remote_pid: Optional[int] = None    # the worker's pid on its host, once started
+        self._remote_code: Optional[int] = None
+        self._ssh_lines: List[str] = []          # ssh's messages before the worker started
         self._threads = [threading.Thread(target=self._pump, args=(popen.stdout, "stdout"),
                                           daemon=True),
                          threading.Thread(target=self._pump, args=(popen.stderr, "stderr"),
@@ -63,6 +97,8 @@ class WorkerProcess:
 
     def _write(self, name: str, lines) -> None:
         lines = [line.decode(errors="replace") for line in lines if line]
+        if self.host is not None and name == "stderr":
+            lines = self._take_markers(lines)
         if not lines:
             return
         with self._out_lock:
@@ -74,25 +110,106 @@ class WorkerProcess:
             f.write("".join(line + "\n" for line in lines))
             f.flush()
 
+    def _take_markers(self, lines: List[str]) -> List[str]:
+        """Remote stderr: take the supervisor's marker lines out; keep ssh's own messages
+        (everything before ``started``) for the failure line."""
+        out = []
+        for line in lines:
+            if MARKER in line:
+                before, _, marker = line.partition(MARKER)
+                if before:
+                    out.append(before)
+                what, _, value = marker.partition(" ")
+                if what == "started" and value.isdigit():
+                    self.remote_pid = int(value)
+                elif what == "exit" and re.fullmatch(r"-?\d+", value):
+                    self._remote_code = int(value)
+            elif self.remote_pid is None and self._remote_code is None:
+                self._ssh_lines = (self._ssh_lines + [line])[-20:]
+            else:
+                out.append(line)
+        return out
+
     def _wait(self) -> None:
         code = self.popen.wait()
         for t in self._threads:
             t.join(timeout=5)
+        if self.host is not None:
+            code = self._remote_exit(code)
         self._on_exit(code)
 
+    def _remote_exit(self, ssh_code: int) -> int:
+        if self._remote_code is not None:
+            return self._remote_code
+        said = next((s for s in reversed(self._ssh_lines) if s.strip()), "no message")
+        if ssh_code == SSH_FAILED and self.remote_pid is None:
+            _say(f"ssh to host {self.host} failed (exit {ssh_code}): {said.strip()}")
+        elif ssh_code == SSH_FAILED:
+            _say(f"ssh session to host {self.host} lost (exit {ssh_code}) while "
+                 f"{self._label()} ran: {said.strip()}")
+        return ssh_code
+
     def signal(self, sig: int) -> None:
-        """Send ``sig`` to the worker's process group (it and anything it started)."""
-        try:
-            os.killpg(self.popen.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """Send ``sig`` to the worker's process group (it and anything it started); for a
+        remote worker through its supervisor, and SIGKILL also ends the ssh session (the
+        supervisor then kills the group even if the line never arrives)."""
+        if self.host is None:
+            try:
+                os.killpg(self.popen.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            return
+        self._send(f"signal {int(sig)}\n")
+        if sig == signal.SIGKILL:
+            try:
+                os.killpg(self.popen.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _send(self, text: str) -> None:
+        with self._stdin_lock:
+            try:
+                self.popen.stdin.write(text.encode())
+                self.popen.stdin.flush()
+            except (OSError, ValueError):  # the session is gone already
+                pass
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """Wait for the local process (the ssh client for a remote worker).
+
+        Raises:
+            subprocess.TimeoutExpired: still running after ``timeout`` seconds.
+        """
+        return self.popen.wait(timeout=timeout)
 
     @property
     def running(self) -> bool:
         return self.popen.poll() is None
 
 
+class _NotStarted:
+    """A worker that could not even be started (no ``ssh`` here): exits at once with
+    :data:`SSH_FAILED`, reported from a thread like any exit."""
+
+    def __init__(self, on_exit: Callable[[int], None]):
+        self.remote_pid = None
+        threading.Thread(target=on_exit, args=(SSH_FAILED,), daemon=True).start()
+
+    def signal(self, sig: int) -> None:
+        pass
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        return SSH_FAILED
+
+    running = False
+
+
 _OUT_LOCK = threading.Lock()
+
+
+def _say(line: str) -> None:
+    with _OUT_LOCK:
+        print(f"hvd-edl-run: {line}", file=sys.stderr, flush=True)
 
 
 def _die_with_parent() -> None:
@@ -104,7 +221,7 @@ def _die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
-        pass  # not Linux: remote-style cleanup (the worker exits when the coordinator is gone)
+        pass  # not Linux: the remote supervisor ends the worker when the ssh session closes
 
 
 def worker_output_files(output_dir: str, worker_id: str) -> Dict[str, object]:
@@ -119,39 +236,73 @@ def worker_output_files(output_dir: str, worker_id: str) -> Dict[str, object]:
     return {name: open(os.path.join(folder, name), "w") for name in ("stdout", "stderr")}
 
 
-def spawn(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Callable[[], str],
-          on_exit: Callable[[int], None], ssh_port: Optional[int] = None,
-          output_dir: Optional[str] = None) -> WorkerProcess:
-    """Start ``spec.command`` for one worker on ``host`` (local hosts without ssh); with
-    ``output_dir`` its output also goes to :func:`worker_output_files`."""
-    env = dict(os.environ)
+def ssh_command(host: str, port: Optional[int] = None,
+                identity_file: Optional[str] = None) -> List[str]:
+    """The ssh client's argv up to the remote command: no prompts (``BatchMode``), a host seen
+    for the first time is accepted but a changed host key refused (``accept-new``), a dead
+    link noticed within 15 s (``ServerAlive*``); ``-p`` / ``-i`` as horovodrun passes them."""
+    cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
+           "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
+           "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
+    if port:
+        cmd += ["-p", str(port)]
+    if identity_file:
+        cmd += ["-i", identity_file]
+    return cmd + [host]
+
+
+def remote_environment(spec: WorkerSpec, extra_env: Dict[str, str]) -> Dict[str, str]:
+    """What a remote worker's environment adds to its host's: the launcher's own environment
+    (as horovodrun carries it, less :data:`NOT_CARRIED`), the job's and the worker's variables."""
+    env = {k: v for k, v in os.environ.items() if not NOT_CARRIED.fullmatch(k)}
     env.update(spec.env)
     env.update(extra_env)
-    if is_local(host):
-        cmd = spec.command
-    else:
-        # the launcher's audit setting travels too (a local worker inherits it with os.environ)
-        passed = {k: os.environ[k] for k in (ENV_AUDIT_DIR,) if k in os.environ}
-        exports = " ".join(f"{k}={shlex.quote(v)}"
-                           for k, v in {**passed, **spec.env, **extra_env}.items())
-        remote = f"cd {shlex.quote(spec.cwd)} && env {exports} {shlex.join(spec.command)}"
-        cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no"]
-        cmd += (["-p", str(ssh_port)] if ssh_port else []) + [host, remote]
+    return env
+
+
+def spawn(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Callable[[], str],
+          on_exit: Callable[[int], None], output_dir: Optional[str] = None):
+    """Start ``spec.command`` for one worker on ``host`` (local hosts without ssh); with
+    ``output_dir`` its output also goes to :func:`worker_output_files`.  Returns a
+    :class:`WorkerProcess` (or, when ``ssh`` is missing, a worker that exits at once with 255
+    after one line saying so)."""
     files = worker_output_files(output_dir, extra_env[ENV_WORKER_ID]) if output_dir else None
-    popen = subprocess.Popen(cmd, env=env, cwd=spec.cwd, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+    if is_local(host):
+        env = dict(os.environ)
+        env.update(spec.env)
+        env.update(extra_env)
+        popen = subprocess.Popen(spec.command, env=env, cwd=spec.cwd, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, preexec_fn=_die_with_parent)
+        return WorkerProcess(popen, label, on_exit, files=files)
+    if shutil.which("ssh") is None:
+        _say(f"ssh to host {host} failed: no 'ssh' command on PATH (install openssh-client)")
+        return _NotStarted(on_exit)
+    remote = f"exec {REMOTE_PYTHON} -c {shlex.quote(BOOTSTRAP)} hvd-edl-worker " \
+             f"{shlex.quote(extra_env.get(ENV_WORKER_ID, '?'))}"
+    cmd = ssh_command(host, spec.ssh_port, spec.ssh_identity_file) + [remote]
+    # the ssh client itself gets no secret; the worker id stays findable in its environment
+    local_env = {k: v for k, v in {**os.environ, **extra_env}.items() if k != ENV_SECRET}
+    popen = subprocess.Popen(cmd, env=local_env, cwd=spec.cwd, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, stdin=subprocess.PIPE,
                              start_new_session=True, preexec_fn=_die_with_parent)
-    return WorkerProcess(popen, label, on_exit, files=files)
+    proc = WorkerProcess(popen, label, on_exit, files=files, host=host)
+    job = {"cwd": spec.cwd, "env": remote_environment(spec, extra_env),
+           "command": list(spec.command), "label": f"{extra_env.get(ENV_WORKER_ID)}@{host}"}
+    proc._send(json.dumps(_SUPERVISOR_SOURCE) + "\n" + json.dumps(job) + "\n")
+    return proc
 
 
-def terminate_all(procs: List[WorkerProcess], grace_s: float = 10.0,
-                  sig: int = signal.SIGTERM) -> None:
+_SUPERVISOR_SOURCE = (Path(__file__).with_name("remote_worker.py")).read_text()
+
+
+def terminate_all(procs: List, grace_s: float = 10.0, sig: int = signal.SIGTERM) -> None:
     """Send ``sig`` to every running worker; SIGKILL those still running after ``grace_s``."""
     for p in procs:
         if p.running:
             p.signal(sig)
     for p in procs:
         try:
-            p.popen.wait(timeout=grace_s)
+            p.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
             p.signal(signal.SIGKILL)

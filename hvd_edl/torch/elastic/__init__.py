@@ -82,6 +82,16 @@ def _copy_all(copies: list) -> None:
             b.copy_(s)
 
 
+def _note_progress(samplers: Dict[str, ElasticSampler]) -> None:
+    """Tell the runtime the first sampler's epoch and samples since epoch 0 (what ``hvd-edl-ctl
+    status`` shows; a few attribute reads per commit)."""
+    from hvd_edl import runtime
+    rt = runtime.get()
+    if rt is not None and samplers:
+        s = next(iter(samplers.values()))
+        rt.progress = (s.epoch, s.epoch * s.num_samples_total + s.consumed)
+
+
 def _clone(obj: Any) -> Any:
     """Deep copy of a host-memory commit, so that loading it never aliases the saved buffers
     (``Optimizer.load_state_dict`` keeps tensors that already have the right device and dtype)."""
@@ -138,6 +148,7 @@ class TorchState(ObjectState):
         for device in set(pending):  # the asynchronous device-to-host copies are done here
             torch.cuda.synchronize(device)
         self._saved_samplers = {k: s.state_dict() for k, s in self._samplers.items()}
+        _note_progress(self._samplers)
 
     def restore(self) -> None:
         super().restore()

@@ -1,0 +1,256 @@
+"""Multi-host jobs over real ssh on the namespace cluster (:mod:`cluster`): real sshd per host,
+real Horovod over Gloo between namespaces, the launcher in a namespace of its own.  Skipped with
+the reason where the cluster cannot be built (not root, no network namespaces, no sshd).
+
+Slow-ish multi-process tests (about 2 minutes together on 2 cores): one 3-host cluster for the
+module, a 2-host loopback-hostname cluster for one test."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import psutil
+import pytest
+
+from cluster import Cluster, ClusterUnavailable, GHOST
+from conftest import DIGITS, LAUNCHER, STOP_FILE, Job
+from hvd_edl import audit
+from hvd_edl.messages import ENV_SECRET, ENV_WORKER_ID
+
+DIGITS_TRAIN = 1347
+
+
+def _cluster(**kw) -> Cluster:
+    try:
+        return Cluster(**kw)
+    except ClusterUnavailable as e:
+        pytest.skip(f"no namespace cluster: {e}")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = _cluster(hosts=3)
+    yield c
+    c.close()
+
+
+class ClusterJob(Job):
+    """A :class:`conftest.Job` whose launcher runs in the cluster's launcher namespace, with the
+    cluster's key (``-i``) and interface (``--network-interface``)."""
+
+    def __init__(self, c: Cluster, tmp: Path, launcher_args: List[str], command: List[str],
+                 hosts: Optional[str] = None, env: Optional[dict] = None):
+        self.cluster = c
+        self.tmp = tmp
+        self.events_path = tmp / "events.jsonl"
+        self.hosts_path = tmp / "hosts.txt"
+        self.out_path = tmp / "launcher.out"
+        self.job_file = tmp / "job.json"
+        args = [LAUNCHER, "--event-log", str(self.events_path), "--network-interface", c.nic,
+                "-i", c.identity_file, "--job-file", str(self.job_file)] + launcher_args
+        if hosts is not None:
+            self.set_hosts(hosts)
+            args += ["--host-discovery-script", f"cat {self.hosts_path}"]
+        self.out = open(self.out_path, "w")
+        self.proc = c.popen("launcher", args + command, stdout=self.out,
+                            stderr=subprocess.STDOUT, cwd=str(tmp),
+                            env=env if env is not None else dict(os.environ))
+
+    def remote_pid(self, host: str, worker_id: str) -> Optional[int]:
+        """The training process of ``worker_id`` on ``host`` (not its supervisor or ssh)."""
+        found = []
+        for pid in self.cluster.pids(host):
+            try:
+                p = psutil.Process(pid)
+                if p.environ().get(ENV_WORKER_ID) == worker_id and \
+                        any(DIGITS in a for a in p.cmdline()):
+                    found.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        pids = {p.pid for p in found}
+        top = [p for p in found if p.ppid() not in pids]
+        return top[0].pid if top else None
+
+
+@pytest.fixture
+def cluster_job(cluster, tmp_path):
+    jobs: List[ClusterJob] = []
+
+    def make(launcher_args, command, hosts=None, env=None, c=None) -> ClusterJob:
+        job = ClusterJob(c or cluster, tmp_path, launcher_args, command, hosts, env)
+        jobs.append(job)
+        return job
+
+    yield make
+    for job in jobs:
+        job.stop()
+
+
+def long_digits(tmp: Path, *extra: str) -> List[str]:
+    return [sys.executable, DIGITS, "--summary", str(tmp / "summary.json"), "--epochs", "200",
+            "--stop-file", str(tmp / STOP_FILE), *extra]
+
+
+def _worker_host(job: Job, worker_id: str) -> str:
+    line = job.wait_for(f"{worker_id} started", lambda: next(
+        (ln for ln in job.output().splitlines()
+         if ln.startswith(f"hvd-edl-run: worker {worker_id} started on ")), None), 60)
+    return line.split(" started on ")[1].split()[0]
+
+
+def test_remote_workers_get_environment_cwd_and_prefixed_output(cluster, cluster_job, tmp_path):
+    """A plain command on a remote host runs there, in the launcher's working directory, with
+    the launcher's environment; its output is prefixed as a local worker's."""
+    env = dict(os.environ, HVD_EDL_TEST_MARK="carried-over")
+    job = cluster_job(["-np", "1", "-H", "h2:1"],
+                      ["sh", "-c", 'echo "host=$(hostname) cwd=$(pwd) mark=$HVD_EDL_TEST_MARK"; '
+                       'echo err >&2'], env=env)
+    assert job.finish(60) == 0, job.output()
+    out = job.output()
+    assert f"[w1]<stdout>:host=h2 cwd={tmp_path} mark=carried-over" in out, out
+    assert "[w1]<stderr>:err" in out, out
+
+
+def test_static_two_host_job_trains_over_gloo(cluster, cluster_job, tmp_path):
+    job = cluster_job(["-np", "2", "-H", "h1:1,h2:1"],
+                      [sys.executable, DIGITS, "--epochs", "2", "--summary",
+                       str(tmp_path / "summary.json")])
+    assert job.finish(120) == 0, job.output()[-3000:]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["world_size"] == 2 and s["param_spread"] == 0, s
+    assert "[0]<stdout>:" in job.output() or "[0]<stderr>:" in job.output()
+
+
+def test_scale_out_scale_in_and_remote_kill_use_each_sample_once(cluster, cluster_job, tmp_path,
+                                                                 monkeypatch):
+    """Stop-free scale-out onto a new host, graceful scale-in of a host that leaves discovery,
+    kill -9 of a remote worker (the survivors go on), and the audit: every sample of the epoch
+    exactly once."""
+    ledger = tmp_path / "ledger"
+    monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
+    job = cluster_job(["-np", "2", "--min-np", "1", "--max-np", "3", "--discovery-interval",
+                       "0.2"],
+                      long_digits(tmp_path, "--repeat-data", "24", "--step-delay", "0.03"),
+                      hosts="h1:1\nh2:1")
+    job.wait_generation(1)
+    job.set_hosts("h1:1\nh2:1\nh3:1")                      # a new host
+    out = job.wait_generation(2)
+    assert out["kind"] == "scale_out" and out["world_size"] == 3, out
+    assert _worker_host(job, "w3") == "h3"
+    job.set_hosts("h1:1\nh3:1")                            # h2 leaves (spot notice)
+    inn = job.wait_generation(3)
+    assert inn["kind"] == "scale_in" and inn["rolled_back_steps"] == 0, inn
+    pid = job.wait_for("w3's training process", lambda: job.remote_pid("h3", "w3"), 30)
+    os.kill(pid, signal.SIGKILL)                           # kill -9 on the remote host
+    fail = job.wait_generation(4)
+    assert fail["kind"] == "failure" and fail["world_size"] == 1, fail
+    job.end_training()
+    assert job.finish(120) == 0, job.output()[-3000:]
+    print(f"cluster: scale-out stall {out['stall_s']:.3f} s, scale-in {inn['stall_s']:.3f} s, "
+          f"remote kill -9 {fail['stall_s']:.3f} s")
+    assert not [p for p in cluster.pids("h2") if DIGITS in " ".join(_cmdline(p))], \
+        "the worker of the host that left still runs"
+    report = audit.check(ledger, DIGITS_TRAIN * 24)
+    assert report.epochs[0].complete, report.to_dict()
+    assert (report.repeated, report.missing) == (0, 0), report.to_dict()
+
+
+def _cmdline(pid: int) -> List[str]:
+    try:
+        return psutil.Process(pid).cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
+def _all_args() -> str:
+    return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+
+
+def test_secret_never_in_any_argv(cluster, cluster_job, tmp_path, job_factory):
+    """A cluster job and a local one: the job secret is in no process's command line while the
+    workers train (remote workers get it over the ssh session's stdin)."""
+    tmp_local = tmp_path / "local"
+    tmp_local.mkdir()
+    job = cluster_job(["-np", "2", "-H", "h1:1,h2:1"], long_digits(tmp_path))
+    local = job_factory(["-np", "2", "--job-file", str(tmp_local / "job.json")],
+                        long_digits(tmp_local))
+    for j, path in ((job, job.job_file), (local, tmp_local / "job.json")):
+        j.wait_for("training", lambda: any(
+            e.get("world_size") == 2 for e in j.events()), 90)
+        secret = json.loads(Path(path).read_text())["secret"]
+        assert len(secret) >= 16
+        args = _all_args()
+        assert "train_digits.py" in args and secret not in args
+        for p in psutil.process_iter():
+            assert secret not in " ".join(_cmdline(p.pid)), p
+    remote = [p for p in cluster.pids("h1") if DIGITS in " ".join(_cmdline(p))]
+    assert remote and psutil.Process(remote[0]).environ().get(ENV_SECRET), \
+        "the remote worker got the secret in its environment"
+    job.end_training()
+    local.end_training()
+    assert job.finish(120) == 0, job.output()[-3000:]
+    assert local.finish(120) == 0, local.output()[-3000:]
+
+
+def test_ssh_failures_name_the_host_and_the_job_goes_on(cluster, cluster_job, tmp_path):
+    """Unreachable host, refused key, changed host key: one line each naming the host and ssh's
+    error, the slot rests, the job trains on the good host and finishes."""
+    cluster.refuse_key("h2")
+    cluster.change_host_key("h3")
+    try:
+        job = cluster_job(["-np", "1", "--min-np", "1", "--max-np", "4",
+                           "--blacklist-cooldown-range", "30", "60"],
+                          long_digits(tmp_path, "--step-delay", "0.01"),
+                          hosts=f"h1:1\nh2:1\nh3:1\n{GHOST}:1")
+        for host, said in (("h2", "Permission denied"), ("h3", "Host key verification failed"),
+                           (GHOST, "connect to host")):
+            job.wait_for(f"ssh failure line for {host}", lambda: any(
+                ln.startswith(f"hvd-edl-run: ssh to host {host} failed (exit 255): ")
+                and said in ln for ln in job.output().splitlines()), 60)
+        job.wait_generation(1)
+        job.end_training()
+        assert job.finish(120) == 0, job.output()[-3000:]
+        out = job.output()
+        assert "its slot rests" in out, out[-3000:]
+    finally:
+        cluster.refuse_key("h2", False)
+        _restore_host_key(cluster, "h3")
+
+
+def _restore_host_key(c: Cluster, name: str) -> None:
+    h = c.hosts[name]
+    lines = [ln for ln in c.known_hosts.read_text().splitlines() if not ln.startswith(f"{name},")]
+    lines.append(f"{name},{h.addr} {(c.dir / f'{name}.hostkey.pub').read_text().strip()}")
+    c.known_hosts.write_text("\n".join(lines) + "\n")
+
+
+def test_ssh_missing_is_one_clear_line(cluster, cluster_job, tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("cat", "sh"):
+        os.symlink(shutil.which(tool), bin_dir / tool)
+    env = dict(os.environ, PATH=str(bin_dir))
+    job = cluster_job(["-np", "1", "-H", "h1:1"], [sys.executable, "-c", "pass"], env=env)
+    assert job.finish(60) == 255, job.output()
+    assert "hvd-edl-run: ssh to host h1 failed: no 'ssh' command on PATH" in job.output()
+
+
+def test_loopback_hostname_hosts_form_a_ring(tmp_path):
+    """Hosts whose hostname resolves to 127.0.1.1: a 2-host ring forms (the process-set Gloo
+    context uses HOROVOD_GLOO_IFACE, cmake/patches/0001-gloo-process-set-iface.patch)."""
+    with _cluster(hosts=2, loopback_hostname=True) as c:
+        assert "127.0.1.1" in c.ssh("h1", ["getent", "hosts", "h1"]).stdout
+        job = ClusterJob(c, tmp_path, ["-np", "2", "-H", "h1:1,h2:1"],
+                         [sys.executable, DIGITS, "--epochs", "1", "--summary",
+                          str(tmp_path / "summary.json")])
+        try:
+            assert job.finish(120) == 0, job.output()[-3000:]
+        finally:
+            job.stop()
+        assert json.loads((tmp_path / "summary.json").read_text())["world_size"] == 2

@@ -102,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="elastic: keep the world size at this many workers instead of growing to "
                         "every usable slot up to --max-np; hvd-edl-ctl scale changes it")
     p.add_argument("-H", "--hosts", dest="hosts", help="host1:slots,host2:slots")
+    p.add_argument("-p", "--ssh-port", dest="ssh_port", type=_positive_int, default=None,
+                   help="horovodrun's meaning: ssh port on all the remote hosts (default: ssh's "
+                        "configuration, usually 22)")
+    p.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file", default=None,
+                   help="horovodrun's meaning: file with the private key ssh authenticates "
+                        "with on the remote hosts (default: ssh's configuration)")
     p.add_argument("--hostfile", help="file with one 'host[:slots]' or 'host slots=N' a line")
     p.add_argument("--host-discovery-script", dest="discovery_script",
                    help="executable printing one 'host[:slots]' a line (Horovod's format)")
@@ -233,6 +239,7 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                    network_interface=a.nic, bind_addr=bind_addr, event_log=a.event_log,
                    verbose=a.verbose or a.log_level in ("TRACE", "DEBUG"), cwd=os.getcwd(),
                    job_file=a.job_file, target_np=a.target_np, log_level=a.log_level,
+                   ssh_port=a.ssh_port, ssh_identity_file=a.ssh_identity_file,
                    output_dir=a.output_filename)
 
 

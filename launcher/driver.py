@@ -68,6 +68,8 @@ class JobSpec:
     target_np: Optional[int] = None
     log_level: Optional[str] = None     # --log-level: HOROVOD_LOG_LEVEL for the workers
     output_dir: Optional[str] = None    # --output-filename: DIR/worker.<id>/{stdout,stderr}
+    ssh_port: Optional[int] = None       # -p/--ssh-port: remote hosts' sshd port
+    ssh_identity_file: Optional[str] = None  # -i/--ssh-identity-file
 
 
 class Driver:
@@ -154,7 +156,9 @@ class Driver:
         }
         if self.spec.log_level:  # horovodrun's --log-level: the Horovod backend's level
             self.worker_env["HOROVOD_LOG_LEVEL"] = self.spec.log_level
-        self.worker_spec = WorkerSpec(list(self.spec.command), self.worker_env, self.spec.cwd)
+        self.worker_spec = WorkerSpec(list(self.spec.command), self.worker_env, self.spec.cwd,
+                                      ssh_port=self.spec.ssh_port,
+                                      ssh_identity_file=self.spec.ssh_identity_file)
         if self.spec.elastic:
             threading.Thread(target=self._discovery_loop, daemon=True).start()
         for _ in range(initial):

@@ -165,7 +165,6 @@ class WatchRequest:
     samples: int = -1
 
 
-
 @dataclass
 class Leave:
     """``POST /leave``: this worker received SIGTERM and leaves gracefully: at the next step

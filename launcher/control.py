@@ -16,19 +16,24 @@ path                body             effect
 
 A refused call answers 400 with ``{"error": "..."}`` and changes nothing.
 
-The job file.  At start ``hvd-edl-run`` writes ``{"url", "secret", "pid"}`` to a file only its
-user can read (mode 0600, in a 0700 directory): ``--job-file PATH``, else
-``$XDG_RUNTIME_DIR/hvd-edl/<pid>.json``, else ``~/.hvd_edl/jobs/<pid>.json``; it prints the path
-and removes the file when it ends.  ``hvd-edl-ctl`` reads ``--job FILE``, else ``$HVD_EDL_JOB``,
-else the only job file of a running launcher in that default directory.
+The job file.  At start ``hvd-edl-run`` writes ``{"url", "secret", "pid", "command",
+"started"}`` to a file only its user can read (mode 0600, in a 0700 directory): ``--job-file
+PATH``, else ``$XDG_RUNTIME_DIR/hvd-edl/<pid>.json``, else ``~/.hvd_edl/jobs/<pid>.json``; it
+prints the path and removes the file when it ends (also when the launch is refused).
+``hvd-edl-ctl`` reads ``--job FILE`` (or ``--job PID``: that launcher's file in the default
+directory), else ``$HVD_EDL_JOB``, else the only job file of a running launcher in that default
+directory.  It refuses a job file that is a symbolic link, is not owned by the user, or that
+others can read or write (the secret in it would be someone else's, or no longer secret).
 """
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
+import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import psutil
 import requests
@@ -58,9 +63,11 @@ def default_job_dir() -> Path:
     return Path.home() / ".hvd_edl" / "jobs"
 
 
-def write_job_file(path: Optional[str], url: str, secret: str) -> Path:
+def write_job_file(path: Optional[str], url: str, secret: str,
+                   command: Sequence[str] = ()) -> Path:
     """Write the job file atomically with mode 0600 (its directory 0700 if created) and return
-    its path; ``path`` None means ``default_job_dir()/<pid>.json``.
+    its path; ``path`` None means ``default_job_dir()/<pid>.json``.  ``command``: the training
+    command (for ``hvd-edl-ctl list``); ``started`` is now (unix seconds).
 
     Raises:
         OSError: the file cannot be written.
@@ -70,7 +77,8 @@ def write_job_file(path: Optional[str], url: str, secret: str) -> Path:
     fd, tmp = tempfile.mkstemp(dir=str(target.parent), prefix=".job-", suffix=".tmp")  # 0600
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump({"url": url, "secret": secret, "pid": os.getpid()}, f)
+            json.dump({"url": url, "secret": secret, "pid": os.getpid(),
+                       "command": list(command), "started": time.time()}, f)
         os.replace(tmp, target)
     except BaseException:
         os.unlink(tmp)
@@ -88,31 +96,84 @@ def _launcher_running(pid: int, job_file: Path) -> bool:
         return False
 
 
-def find_job_file(explicit: Optional[str] = None) -> Path:
-    """The job file ``hvd-edl-ctl`` uses: ``explicit``, else ``$HVD_EDL_JOB``, else the only job
-    file in :func:`default_job_dir` whose launcher is still running.
+def read_job_file(path: Path) -> dict:
+    """The job file's contents, after checking it is safe to use: a regular file (not a
+    symbolic link), owned by this user, neither readable nor writable by group or others.
 
     Raises:
-        ControlError: none given and none or several running jobs found.
+        ControlError: missing, unreadable, unsafe (the message says which check failed and
+            what to do) or malformed.
     """
-    given = explicit or os.environ.get(ENV_JOB)
-    if given:
-        return Path(given)
-    folder = default_job_dir()
+    try:
+        fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as e:
+        if os.path.islink(path):
+            raise ControlError(f"job file {path} is a symbolic link: refused (hvd-edl-run writes "
+                               f"a plain file; give its real path)") from None
+        raise ControlError(f"cannot read job file {path}: {e}") from None
+    with os.fdopen(fd) as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ControlError(f"job file {path} is not a regular file: refused")
+        if st.st_uid != os.getuid():
+            raise ControlError(f"job file {path} is owned by uid {st.st_uid}, not by you (uid "
+                               f"{os.getuid()}): refused (its secret is not yours to use)")
+        if st.st_mode & 0o077:
+            raise ControlError(f"job file {path} is readable or writable by others (mode "
+                               f"{stat.S_IMODE(st.st_mode):04o}): refused, its secret may be "
+                               f"known; hvd-edl-run writes it 0600 (restart the job, or "
+                               f"chmod 600 {path} if you know no one else read or changed it)")
+        try:
+            job = json.loads(f.read())
+        except (OSError, ValueError) as e:
+            raise ControlError(f"cannot read job file {path}: {e}") from None
+    if not isinstance(job, dict):
+        raise ControlError(f"cannot read job file {path}: not a JSON object")
+    return job
+
+
+def running_jobs(folder: Optional[Path] = None) -> List[Path]:
+    """Job files in ``folder`` (default :func:`default_job_dir`) whose launcher still runs;
+    files that are unsafe (see :func:`read_job_file`) or malformed are skipped."""
+    folder = default_job_dir() if folder is None else folder
     live: List[Path] = []
     for p in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         try:
-            pid = int(json.loads(p.read_text()).get("pid", -1))
-        except (OSError, ValueError, AttributeError):
+            pid = int(read_job_file(p).get("pid", -1))
+        except (ControlError, ValueError, TypeError):
             continue
         if _launcher_running(pid, p):
             live.append(p)
+    return live
+
+
+def find_job_file(explicit: Optional[str] = None) -> Path:
+    """The job file ``hvd-edl-ctl`` uses: ``explicit`` (a path, or a launcher's pid: its file
+    in :func:`default_job_dir`), else ``$HVD_EDL_JOB``, else the only job file in
+    :func:`default_job_dir` whose launcher is still running.
+
+    Raises:
+        ControlError: a pid with no job file, or none given and none or several running jobs
+            found.
+    """
+    given = explicit or os.environ.get(ENV_JOB)
+    if given and given.isdigit() and not os.path.exists(given):
+        path = default_job_dir() / f"{given}.json"
+        if not os.path.lexists(path):
+            raise ControlError(f"no job file for pid {given} in {default_job_dir()} (see "
+                               f"hvd-edl-ctl list)")
+        return path
+    if given:
+        return Path(given)
+    folder = default_job_dir()
+    live = running_jobs(folder)
     if not live:
         raise ControlError(f"no running job found in {folder}; give --job FILE or set {ENV_JOB} "
                            f"(hvd-edl-run prints the path at start)")
     if len(live) > 1:
         raise ControlError(f"{len(live)} running jobs in {folder}: "
-                           f"{', '.join(str(p) for p in live)}; choose one with --job FILE")
+                           f"{', '.join(str(p) for p in live)}; choose one with --job FILE or "
+                           f"--job PID (hvd-edl-ctl list)")
     return live[0]
 
 
@@ -126,16 +187,18 @@ class ControlClient:
         timeout_s: seconds one call may take.
 
     Raises:
-        ControlError: the job file is missing, unreadable or malformed.
+        ControlError: the job file is missing, unreadable, unsafe (:func:`read_job_file`)
+            or malformed.
     """
 
     def __init__(self, job_file: Path, timeout_s: float = 30.0):
+        job = read_job_file(Path(job_file))
         try:
-            job = json.loads(Path(job_file).read_text())
             self.url = str(job["url"]).rstrip("/")
             self.secret = str(job["secret"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ControlError(f"cannot read job file {job_file}: {e}") from None
+        except (KeyError, TypeError) as e:
+            raise ControlError(f"cannot read job file {job_file}: missing {e}") from None
+        self.job = job
         self.timeout_s = timeout_s
 
     def call(self, name: str, **args) -> dict:

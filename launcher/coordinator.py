@@ -305,51 +305,12 @@ class Coordinator:
         """Long poll: answer as soon as a switch is wanted after ``msg.generation``."""
         deadline = time.monotonic() + min(max(msg.wait_s, 0.0), 30.0)
         with self.cond:
-            rec = self._worker(msg.worker_id)
-            if self.current is not None and msg.generation == self.current.number \
-                    and msg.worker_id in self.current.members:
-                self.reports[msg.worker_id] = msg
-                if self.first_report_at is None:
-                    self.first_report_at = time.monotonic()
-                self._try_form()
-                self.cond.notify_all()
-            while True:
-                a = self.assignments.get(msg.worker_id)
-                if a is not None and (a.action == "exit" or a.generation > msg.generation):
-                    return a
-                if self.finishing or self.failure or not rec.state.alive:
-                    return messages.Assignment(action="exit", reason="the job is over")
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return messages.Assignment(action="wait")
-                self.cond.wait(left)
-
-    def started(self, msg: messages.Started) -> messages.WatchReply:
-        with self.cond:
-            g = self.current
-            if g is not None and g.number == msg.generation and msg.worker_id in g.continuing:
-                g.stalls[msg.worker_id] = float(msg.stall_s)
-                if isinstance(msg.phases, dict):
-                    g.phases[msg.worker_id] = {str(k): round(float(v), 4)
-                                               for k, v in msg.phases.items()
-                                               if isinstance(v, (int, float))}
-                if not g.logged and all(w in g.stalls or not self.workers[w].state.alive
-                                        for w in g.continuing):
-                    self._log_event(g)
-                    self.cond.notify_all()  # leavers waiting for this generation to train
-            return self._watch_reply(msg.generation)
-
-    def watch(self, msg: messages.WatchRequest) -> messages.WatchReply:
-        """Long poll: answer as soon as a switch is wanted after ``msg.generation``."""
-        deadline = time.monotonic() + min(max(msg.wait_s, 0.0), 30.0)
-        with self.cond:
             self.progress.record(msg.worker_id, msg.step, msg.epoch, msg.samples,
                                  time.monotonic())
             if self.progress.waiting:
                 self.cond.notify_all()  # a status waits for fresh reports
             asks = self.progress.asks
             while msg.until_started:
-
                 g = self.current
                 left = deadline - time.monotonic()
                 if g is None or g.number != msg.generation or g.logged or left <= 0 \

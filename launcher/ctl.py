@@ -1,43 +1,53 @@
 """``hvd-edl-ctl``: drive a running ``hvd-edl-run`` job (EDL's scheduler interface).
 
-    hvd-edl-ctl status [--json]           generation, world size, workers, step, last stall
+    hvd-edl-ctl status [--json]           generation, world size, step, epoch, samples/s,
+                                          time since the last change, workers, last stall
+    hvd-edl-ctl list                      running jobs: pid, command, hosts, world size, started
     hvd-edl-ctl scale --np N [--wait S]   target world size N within [--min-np, --max-np]
     hvd-edl-ctl drain HOST                workers on HOST leave gracefully; none placed there
     hvd-edl-ctl undrain HOST              HOST may be used again
 
-The job is found through ``--job FILE``, else ``$HVD_EDL_JOB``, else the only running job's file
-in the default directory (:mod:`launcher.control`).  Exit codes: 0 done, 1 the job refused the
-request (the reason is printed, the job is unchanged) or ``--wait`` ran out, 2 bad usage, 3 no
-job found or the job cannot be reached.
+The job is found through ``--job FILE`` or ``--job PID`` (the launcher's pid, as ``list`` shows
+it), else ``$HVD_EDL_JOB``, else the only running job's file in the default directory
+(:mod:`launcher.control`).  Exit codes: 0 done, 1 the job refused the request (the reason is
+printed, the job is unchanged), 2 bad usage, 3 no job found, an unsafe job file or the job
+cannot be reached, 4 ``scale --wait S`` ran out: the new target stays in force (the job grows or
+shrinks when it can) but no generation of that size formed within S seconds.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import time
 from typing import List, Optional
 
-from launcher.control import ControlClient, ControlError, find_job_file
+from launcher.control import (ControlClient, ControlError, default_job_dir, find_job_file,
+                              running_jobs)
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 3
+EXIT_WAIT_TIMEOUT = 4
 WAIT_POLL_S = 0.5
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hvd-edl-ctl",
                                 description="Inspect and resize a running hvd-edl-run job.")
-    p.add_argument("--job", help="the job file hvd-edl-run printed at start "
-                   "(default $HVD_EDL_JOB, else the only running job)")
+    p.add_argument("--job", metavar="FILE|PID",
+                   help="the job file hvd-edl-run printed at start, or its pid (default "
+                        "$HVD_EDL_JOB, else the only running job)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default 30)")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     st = sub.add_parser("status", help="generation, world size, workers, step, last stall")
     st.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    sub.add_parser("list", help="running jobs: pid, command, hosts, world size, started")
     sc = sub.add_parser("scale", help="set the target world size")
     sc.add_argument("--np", type=int, required=True, help="target number of workers")
     sc.add_argument("--wait", type=float, default=0.0, metavar="S",
-                    help="then wait up to S seconds until a generation of that size formed")
+                    help="then wait up to S seconds until a generation of that size formed "
+                         "(exit 4 if none did: the target stays set)")
     dr = sub.add_parser("drain", help="move every worker off HOST, place none there")
     dr.add_argument("host")
     ud = sub.add_parser("undrain", help="let HOST be used again")
@@ -45,16 +55,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _duration(seconds: float) -> str:
+    """``75.0`` -> ``"1 min 15 s"``."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    return f"{minutes // 60} h {minutes % 60} min"
+
+
+def _progress_lines(s: dict) -> List[str]:
+    p = s.get("progress")
+    if not p:
+        return [f"step:       {s['step']} (when this generation formed; no report since)"]
+    epoch = f", epoch {p['epoch']}" if p.get("epoch") is not None else ""
+    age = f" ({p['age_s']:.0f} s ago)" if p.get("age_s", 0) >= 1.5 else ""
+    rate = []
+    if p.get("samples_per_s") is not None:
+        rate.append(f"{p['samples_per_s']:.1f} samples/s")
+    if p.get("steps_per_s") is not None:
+        rate.append(f"{p['steps_per_s']:.2f} steps/s")
+    return [f"step:       {p['step']}{epoch}{age}",
+            "speed:      " + (", ".join(rate) or "not measured yet")]
+
+
 def format_status(s: dict) -> str:
     """``status`` for people: a few ``key: value`` lines and one line per live worker."""
     target = s.get("target_np")
     last = s.get("last_change")
+    since = s.get("since_change_s")
     lines = [
-        f"generation: {s['generation']}",
+        f"generation: {s['generation']}"
+        + (f" (formed {_duration(since)} ago at step {s['step']})" if since is not None else ""),
         f"world size: {s['world_size']}",
         f"target np:  {target if target is not None else 'every usable slot'} "
         f"(min-np {s['min_np']}, max-np {s['max_np']})",
-        f"step:       {s['step']} (when this generation formed)",
+        *_progress_lines(s),
         "last stall: " + ("none yet" if last is None else
                           f"{last['stall_s']:.3f} s ({last['kind']}, generation "
                           f"{last['generation']})"),
@@ -70,22 +108,65 @@ def format_status(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _wait_for_size(client: ControlClient, np_: int, wait_s: float) -> bool:
+def _wait_for_size(client: ControlClient, np_: int, wait_s: float) -> Optional[dict]:
+    """Polls status until a settled generation of ``np_`` workers exists; None when it did,
+    else the last status seen after ``wait_s`` seconds."""
     deadline = time.monotonic() + wait_s
     while True:
         s = client.call("status")
         busy = any(w["state"] in ("pending", "ready", "leaving") for w in s["workers"])
         if s["world_size"] == np_ and not busy:
-            return True
+            return None
         if time.monotonic() > deadline:
-            return False
+            return s
         time.sleep(WAIT_POLL_S)
+
+
+def _usable_slots(s: dict) -> int:
+    """Slots the job may use now (the launcher's count, up to the target; else the hosts'
+    slots that are neither drained nor blacklisted)."""
+    if "usable_slots" in s:
+        return s["usable_slots"]
+    skip = set(s.get("drained", [])) | set(s.get("blacklisted", []))
+    return sum(n for h, n in s.get("hosts", {}).items() if h not in skip)
+
+
+def list_jobs(timeout_s: float) -> List[str]:
+    """``list``: one line per running job in the default directory (a job that does not answer
+    is listed with what its file says)."""
+    rows = [("PID", "WORLD", "HOSTS", "STARTED", "COMMAND")]
+    for path in running_jobs():
+        try:
+            client = ControlClient(path, timeout_s=timeout_s)
+        except ControlError:
+            continue
+        job = client.job
+        try:
+            s = client.call("status")
+            world = str(s["world_size"])
+            hosts = ",".join(f"{h}:{n}" for h, n in s["hosts"].items()) or "none"
+        except ControlError:
+            world, hosts = "?", "(not answering)"
+        started = job.get("started")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) \
+            if isinstance(started, (int, float)) else "?"
+        command = " ".join(shlex.quote(c) for c in job.get("command") or []) or "?"
+        rows.append((str(job.get("pid", "?")), world, hosts, when, command))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Run one ``hvd-edl-ctl`` command; returns the exit code (see the module docstring)."""
     a = build_parser().parse_args(argv)
     try:
+        if a.cmd == "list":
+            lines = list_jobs(a.timeout)
+            if len(lines) == 1:
+                print(f"hvd-edl-ctl: no running job in {default_job_dir()}", file=sys.stderr)
+            else:
+                print("\n".join(lines))
+            return 0
         client = ControlClient(find_job_file(a.job), timeout_s=a.timeout)
         if a.cmd == "status":
             s = client.call("status")
@@ -95,10 +176,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"hvd-edl-ctl: target world size {r['target_np']}")
             if r.get("warning"):
                 print(f"hvd-edl-ctl: warning: {r['warning']}", file=sys.stderr)
-            if a.wait > 0 and not _wait_for_size(client, a.np, a.wait):
-                print(f"hvd-edl-ctl: error: no generation of {a.np} workers within {a.wait:g} s",
-                      file=sys.stderr)
-                return EXIT_REFUSED
+            last = _wait_for_size(client, a.np, a.wait) if a.wait > 0 else None
+            if last is not None:
+                print(f"hvd-edl-ctl: target set to {a.np}; not reached within {a.wait:g} s: "
+                      f"{_usable_slots(last)} usable slots, world size {last['world_size']} "
+                      f"(the target stays; the job resizes when it can)", file=sys.stderr)
+                return EXIT_WAIT_TIMEOUT
         else:
             r = client.call(a.cmd, host=a.host)
             print(f"hvd-edl-ctl: drained hosts: {', '.join(r['drained']) or 'none'}")

@@ -115,6 +115,7 @@ def test_job_file_of_a_killed_launcher_is_not_taken_for_a_process_reusing_its_pi
         stale = folder / "stale.json"
         stale.write_text(json.dumps({"url": "http://127.0.0.1:1", "secret": "x",
                                      "pid": later.pid}))
+        stale.chmod(0o600)  # as hvd-edl-run writes it (others' files are refused anyway)
         written = time.time() - 60  # the dead launcher wrote it a minute before `later` started
         os.utime(stale, (written, written))
         with pytest.raises(control.ControlError, match="no running job"):
@@ -122,6 +123,7 @@ def test_job_file_of_a_killed_launcher_is_not_taken_for_a_process_reusing_its_pi
         mine = folder / "mine.json"  # this process started before its file was written
         mine.write_text(json.dumps({"url": "http://127.0.0.1:1", "secret": "x",
                                     "pid": os.getpid()}))
+        mine.chmod(0o600)
         assert control.find_job_file() == mine
     finally:
         later.kill()

@@ -3,22 +3,29 @@ PYTHON_BOOT ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.hvd_edl-deps
+# each set-up step shows what it installs or builds, with elapsed time; whole logs in build/
+PROGRESS = $(PY) cmake/progress.py
 PYTEST_ARGS ?=
 
 .PHONY: setup demo test bench chaos clean
 
 setup: $(STAMP)
 	@cmake -S . -B build -DPython3_EXECUTABLE=$(abspath $(PY)) > build.cmake.log 2>&1 || (cat build.cmake.log; exit 1)
-	@cmake --build build
+	@$(PROGRESS) "Horovod against the installed torch (built once: minutes on 2 cores)" \
+	  --log build/horovod-build.log -- cmake --build build
 	@$(VENV)/bin/horovodrun --check-build | grep -q '\[X\] PyTorch' || (echo "Horovod lacks PyTorch"; exit 1)
 	@echo "set-up ok: $$($(PY) -c 'import torch, horovod; print("torch", torch.__version__, "horovod", horovod.__version__)')"
 
 $(STAMP): requirements.txt setup.py
-	test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip 2>&1 | grep -v "is ignored" || true
-	$(PY) -m pip install --quiet -r requirements.txt 2>&1 | grep -v "is ignored" || true
-	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e . 2>&1 | grep -v "is ignored" || true
-	$(PY) -c "import torch, sklearn, requests, filelock, psutil, tqdm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	@test -x $(PY) || (echo "set-up: creating $(VENV) ($(PYTHON_BOOT) -m venv)" && $(PYTHON_BOOT) -m venv $(VENV))
+	@mkdir -p build
+	@$(PROGRESS) "upgrading pip" --log build/setup-pip.log -- $(PY) -m pip install --upgrade pip \
+	  || echo "set-up: pip not upgraded; going on with $$($(PY) -m pip --version)"
+	@$(PROGRESS) "installing requirements.txt (torch, mpich, ...: the first time takes minutes)" \
+	  --log build/setup-requirements.log -- $(PY) -m pip install -r requirements.txt
+	@$(PROGRESS) "installing hvd_edl itself (editable)" --log build/setup-hvd_edl.log -- \
+	  $(PY) -m pip install --no-deps --no-build-isolation -e .
+	@$(PY) -c "import torch, sklearn, requests, filelock, psutil, tqdm; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	touch $@
 
 # The main job, elastic: host discovery follows a timetable (2 workers, then 4, then 1, then 3;

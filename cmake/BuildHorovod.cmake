@@ -55,7 +55,7 @@ execute_process(
           HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1
           HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
           CMAKE_BUILD_PARALLEL_LEVEL=2 MAKEFLAGS=-j2
-          ${PYTHON} -m pip install --no-build-isolation --no-deps ${src}
+          ${PYTHON} -m pip install -v --no-build-isolation --no-deps ${src}
   RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "building Horovod ${HOROVOD_VERSION} failed (see the compiler output above)")

@@ -23,7 +23,8 @@ class CoordinatorClient:
 
     One ``requests.Session`` per thread (keep-alive), so the watcher thread and the training thread
     never share a connection.  Transient connection errors are retried for ``retry_s`` seconds,
-    then :class:`CoordinatorUnreachable` is raised.
+    then :class:`CoordinatorUnreachable` is raised; so is a 503 (the coordinator at its connection
+    cap, e.g. while someone floods it), which is retried on a fresh connection.
     """
 
     def __init__(self, addr: str, port: int, secret: str, retry_s: float = 30.0):
@@ -58,6 +59,11 @@ class CoordinatorClient:
             except requests.RequestException as e:
                 if time.monotonic() > deadline:
                     raise CoordinatorUnreachable(f"{self.base}{path}: {e}") from None
+                time.sleep(0.2)
+                continue
+            if r.status_code == 503 and time.monotonic() <= deadline:
+                log.debug("coordinator busy (503) on %s: retrying", path)
+                self._local.session = None  # the server closed this connection
                 time.sleep(0.2)
                 continue
             if r.status_code != 200:

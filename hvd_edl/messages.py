@@ -14,8 +14,10 @@ import dataclasses
 import hashlib
 import hmac
 import json
+import re
 import secrets
 import time
+import typing
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Type, TypeVar
 
@@ -34,6 +36,9 @@ AUTH_WINDOW_S = 120.0     # a signature older or newer than this (wall clock) is
 MAX_BODY_BYTES = 1 << 20  # requests larger than this are refused unread
 
 T = TypeVar("T")
+_STAMP = re.compile(r"[0-9]{1,15}")          # unix milliseconds
+_NONCE = re.compile(r"[0-9a-f]{16,64}")
+_MAC = re.compile(r"[0-9a-f]{64}")           # HMAC-SHA256, hex
 
 
 def new_secret() -> str:
@@ -66,9 +71,9 @@ def verify(secret: str, method: str, path: str, body: bytes, signature: Optional
     Returns the request's nonce when valid (the caller refuses a nonce seen before), else None.
     """
     parts = (signature or "").split(":")
-    if len(parts) != 4 or parts[0] != AUTH_SCHEME or not parts[1].isdigit() \
-            or not 16 <= len(parts[2]) <= 64:
-        return None
+    if len(parts) != 4 or parts[0] != AUTH_SCHEME or not _STAMP.fullmatch(parts[1]) \
+            or not _NONCE.fullmatch(parts[2]) or not _MAC.fullmatch(parts[3]):
+        return None  # ASCII digits and hex only: int() and compare_digest() cannot raise
     _, stamp, nonce, mac = parts
     now = time.time() if now is None else now
     if abs(now - int(stamp) / 1000.0) > window_s:
@@ -83,18 +88,61 @@ def encode(msg) -> bytes:
     return json.dumps(dataclasses.asdict(msg)).encode()
 
 
-def decode(cls: Type[T], body: bytes) -> T:
-    """Parse JSON ``body`` into dataclass ``cls``; unknown keys are ignored.
+def loads(body: bytes):
+    """JSON ``body`` (UTF-8) as Python objects.
 
     Raises:
-        ValueError: the body is not a JSON object or lacks a required field.
+        ValueError: not UTF-8, not JSON, or nested too deep for the parser.
     """
-    data = json.loads(body.decode() or "{}")
+    try:
+        return json.loads(body.decode() or "{}")
+    except RecursionError:
+        raise ValueError("JSON nested too deep") from None
+
+
+def _type_ok(value, hint) -> bool:
+    """Whether a JSON value fits a field's type: str, int, float (an int too), bool, List[X],
+    Dict[str, X]; bools are not numbers."""
+    origin = typing.get_origin(hint)
+    if origin in (list, List):
+        (item,) = typing.get_args(hint) or (object,)
+        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
+    if origin in (dict, Dict):
+        _, item = typing.get_args(hint) or (str, object)
+        return isinstance(value, dict) and all(isinstance(k, str) and _type_ok(v, item)
+                                               for k, v in value.items())
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return True
+
+
+def decode(cls: Type[T], body: bytes) -> T:
+    """Parse JSON ``body`` into dataclass ``cls``; unknown keys are ignored, known ones must have
+    their field's type.
+
+    Raises:
+        ValueError: the body is not a JSON object, lacks a required field, or a field has the
+            wrong type.
+    """
+    data = loads(body)
     if not isinstance(data, dict):
         raise ValueError(f"{cls.__name__}: expected a JSON object")
-    names = {f.name for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            if not _type_ok(data[f.name], hints[f.name]):
+                raise ValueError(f"{cls.__name__}.{f.name}: expected {hints[f.name]}, "
+                                 f"got {type(data[f.name]).__name__}")
+            kwargs[f.name] = data[f.name]
     try:
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**kwargs)
     except TypeError as e:
         raise ValueError(f"{cls.__name__}: {e}") from None
 
@@ -197,7 +245,9 @@ class Assignment:
     [0, cross_size) over hosts.  ``rendezvous_port`` is this generation's Gloo rendezvous.
     ``sync``: whether the members broadcast the state when the generation starts; the same for
     every member (False only after an agreed switch that removed members and added none, when
-    every member holds the state committed at that step boundary).
+    every member holds the state committed at that step boundary).  ``rendezvous_token``: the
+    generation's rendezvous token (``HOROVOD_GLOO_RENDEZVOUS_TOKEN``, which our patched Horovod
+    sends with every rendezvous request; "" from a coordinator that has none).
     """
     action: str
     generation: int = 0
@@ -213,6 +263,7 @@ class Assignment:
     members: List[str] = field(default_factory=list)
     reason: str = ""
     sync: bool = True
+    rendezvous_token: str = ""
 
 
 @dataclass

@@ -203,6 +203,7 @@ class WorkerRuntime:
         env["HOROVOD_HOSTNAME"] = a.hostname
         env["HOROVOD_GLOO_RENDEZVOUS_ADDR"] = a.rendezvous_addr
         env["HOROVOD_GLOO_RENDEZVOUS_PORT"] = str(a.rendezvous_port)
+        env["HOROVOD_GLOO_RENDEZVOUS_TOKEN"] = a.rendezvous_token  # patched HTTPStore sends it
         env.setdefault("HOROVOD_CONTROLLER", "gloo")
         env.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
         before = _socket_fds()

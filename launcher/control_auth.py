@@ -6,9 +6,16 @@ a random nonce and the body.  The server
 
 * refuses a body over ``messages.MAX_BODY_BYTES`` with 413 *before reading it*, and a body without
   a ``Content-Length`` (chunked) with 411;
-* refuses a request without the header with 401, and one whose HMAC is wrong, whose timestamp is
-  more than ``messages.AUTH_WINDOW_S`` seconds off, or whose nonce it has seen before, with 403;
-* parses the body (JSON, never pickle) only after all of that passed.
+* refuses a request without the header with 401 (also before reading its body, and without the
+  ``100 Continue`` an ``Expect: 100-continue`` asks for), and one whose header is malformed
+  (a timestamp that is not ASCII digits included), whose HMAC is wrong, whose timestamp is more
+  than ``messages.AUTH_WINDOW_S`` seconds off, or whose nonce it has seen before, with 403;
+* parses the body (JSON, never pickle) only after all of that passed; a body too deeply nested
+  or with a field of the wrong type answers 400.
+
+Before any of this, :mod:`launcher.bounded_http` bounds what an unauthenticated client can hold
+(connections, header bytes and lines, time to send them, unauthenticated body bytes) and refuses
+local peers of another user.
 
 Refusals change nothing in the job; they are logged at most once every ``LOG_EVERY_S`` seconds
 with a count, so a flood cannot fill the launcher's output.
@@ -53,26 +60,6 @@ class RequestAuthenticator:
         self._lock = threading.Lock()
         self._refused = 0
         self._last_log = float("-inf")
-
-    def read_body(self, handler) -> bytes:
-        """Read the body of the request ``handler`` (a ``BaseHTTPRequestHandler``) is serving.
-
-        Raises:
-            Refused: 411 without Content-Length (e.g. chunked), 413 when it exceeds
-                ``messages.MAX_BODY_BYTES`` (nothing is read), 400 for a malformed length.
-        """
-        if handler.headers.get("Transfer-Encoding"):
-            raise Refused(411, "Content-Length required (no chunked bodies)")
-        text = handler.headers.get("Content-Length", "0")
-        try:
-            length = int(text)
-        except ValueError:
-            raise Refused(400, f"bad Content-Length {text[:40]!r}") from None
-        if length < 0:
-            raise Refused(400, "bad Content-Length")
-        if length > messages.MAX_BODY_BYTES:
-            raise Refused(413, f"body of {length} bytes exceeds {messages.MAX_BODY_BYTES}")
-        return handler.rfile.read(length)
 
     def check(self, method: str, path: str, body: bytes, header: Optional[str]) -> None:
         """Accept the request once.

@@ -14,17 +14,14 @@ All state lives under one lock; the HTTP handlers and the driver's loop call the
 """
 from __future__ import annotations
 
-import json
 import logging
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Dict, List, Optional, Tuple
 
 from hvd_edl import messages
-from launcher.control_auth import Refused, RequestAuthenticator
+from launcher.coordinator_server import CoordinatorServer  # noqa: F401 - served from here
 from launcher.progress import ProgressBoard
 from launcher.events import EventLog, GenerationEvent
 from launcher.registry import WorkerRecord, WorkerState
@@ -457,6 +454,7 @@ class Coordinator:
                 cross_rank=cross_hosts.index(rec.host), cross_size=len(cross_hosts),
                 hostname=rec.host,
                 rendezvous_addr=self.rendezvous_addr, rendezvous_port=port,
+                rendezvous_token=self.rendezvous.token(number),
                 members=list(participants), sync=sync)
             local_counts[rec.host] += 1
         for w in previous:
@@ -516,112 +514,6 @@ class Coordinator:
                 "joined": [self.workers[w].label for w in g.members if w not in before]}
 
 
-# ---- HTTP ----------------------------------------------------------------------------------------
+# ---- HTTP: launcher/coordinator_server.py -------------------------------------------------------
 
-IDLE_CONNECTION_TIMEOUT_S = 120.0
 JOIN_BATCH_S = 2.0  # how long a ready joiner waits for siblings spawned with it (seconds)
-
-
-class _QuietServer(ThreadingHTTPServer):
-    """A peer that resets its connection (a worker killed or exiting mid-request) is routine in
-    an elastic job: log it at debug level instead of printing a traceback."""
-
-    def handle_error(self, request, client_address) -> None:
-        log.debug("coordinator: error serving %s", client_address, exc_info=True)
-
-
-class _QuietServer6(_QuietServer):
-    address_family = socket.AF_INET6
-
-
-_ROUTES = {
-    "/register": (messages.Register, "register"),
-    "/ready": (messages.Ready, "ready"),
-    "/switch": (messages.SwitchRequest, "switch"),
-    "/started": (messages.Started, "started"),
-    "/watch": (messages.WatchRequest, "watch"),
-    "/leave": (messages.Leave, "leave"),
-}
-
-
-class CoordinatorServer:
-    """Serves a :class:`Coordinator` over HTTP on ``(bind_addr, port)`` (port 0: any free).
-
-    Requests must be ``POST`` with a ``Content-Length`` of at most ``messages.MAX_BODY_BYTES``
-    (else 411 / 413, unread) and a valid, fresh, not yet seen signature (else 401 / 403, see
-    :mod:`launcher.control_auth`); only then is the JSON body parsed.  A refused request changes
-    nothing.  ``extra_routes`` maps further paths to handlers taking and returning JSON objects
-    (the control API); a handler raising ``ValueError`` / ``KeyError`` answers 400 with its
-    message.
-    """
-
-    def __init__(self, coordinator: Coordinator, secret: str, bind_addr: str, port: int = 0,
-                 extra_routes: Optional[Dict[str, Callable[[dict], dict]]] = None):
-        coord = coordinator
-        extra = extra_routes or {}
-        auth = self.auth = RequestAuthenticator(secret)
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            timeout = IDLE_CONNECTION_TIMEOUT_S  # a client that sends nothing loses its thread
-
-            def log_message(self, fmt, *args):  # quiet
-                log.debug("http: " + fmt, *args)
-
-            def _reply(self, code: int, body: bytes) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                try:
-                    self.wfile.write(body)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass  # the worker died while waiting (a long poll): nothing to tell it
-
-            def _refuse(self, refusal: Refused) -> None:
-                auth.note_refusal("coordinator", self.client_address[0], refusal)
-                self.close_connection = True
-                self._reply(refusal.status, json.dumps({"error": refusal.reason}).encode())
-
-            def do_GET(self):  # noqa: N802
-                self.close_connection = True
-                self._reply(405, b'{"error": "POST only"}')
-
-            do_PUT = do_DELETE = do_HEAD = do_GET  # noqa: N815
-
-            def do_POST(self):  # noqa: N802
-                try:
-                    body = auth.read_body(self)
-                    auth.check("POST", self.path, body, self.headers.get(messages.AUTH_HEADER))
-                except Refused as refusal:
-                    return self._refuse(refusal)
-                route = _ROUTES.get(self.path)
-                try:
-                    if route is not None:
-                        cls, method = route
-                        reply = getattr(coord, method)(messages.decode(cls, body))
-                        return self._reply(200, messages.encode(reply))
-                    if self.path in extra:
-                        data = json.loads(body.decode() or "{}")
-                        if not isinstance(data, dict):
-                            raise ValueError("expected a JSON object")
-                        return self._reply(200, json.dumps(extra[self.path](data)).encode())
-                    return self._reply(404, b'{"error": "no such endpoint"}')
-                except (ValueError, KeyError) as e:
-                    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
-                    return self._reply(400, json.dumps({"error": str(msg)}).encode())
-
-        server_cls = _QuietServer6 if ":" in bind_addr else _QuietServer
-        self.httpd = server_cls((bind_addr, port), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="coordinator",
-                                       daemon=True)
-
-    def start(self) -> int:
-        self.thread.start()
-        return self.port
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()

@@ -11,18 +11,26 @@ fresh server on a fresh ephemeral port: no stale key of an old ring can reach a 
 server is started ahead of time so that forming a generation never waits for a socket or a thread.
 Servers bind to the launcher's chosen address, not every interface.
 
-Guarding it.  The client is Horovod's C++ ``HTTPStore`` (``horovod/common/gloo/http_store.cc``):
-plain ``GET/PUT/DELETE /<scope>/<key>``, no header we could add a secret to, so requests cannot be
-authenticated without patching Horovod.  What each server does instead:
+Guarding it.  The client is Horovod's C++ ``HTTPStore`` (``horovod/common/gloo/http_store.cc``),
+which we patch at build time (``cmake/patches/0002-rendezvous-token.patch``) to send the
+``ENV_TOKEN`` environment variable as the ``TOKEN_HEADER`` header of every request.  Each
+generation's server draws its own random token; the coordinator hands it to that generation's
+members only, in their (signed) :class:`hvd_edl.messages.Assignment`.  What each server does:
 
+* every bound of :mod:`launcher.bounded_http` before anything else: ``MAX_CONNECTIONS``
+  connections (503 past it), a head of ``MAX_HEADER_BYTES`` / ``MAX_HEADERS`` lines (431) sent
+  within ``REQUEST_TIMEOUT_S`` (408), a ``BACKLOG`` of 1024, and no connection from another
+  user's process on this machine (403, where the OS says who owns the peer's socket);
 * answers only the addresses of that generation's member hosts (this machine's own addresses
   for local hosts); everything else gets 403 before its request is looked at;
+* answers only requests carrying the generation's token: none 401, a wrong one 403, and neither
+  reads, stores nor deletes anything;
 * accepts only ``/<scope>/<key>`` paths of printable characters up to ``MAX_PATH_CHARS``, values
-  up to ``MAX_VALUE_BYTES`` (413) and a store of at most ``MAX_STORE_BYTES`` in all (413);
+  up to ``MAX_VALUE_BYTES`` (413) and a store of at most ``MAX_STORE_BYTES`` in all, key names
+  counted (``KEY_OVERHEAD_BYTES`` each beyond the name), and at most ``MAX_KEYS`` keys (413);
 * refuses ``HEAD`` (Horovod's handler inherits ``SimpleHTTPRequestHandler.do_HEAD``, which would
   report on files in the launcher's working directory) and every other method but GET/PUT/DELETE
-  (405), a PUT without ``Content-Length`` (411), and a request not sent within
-  ``REQUEST_TIMEOUT_S``;
+  (405), a PUT without ``Content-Length`` (411);
 * is *sealed* once the next generation forms (every live member has then left it): it answers
   only the ``DELETE`` Horovod sends at shutdown, so its keys can no longer be read or planted.
 
@@ -35,23 +43,28 @@ next 10 ms poll, and the ``rank_<i>`` reads see the real host names.  After ``HO
 gets Horovod's usual 404 and the client polls again, so a member that never comes still ends in
 Gloo's own timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``).
 
-Residual risk: a process on a member host (another user of that machine, or any process on this
-one for local jobs) can still read and plant keys of the *current* generation while its ring
-forms, and so learn Gloo's addresses or redirect a connection; Gloo's TCP pairs themselves are not
-authenticated either.  Run jobs on hosts whose other users you trust, or on an isolated network.
+Residual risk: the token travels in clear text, like the rest of the rendezvous; whoever can
+read a member's traffic or environment (root, or that member's own user) can use it while its
+generation lasts.  What is left beyond that is Gloo's own peer-to-peer TCP: the ring's pairs are
+not authenticated, so a process that can reach a member's Gloo port may connect to it or send
+it what ``state.sync()`` unpickles.  Run jobs on hosts and networks whose other users you trust.
 """
 from __future__ import annotations
 
 import asyncio
 import functools
+import hmac
 import ipaddress
 import logging
+import secrets
 import socket
 import threading
 from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 import psutil
 
+from launcher.bounded_http import (BodyReader, BoundedHTTPServer, HttpError, Limits, Request,
+                                   Response, connection_cap, listen_socket)
 from launcher.hosts import is_local
 
 log = logging.getLogger(__name__)
@@ -62,6 +75,14 @@ MAX_STORE_BYTES = 64 << 20   # all values of one generation together
 LOOPBACK = "loopback"        # in an allow-list: any loopback address
 HOLD_S = 2.0                 # longest a GET of a missing key waits for its PUT (seconds)
 REQUEST_TIMEOUT_S = 3.0      # to send a request's head or body (Horovod's server: the same)
+MAX_KEYS = 100_000           # keys of one generation (Gloo: a few per rank and rendezvous)
+KEY_OVERHEAD_BYTES = 64      # what a key costs beyond its name, counted against MAX_STORE_BYTES
+MAX_CONNECTIONS = 1024       # concurrent connections per server (a rank holds one at a time)
+MAX_HEADER_BYTES = 16 << 10  # request line and headers (Horovod sends about 150 bytes)
+MAX_HEADERS = 32
+BACKLOG = 1024               # every rank of a large job connects at once
+TOKEN_HEADER = "X-Hvd-Edl-Rendezvous-Token"   # sent by our patch of Horovod's HTTPStore
+ENV_TOKEN = "HOROVOD_GLOO_RENDEZVOUS_TOKEN"   # where the patched HTTPStore reads it
 
 
 def _normalise(addr: str) -> str:
@@ -126,17 +147,28 @@ class GenerationStore:
     loop's thread; ``allowed`` is replaced whole, so reading it from there is safe)."""
 
     def __init__(self):
+        self.token = secrets.token_hex(32)   # the members' proof (HOROVOD_GLOO_RENDEZVOUS_TOKEN)
         self.cache: Dict[str, Dict[str, bytes]] = {}
         self.allowed: FrozenSet[str] = frozenset()
         self.sealed = False
         self.refused = 0
-        self.bytes = 0
+        self.bytes = 0      # values and key names together
+        self.keys = 0
         self.waiters: Dict[Tuple[str, str], List[asyncio.Future]] = {}
-        self.server: Optional[asyncio.base_events.Server] = None
+        self.server: Optional[BoundedHTTPServer] = None
         self.port = 0
+
+    def key_bytes(self, scope: str, key: str) -> int:
+        """What a new key ``scope/key`` adds to ``bytes`` beyond its value (0 if it exists)."""
+        if key in self.cache.get(scope, {}):
+            return 0
+        return len(scope) + len(key) + KEY_OVERHEAD_BYTES
 
     def put(self, scope: str, key: str, value: bytes) -> None:
         old = self.cache.setdefault(scope, {}).get(key)
+        if old is None:
+            self.bytes += self.key_bytes(scope, key)
+            self.keys += 1
         self.bytes += len(value) - (len(old) if old is not None else 0)
         self.cache[scope][key] = value
         for f in self.waiters.pop((scope, key), []):
@@ -149,7 +181,8 @@ class GenerationStore:
         if d is not None:
             value = d.pop(key, None)
             if value is not None:
-                self.bytes -= len(value)
+                self.bytes -= len(value) + len(scope) + len(key) + KEY_OVERHEAD_BYTES
+                self.keys -= 1
             if not d:
                 del self.cache[scope]
 
@@ -160,11 +193,6 @@ class GenerationStore:
                 if not f.done():
                     f.set_result(None)
         self.waiters.clear()
-
-
-_REASONS = {200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found",
-            405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required",
-            413: "Payload Too Large"}
 
 
 class GenerationRendezvous:
@@ -218,6 +246,16 @@ class GenerationRendezvous:
         threading.Thread(target=self._refill_and_stop, args=(stale,), daemon=True).start()
         return store.port
 
+    def token(self, generation: int) -> str:
+        """The token the members of ``generation`` send with every request (each worker gets it
+        in its :class:`hvd_edl.messages.Assignment` and sets ``ENV_TOKEN`` before ``hvd.init()``).
+
+        Raises:
+            KeyError: ``generation`` has no running server (never opened, or stopped).
+        """
+        with self._lock:
+            return self._servers[generation].token
+
     def _refill_and_stop(self, stale: List[GenerationStore]) -> None:
         for store in stale:
             self._call(self._stop, store)
@@ -254,88 +292,70 @@ class GenerationRendezvous:
 
     async def _listen(self) -> GenerationStore:
         store = GenerationStore()
-        family = socket.AF_INET6 if ":" in self.bind_addr else socket.AF_INET
-        store.server = await asyncio.start_server(
-            functools.partial(self._serve, store), self.bind_addr, 0, family=family,
-            limit=MAX_PATH_CHARS + 4096)
-        store.port = store.server.sockets[0].getsockname()[1]
+        limits = Limits(max_connections=connection_cap(MAX_CONNECTIONS),
+                        max_header_bytes=MAX_HEADER_BYTES, max_headers=MAX_HEADERS,
+                        header_timeout_s=REQUEST_TIMEOUT_S, body_timeout_s=REQUEST_TIMEOUT_S,
+                        write_timeout_s=REQUEST_TIMEOUT_S, backlog=BACKLOG)
+        sock = listen_socket(self.bind_addr, 0, limits.backlog)
+        store.port = sock.getsockname()[1]
+        store.server = BoundedHTTPServer(
+            functools.partial(self._answer, store), limits, name=f"rendezvous on port {store.port}",
+            keep_alive=False, same_user_only=True, local_addresses=_local_addresses())
+        await store.server.start(sock)
         return store
 
     async def _stop(self, store: GenerationStore) -> None:
         store.seal()
         if store.server is not None:
-            store.server.close()
+            await store.server.shutdown()
 
-    async def _serve(self, store: GenerationStore, reader: asyncio.StreamReader,
-                     writer: asyncio.StreamWriter) -> None:
-        try:
-            code, body = await self._answer(store, reader, writer)
-            writer.write(b"HTTP/1.0 %d %s\r\nContent-Length: %d\r\n\r\n"
-                         % (code, _REASONS.get(code, "").encode(), len(body)) + body)
-            await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError,
-                asyncio.TimeoutError, ValueError):
-            pass
-        except Exception:  # noqa: BLE001 - one bad request must not reach the loop's handler
-            log.debug("rendezvous: error serving a request on port %d", store.port,
-                      exc_info=True)
-        finally:
-            writer.close()
-
-    def _refuse(self, store: GenerationStore, code: int, why: str, method: str, path: str,
-                peer: str) -> Tuple[int, bytes]:
+    def _refuse(self, store: GenerationStore, code: int, why: str, request: Request) -> Response:
         store.refused += 1
         if store.refused == 1 or store.refused % 100 == 0:
             log.warning("rendezvous on port %d refused %s %s from %s: %s (%d refused)",
-                        store.port, method, path[:80], peer, why, store.refused)
-        return code, b""
+                        store.port, request.method, request.path[:80], request.peer, why,
+                        store.refused)
+        return Response(code, b"", content_type="text/plain", close=True)
 
-    async def _answer(self, store: GenerationStore, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> Tuple[int, bytes]:
-        """(status, body) for one request, after the checks of the module docstring."""
-        peer = (writer.get_extra_info("peername") or ("",))[0]
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), REQUEST_TIMEOUT_S)
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        method, path = (parts[0], parts[1]) if len(parts) == 3 else ("", lines[0])
-        if not peer_allowed(peer, store.allowed):
-            return self._refuse(store, 403, "not a member host of this generation", method,
-                                path, peer)
-        if len(parts) != 3:
-            return self._refuse(store, 400, "malformed request line", method, path, peer)
-        headers = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if sep:
-                headers[name.strip().lower()] = value.strip()
+    async def _answer(self, store: GenerationStore, request: Request,
+                      body: BodyReader) -> Response:
+        """The answer to one request, after the checks of the module docstring."""
+        method, path = request.method, request.path
+        if not peer_allowed(request.peer, store.allowed):
+            return self._refuse(store, 403, "not a member host of this generation", request)
+        token = request.headers.get(TOKEN_HEADER.lower())
+        if not token:
+            return self._refuse(store, 401, "no rendezvous token", request)
+        if not hmac.compare_digest(token.encode("latin-1"), store.token.encode()):
+            return self._refuse(store, 403, "wrong rendezvous token", request)
         if self.verbose:
-            log.info("rendezvous %d: %s %s from %s", store.port, method, path, peer)
+            log.info("rendezvous %d: %s %s from %s", store.port, method, path, request.peer)
         if method not in ("GET", "PUT", "DELETE"):
-            return self._refuse(store, 405, "method not allowed", method, path, peer)
+            return self._refuse(store, 405, "method not allowed", request)
         if store.sealed and method != "DELETE":
-            return self._refuse(store, 403, "generation over (sealed)", method, path, peer)
+            return self._refuse(store, 403, "generation over (sealed)", request)
         fields = path.split("/")
         if len(path) > MAX_PATH_CHARS or len(fields) != 3 or fields[0] or not fields[1] \
                 or not path.isprintable():
-            return self._refuse(store, 400, "path must be /<scope>/<key>", method, path, peer)
+            return self._refuse(store, 400, "path must be /<scope>/<key>", request)
         _, scope, key = fields
         if method == "PUT":
-            if "chunked" in headers.get("transfer-encoding", "").lower():
-                return self._refuse(store, 411, "Content-Length required", method, path, peer)
             try:
-                length = int(headers.get("content-length", ""))
-            except ValueError:
-                return self._refuse(store, 411, "Content-Length required", method, path, peer)
-            if length < 0 or length > MAX_VALUE_BYTES:
-                return self._refuse(store, 413, f"value of {length} bytes", method, path, peer)
-            if store.bytes + length > MAX_STORE_BYTES:
-                return self._refuse(store, 413, "store full", method, path, peer)
-            value = await asyncio.wait_for(reader.readexactly(length), REQUEST_TIMEOUT_S)
+                length = body.length(MAX_VALUE_BYTES, required=True)
+            except HttpError as e:
+                return self._refuse(store, e.status, e.reason, request)
+            if store.bytes + length + store.key_bytes(scope, key) > MAX_STORE_BYTES:
+                return self._refuse(store, 413, "store full", request)
+            if store.keys >= MAX_KEYS and key not in store.cache.get(scope, {}):
+                return self._refuse(store, 413, f"store holds {MAX_KEYS} keys", request)
+            value = await body.read(length)
+            if store.sealed:
+                return self._refuse(store, 403, "generation over (sealed)", request)
             store.put(scope, key, value)
-            return 200, b""
+            return Response(200, b"", content_type="text/plain")
         if method == "DELETE":
             store.delete(scope, key)
-            return 200, b""
+            return Response(200, b"", content_type="text/plain")
         value = store.cache.get(scope, {}).get(key)
         if value is None and not store.sealed:
             # held until the PUT of this key (see "Serving it fast")
@@ -352,4 +372,6 @@ class GenerationRendezvous:
                 if not waiting:
                     store.waiters.pop((scope, key), None)
             value = None if store.sealed else store.cache.get(scope, {}).get(key)
-        return (404, b"") if value is None else (200, value)
+        if value is None:
+            return Response(404, b"", content_type="text/plain")
+        return Response(200, value, content_type="application/octet-stream")

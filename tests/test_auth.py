@@ -1,6 +1,6 @@
 """Every request to the launcher carries the job's secret: unsigned, forged, replayed, expired and
-oversized requests are refused and the job does not notice; the Gloo rendezvous, which cannot be
-signed, answers only member hosts and only while its generation forms."""
+oversized requests are refused and the job does not notice; the Gloo rendezvous answers only
+member hosts carrying the generation's token, and only while that generation lasts."""
 import http.client
 import json
 import time
@@ -11,7 +11,7 @@ import requests
 
 from conftest import digits, summary
 from hvd_edl import messages
-from launcher.rendezvous import GenerationRendezvous
+from launcher.rendezvous import TOKEN_HEADER, GenerationRendezvous
 
 
 def _post(url, path, body=b"{}", header=None):
@@ -91,19 +91,23 @@ def test_rendezvous_answers_member_hosts_only_and_only_while_its_generation_form
     assert requests.get(f"http://127.0.0.1:{foreign}/global/rank_0", timeout=10).status_code == 403
 
     port = rendezvous.open(2, ["localhost"])
-    base = f"http://127.0.0.1:{port}"
-    assert requests.put(base + "/global/rank_0", data=b"addr", timeout=10).status_code == 200
-    assert requests.get(base + "/global/rank_0", timeout=10).content == b"addr"
-    assert requests.head(base + "/setup.py", timeout=10).status_code == 405  # no file serving
-    assert requests.get(base + "/a/b/c", timeout=10).status_code == 400
+    base, tok = f"http://127.0.0.1:{port}", {TOKEN_HEADER: rendezvous.token(2)}
+    assert requests.put(base + "/global/rank_0", data=b"addr", headers=tok,
+                        timeout=10).status_code == 200
+    assert requests.get(base + "/global/rank_0", headers=tok, timeout=10).content == b"addr"
+    assert requests.head(base + "/setup.py", headers=tok, timeout=10).status_code == 405
+    assert requests.get(base + "/a/b/c", headers=tok, timeout=10).status_code == 400
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     conn.putrequest("PUT", "/global/big")
     conn.putheader("Content-Length", str(64 << 20))
+    conn.putheader(TOKEN_HEADER, rendezvous.token(2))
     conn.endheaders()
     assert conn.getresponse().status == 413
     conn.close()
 
     rendezvous.open(3, ["localhost"])  # generation 2 is over: sealed
-    assert requests.get(base + "/global/rank_0", timeout=10).status_code == 403
-    assert requests.put(base + "/global/rank_1", data=b"x", timeout=10).status_code == 403
-    assert requests.delete(base + "/global/0", timeout=10).status_code == 200  # Horovod's shutdown
+    assert requests.get(base + "/global/rank_0", headers=tok, timeout=10).status_code == 403
+    assert requests.put(base + "/global/rank_1", data=b"x", headers=tok,
+                        timeout=10).status_code == 403
+    assert requests.delete(base + "/global/0", headers=tok,
+                           timeout=10).status_code == 200  # Horovod's shutdown

@@ -1,0 +1,400 @@
+"""A small HTTP/1.1 server on asyncio whose every resource is bounded *before* a request is
+authenticated: the launcher's servers (the coordinator with its control API, and each Gloo
+rendezvous) face anyone who can reach their port.
+
+What a client without the job's secret can hold, per server:
+
+* at most ``Limits.max_connections`` connections at once; one more gets a fast 503 and is closed
+  (no thread, no parsing);
+* per connection, a request head (request line and headers) of at most ``max_header_bytes``
+  (431) and ``max_headers`` lines (431), sent within ``header_timeout_s`` of the connection
+  opening (408), then nothing: the reader's buffer is the only memory held (asyncio pauses reading
+  at twice that);
+* bodies only after their length was checked (411 chunked, 413 too large, unread), and at most
+  ``max_unauthenticated_body_bytes`` of not yet authenticated bodies over all connections (503
+  past it);
+* a listen backlog of ``backlog`` (large jobs connect in bursts).
+
+Peers on this machine (loopback, or one of its own addresses) owned by another user are refused
+with 403 where the OS says who owns them (:mod:`launcher.peer_uid`).  Malformed input of any kind
+gets a 4xx answer; an exception in a handler a 500; neither reaches the event loop.  A connection
+whose request authenticated (the handler says so) may stay open between requests for
+``idle_timeout_s`` (the workers' keep-alive sessions and long polls).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import socket
+from dataclasses import dataclass
+from typing import Awaitable, Callable, Dict, FrozenSet, Optional, Set
+
+from launcher import peer_uid
+
+log = logging.getLogger(__name__)
+
+REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized",
+           403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
+           408: "Request Timeout", 411: "Length Required", 413: "Payload Too Large",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error",
+           503: "Service Unavailable"}
+LINGER_S = 1.0             # longest we discard a refused request's unread input (seconds)
+LINGER_BYTES = 1 << 20     # most input discarded so (bytes)
+MAX_LINGERING = 256        # connections lingering at once; past it, closed at once
+FD_RESERVE = 256           # descriptors kept for everything but our servers' connections
+WANTED_FDS = 65536         # the soft descriptor limit we raise to, if the hard limit allows
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of one server (see the module docstring); sizes in bytes, times in seconds."""
+    max_connections: int = 1024
+    max_header_bytes: int = 16 << 10
+    max_headers: int = 64
+    header_timeout_s: float = 5.0
+    body_timeout_s: float = 10.0
+    write_timeout_s: float = 10.0
+    idle_timeout_s: float = 120.0
+    max_unauthenticated_body_bytes: int = 16 << 20
+    backlog: int = 1024
+
+
+class HttpError(Exception):
+    """A request answered with ``status`` (a 4xx/5xx) and closed; ``reason`` is one line."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(f"{status} {reason}")
+        self.status = status
+        self.reason = reason
+
+
+@dataclass
+class Request:
+    """One parsed request head; ``headers`` has lower-cased names (a repeated name: last wins)."""
+    method: str
+    path: str
+    version: str
+    headers: Dict[str, str]
+    peer: str
+
+    @property
+    def keep_alive(self) -> bool:
+        conn = self.headers.get("connection", "").lower()
+        if self.version == "HTTP/1.1":
+            return "close" not in conn
+        return "keep-alive" in conn
+
+
+@dataclass
+class Response:
+    """What a handler answers.  ``authenticated``: the request proved it came from the job, so
+    its connection may be kept open ``idle_timeout_s``; ``close``: close after answering."""
+    status: int
+    body: bytes = b""
+    content_type: str = "application/json"
+    close: bool = False
+    authenticated: bool = False
+
+
+class BodyReader:
+    """Reads the body of the request being served, within the server's bounds."""
+
+    def __init__(self, server: "BoundedHTTPServer", request: Request,
+                 reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self._server, self._request, self._reader, self._writer = server, request, reader, writer
+        self.unread = False   # a body was announced and not read: the connection must close
+
+    def length(self, max_bytes: int, required: bool = False) -> int:
+        """The announced body length (0 when none and not ``required``).
+
+        Raises:
+            HttpError: 411 chunked (or no length when ``required``), 400 malformed, 413 over
+                ``max_bytes`` (nothing is read).
+        """
+        headers = self._request.headers
+        if "transfer-encoding" in headers:
+            raise HttpError(411, "Content-Length required (no chunked bodies)")
+        text = headers.get("content-length")
+        if text is None:
+            if required:
+                raise HttpError(411, "Content-Length required")
+            return 0
+        if not text.isascii() or not text.isdigit() or len(text) > 12:
+            raise HttpError(400, f"bad Content-Length {text[:40]!r}")
+        length = int(text)
+        if length > max_bytes:
+            raise HttpError(413, f"body of {length} bytes exceeds {max_bytes}")
+        self.unread = length > 0
+        return length
+
+    async def read(self, length: int) -> bytes:
+        """``length`` bytes of body (after :meth:`length`); sends ``100 Continue`` first when the
+        client asked for it (call this only for requests worth reading).
+
+        Raises:
+            HttpError: 503 when unauthenticated bodies being read would exceed the server's
+                budget, 408 when the body is not sent within ``body_timeout_s``.
+        """
+        if length == 0:
+            return b""
+        server = self._server
+        if server.pending_body_bytes + length > server.limits.max_unauthenticated_body_bytes:
+            raise HttpError(503, "busy: too many request bodies being read")
+        server.pending_body_bytes += length
+        try:
+            if "100-continue" in self._request.headers.get("expect", "").lower():
+                self._writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            body = await asyncio.wait_for(self._reader.readexactly(length),
+                                          server.limits.body_timeout_s)
+            self.unread = False
+            return body
+        except asyncio.TimeoutError:
+            raise HttpError(408, "body not sent in time") from None
+        except asyncio.IncompleteReadError:
+            raise ConnectionResetError("peer closed during the body") from None
+        finally:
+            server.pending_body_bytes -= length
+
+
+Handler = Callable[[Request, BodyReader], Awaitable[Response]]
+
+
+def raise_fd_limit(wanted: int = WANTED_FDS) -> int:
+    """Raise this process's soft descriptor limit towards ``wanted`` (never above the hard
+    limit, never lowered); returns the soft limit now in force."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        return soft if soft != resource.RLIM_INFINITY else wanted
+    except (ValueError, OSError):
+        return 1024
+
+
+def connection_cap(wanted: int, share: int = 4) -> int:
+    """``wanted`` connections, or fewer when the descriptor limit (raised first) cannot hold
+    ``share`` servers that full next to ``FD_RESERVE`` other descriptors."""
+    soft = raise_fd_limit()
+    return max(16, min(wanted, (soft - FD_RESERVE) // share))
+
+
+def listen_socket(host: str, port: int, backlog: int) -> socket.socket:
+    """A listening TCP socket on ``(host, port)`` (IPv6 when ``host`` has a colon).
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+async def _discard(reader: asyncio.StreamReader, max_bytes: int) -> None:
+    while max_bytes > 0:
+        data = await reader.read(min(max_bytes, 65536))
+        if not data:
+            return
+        max_bytes -= len(data)
+
+
+def _status_line(version: bytes, status: int) -> bytes:
+    return b"%s %d %s\r\n" % (version, status, REASONS.get(status, "").encode())
+
+
+class BoundedHTTPServer:
+    """Serves ``handler`` on a listening socket with the bounds of :class:`Limits` (module
+    docstring).  Create, :meth:`start` and :meth:`close` on the event loop that serves it.
+
+    Args:
+        handler: ``async handler(request, body_reader) -> Response``; raising
+            :class:`HttpError` answers that status.
+        limits: the bounds.
+        name: for log lines.
+        keep_alive: allow several requests per connection (else HTTP/1.0-style, one each).
+        same_user_only: refuse local peers owned by another user (403).
+        local_addresses: this machine's addresses (peers from them are local).
+    """
+
+    def __init__(self, handler: Handler, limits: Limits = Limits(), name: str = "http",
+                 keep_alive: bool = True, same_user_only: bool = True,
+                 local_addresses: FrozenSet[str] = frozenset()):
+        self.handler = handler
+        self.limits = limits
+        self.name = name
+        self.keep_alive = keep_alive
+        self.same_user_only = same_user_only
+        self.local_addresses = local_addresses
+        self.version = b"HTTP/1.1" if keep_alive else b"HTTP/1.0"
+        self.connections = 0
+        self.pending_body_bytes = 0
+        self.lingering = 0
+        self.turned_away = 0          # connections answered 503 at the cap
+        self.other_users = 0          # local peers of another user refused
+        self.server: Optional[asyncio.base_events.Server] = None
+        self._writers: Set[asyncio.StreamWriter] = set()
+
+    async def start(self, sock: socket.socket) -> None:
+        """Start serving on the listening ``sock`` (from :func:`listen_socket`)."""
+        self.server = await asyncio.start_server(self._serve, sock=sock,
+                                                 limit=self.limits.max_header_bytes)
+
+    def close(self) -> None:
+        """Stop accepting; connections being served finish on their own bounds."""
+        if self.server is not None:
+            self.server.close()
+
+    async def shutdown(self, timeout_s: float = 2.0) -> None:
+        """Stop accepting and close every connection; wait (at most ``timeout_s``) until their
+        tasks ended."""
+        self.close()
+        for writer in list(self._writers):
+            writer.transport.abort()
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while self.connections and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+
+    async def _send(self, writer: asyncio.StreamWriter, resp: Response, close: bool) -> None:
+        head = [_status_line(self.version, resp.status),
+                b"Content-Type: %s\r\n" % resp.content_type.encode(),
+                b"Content-Length: %d\r\n" % len(resp.body)]
+        if close and self.keep_alive:
+            head.append(b"Connection: close\r\n")
+        writer.write(b"".join(head) + b"\r\n" + resp.body)
+        await asyncio.wait_for(writer.drain(), self.limits.write_timeout_s)
+
+    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """After an answer sent while input was left unread: end our side and discard what the
+        peer still sends (bounded), so closing does not reset the connection before the peer
+        read the answer."""
+        if self.lingering >= MAX_LINGERING:
+            return
+        self.lingering += 1
+        try:
+            if writer.can_write_eof():
+                writer.write_eof()
+            await asyncio.wait_for(_discard(reader, LINGER_BYTES), LINGER_S)
+        except (ConnectionError, asyncio.TimeoutError, RuntimeError, OSError):
+            pass
+        finally:
+            self.lingering -= 1
+
+    def _parse(self, head: bytes, peer: str) -> Request:
+        lines = head[:-4].decode("latin-1").split("\r\n")
+        if len(lines) - 1 > self.limits.max_headers:
+            raise HttpError(431, f"more than {self.limits.max_headers} header lines")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or parts[2] not in ("HTTP/1.0", "HTTP/1.1") or not parts[0].isalpha():
+            raise HttpError(400, "malformed request line")
+        headers: Dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                raise HttpError(400, "malformed header line")
+            headers[name.lower()] = value.strip()
+        return Request(parts[0], parts[1], parts[2], headers, peer)
+
+    def _peer_refused(self, writer: asyncio.StreamWriter) -> bool:
+        if not self.same_user_only:
+            return False
+        sock = writer.get_extra_info("socket")
+        try:
+            peer, local = peer_uid.peer_of(sock)
+        except (OSError, AttributeError, TypeError):
+            return True
+        if not peer_uid.is_local_peer(peer[0], self.local_addresses):
+            return False
+        uid = peer_uid.peer_uid(peer, local)
+        if uid is None or peer_uid.allowed_uid(uid):
+            # None: the OS does not tell here (or the peer is gone); nothing to refuse on
+            return False
+        self.other_users += 1
+        if self.other_users == 1 or self.other_users % 100 == 0:
+            log.warning("%s refused a connection from %s: owned by uid %d, not this job's user "
+                        "(%d refused)", self.name, peer[0], uid, self.other_users)
+        return True
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        limits = self.limits
+        if self.connections >= limits.max_connections:
+            self.turned_away += 1
+            if self.turned_away == 1 or self.turned_away % 1000 == 0:
+                log.warning("%s: %d connections open, turned one away with 503 (%d so far)",
+                            self.name, self.connections, self.turned_away)
+            try:
+                writer.write(_status_line(self.version, 503)
+                             + b"Content-Length: 0\r\nConnection: close\r\n\r\n")
+                await self._linger(reader, writer)
+            except (ConnectionError, RuntimeError, OSError):
+                pass
+            writer.close()
+            return
+        self.connections += 1
+        self._writers.add(writer)
+        peer = (writer.get_extra_info("peername") or ("",))[0]
+        try:
+            if self._peer_refused(writer):
+                await self._send(writer, Response(403, b'{"error": "another user\'s process"}'),
+                                 True)
+                return
+            trusted = False
+            while True:
+                try:
+                    head = await asyncio.wait_for(
+                        reader.readuntil(b"\r\n\r\n"),
+                        limits.idle_timeout_s if trusted else limits.header_timeout_s)
+                except asyncio.IncompleteReadError as e:
+                    if e.partial.strip():
+                        await self._send(writer, Response(400, b""), True)
+                    return
+                except asyncio.LimitOverrunError:
+                    raise HttpError(431, "request head too large") from None
+                except asyncio.TimeoutError:
+                    if trusted:  # an idle keep-alive connection of the job's own
+                        return
+                    raise HttpError(408, "request head not sent in time") from None
+                request = self._parse(head, peer)
+                body_reader = BodyReader(self, request, reader, writer)
+                try:
+                    resp = await self.handler(request, body_reader)
+                except HttpError:
+                    raise
+                except Exception:  # noqa: BLE001 - a handler's bug must not reach the loop
+                    log.exception("%s: error serving %s %s", self.name, request.method,
+                                  request.path[:80])
+                    resp = Response(500, b'{"error": "internal error"}', close=True)
+                trusted = trusted or resp.authenticated
+                close = resp.close or not self.keep_alive or not request.keep_alive \
+                    or body_reader.unread
+                await self._send(writer, resp, close)
+                if close:
+                    if body_reader.unread:
+                        await self._linger(reader, writer)
+                    return
+        except HttpError as e:
+            try:
+                body = ('{"error": "%s"}' % e.reason.replace('"', "'")).encode()
+                await self._send(writer, Response(e.status, body), True)
+                await self._linger(reader, writer)
+            except (ConnectionError, asyncio.TimeoutError, RuntimeError):
+                pass
+        except (ConnectionError, asyncio.TimeoutError, RuntimeError):
+            pass
+        except Exception:  # noqa: BLE001 - never let a connection's error reach the loop
+            log.debug("%s: error on a connection from %s", self.name, peer, exc_info=True)
+        except asyncio.CancelledError:
+            pass  # the loop is stopping
+        finally:
+            self.connections -= 1
+            self._writers.discard(writer)
+            writer.close()

@@ -1,0 +1,160 @@
+"""The coordinator's HTTP API (the workers' routes and the control API) on one bounded asyncio
+server.
+
+Requests are checked on the event loop's thread, in this order, and a refused one changes nothing:
+
+1. the bounds of :mod:`launcher.bounded_http` (connections, head size and lines, time to send
+   it, unauthenticated body bytes; another user's local process gets 403);
+2. ``POST`` only (else 405), a ``Content-Length`` of at most ``messages.MAX_BODY_BYTES`` (else 411
+   / 413, unread);
+3. a signature header at all (else 401, unread, no ``100 Continue``), then a valid, fresh, not
+   yet seen signature over the body (else 403, see :mod:`launcher.control_auth`);
+4. only then the JSON body is parsed and the route's handler runs, on a thread of its own (the
+   coordinator's long polls, ``/watch`` and ``/switch``, block for seconds): malformed JSON, JSON
+   nested too deep and fields of the wrong type answer 400.
+
+Unauthenticated clients never get a thread; threads serve authenticated requests only, at most
+one per connection.  Connections that authenticated stay open between requests (the workers'
+keep-alive sessions) for ``IDLE_CONNECTION_TIMEOUT_S``.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, Optional
+
+from hvd_edl import messages
+from launcher.bounded_http import (BodyReader, BoundedHTTPServer, HttpError, Limits, Request,
+                                   Response, connection_cap, listen_socket)
+from launcher.control_auth import Refused, RequestAuthenticator
+from launcher.rendezvous import _local_addresses
+
+log = logging.getLogger(__name__)
+
+IDLE_CONNECTION_TIMEOUT_S = 120.0  # a keep-alive connection of the job's own, between requests
+MAX_CONNECTIONS = 4096             # a worker holds two (its watcher's long poll, its own calls)
+HEADER_TIMEOUT_S = 5.0             # to send a request head on a new connection
+BODY_TIMEOUT_S = 10.0
+
+ROUTES = {
+    "/register": (messages.Register, "register"),
+    "/ready": (messages.Ready, "ready"),
+    "/switch": (messages.SwitchRequest, "switch"),
+    "/started": (messages.Started, "started"),
+    "/watch": (messages.WatchRequest, "watch"),
+    "/leave": (messages.Leave, "leave"),
+}
+
+
+def _json(status: int, obj: Any, close: bool = False, authenticated: bool = False) -> Response:
+    return Response(status, json.dumps(obj).encode(), close=close, authenticated=authenticated)
+
+
+class CoordinatorServer:
+    """Serves a :class:`launcher.coordinator.Coordinator` over HTTP on ``(bind_addr, port)``
+    (port 0: any free), with the checks of the module docstring.
+
+    ``extra_routes`` maps further paths to handlers taking and returning JSON objects (the
+    control API); a handler raising ``ValueError`` / ``KeyError`` / ``TypeError`` answers 400
+    with its message.
+
+    Args:
+        coordinator: answers the workers' routes (its methods block; they run on threads).
+        secret: the per-job secret requests are signed with.
+        bind_addr: address to listen on.
+        port: TCP port, 0 for any free one.
+        extra_routes: path -> handler(dict) -> dict.
+        max_connections: concurrent connections (503 past it); lowered to what the descriptor
+            limit allows.
+
+    Raises:
+        OSError: the address cannot be bound.
+    """
+
+    def __init__(self, coordinator, secret: str, bind_addr: str, port: int = 0,
+                 extra_routes: Optional[Dict[str, Callable[[dict], dict]]] = None,
+                 max_connections: int = MAX_CONNECTIONS):
+        self.coord = coordinator
+        self.extra = extra_routes or {}
+        self.auth = RequestAuthenticator(secret)
+        self.limits = Limits(max_connections=connection_cap(max_connections),
+                             header_timeout_s=HEADER_TIMEOUT_S, body_timeout_s=BODY_TIMEOUT_S,
+                             idle_timeout_s=IDLE_CONNECTION_TIMEOUT_S)
+        self._sock = listen_socket(bind_addr, port, self.limits.backlog)
+        self.port = self._sock.getsockname()[1]
+        self.http = BoundedHTTPServer(self._handle, self.limits, name="coordinator",
+                                      keep_alive=True, same_user_only=True,
+                                      local_addresses=_local_addresses())
+        # one thread per authenticated request in flight (long polls hold theirs for seconds)
+        self._pool = ThreadPoolExecutor(max_workers=self.limits.max_connections,
+                                        thread_name_prefix="coordinator-request")
+        self._loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._loop.run_forever, name="coordinator",
+                                       daemon=True)
+
+    def start(self) -> int:
+        """Start serving; returns the port."""
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.http.start(self._sock), self._loop).result(30)
+        return self.port
+
+    def stop(self) -> None:
+        """Stop accepting, end the event loop (requests in flight are abandoned)."""
+        if self.thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(self.http.shutdown(), self._loop).result(5)
+            except Exception:  # noqa: BLE001 - stopping anyway
+                log.debug("coordinator: cancelling connections failed", exc_info=True)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self.thread.join(5)
+        else:
+            self._sock.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _refuse(self, request: Request, refusal: Refused) -> Response:
+        self.auth.note_refusal("coordinator", request.peer, refusal)
+        return _json(refusal.status, {"error": refusal.reason}, close=True)
+
+    async def _handle(self, request: Request, body_reader: BodyReader) -> Response:
+        if request.method != "POST":
+            return _json(405, {"error": "POST only"}, close=True)
+        try:
+            length = body_reader.length(messages.MAX_BODY_BYTES)
+        except HttpError as e:  # 400 / 411 / 413, nothing read
+            return self._refuse(request, Refused(e.status, e.reason))
+        signature = request.headers.get(messages.AUTH_HEADER.lower())
+        if not signature:
+            return self._refuse(request, Refused(401, "missing signature header "
+                                                 + messages.AUTH_HEADER))
+        body = await body_reader.read(length)
+        try:
+            self.auth.check("POST", request.path, body, signature)
+        except Refused as refusal:
+            return self._refuse(request, refusal)
+        route = ROUTES.get(request.path)
+        if route is None and request.path not in self.extra:
+            return _json(404, {"error": "no such endpoint"}, authenticated=True)
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(self._pool, self._dispatch, request.path, body)
+        except RuntimeError:  # the pool was shut down: the launcher is stopping
+            return _json(503, {"error": "shutting down"}, close=True)
+
+    def _dispatch(self, path: str, body: bytes) -> Response:
+        """Run an authenticated request's route (on a pool thread)."""
+        try:
+            route = ROUTES.get(path)
+            if route is not None:
+                cls, method = route
+                reply = getattr(self.coord, method)(messages.decode(cls, body))
+                return Response(200, messages.encode(reply), authenticated=True)
+            data = messages.loads(body)
+            if not isinstance(data, dict):
+                raise ValueError("expected a JSON object")
+            return _json(200, self.extra[path](data), authenticated=True)
+        except (ValueError, KeyError, TypeError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            return _json(400, {"error": str(msg)}, authenticated=True)

@@ -247,7 +247,8 @@ class BoundedHTTPServer:
     async def start(self, sock: socket.socket) -> None:
         """Start serving on the listening ``sock`` (from :func:`listen_socket`)."""
         self.server = await asyncio.start_server(self._serve, sock=sock,
-                                                 limit=self.limits.max_header_bytes)
+                                                 limit=self.limits.max_header_bytes,
+                                                 backlog=self.limits.backlog)  # it listens again
 
     def close(self) -> None:
         """Stop accepting; connections being served finish on their own bounds."""

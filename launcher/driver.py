@@ -398,7 +398,8 @@ class Driver:
         if w.host in drained:
             return f"drain: host {w.host} drained (hvd-edl-ctl drain)"
         if w.host in self.hosts:
-            return f"discovery: host {w.host} now offers {self.hosts[w.host]} slots"
+            n = self.hosts[w.host]
+            return f"discovery: host {w.host} now offers {n} slot{'s' if n != 1 else ''}"
         why = getattr(self.spec.discovery, "reasons", {}).get(w.host)
         if why:
             return f"discovery: host {w.host} left out ({why})"

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -119,7 +120,7 @@ def test_remote_workers_get_environment_cwd_and_prefixed_output(cluster, cluster
 
 def test_static_two_host_job_trains_over_gloo(cluster, cluster_job, tmp_path):
     job = cluster_job(["-np", "2", "-H", "h1:1,h2:1"],
-                      [sys.executable, DIGITS, "--epochs", "2", "--summary",
+                      [sys.executable, DIGITS, "--epochs", "1", "--summary",
                        str(tmp_path / "summary.json")])
     assert job.finish(120) == 0, job.output()[-3000:]
     s = json.loads((tmp_path / "summary.json").read_text())
@@ -130,34 +131,41 @@ def test_static_two_host_job_trains_over_gloo(cluster, cluster_job, tmp_path):
 def test_scale_out_scale_in_and_remote_kill_use_each_sample_once(cluster, cluster_job, tmp_path,
                                                                  monkeypatch):
     """Stop-free scale-out onto a new host, graceful scale-in of a host that leaves discovery,
-    kill -9 of a remote worker (the survivors go on), and the audit: every sample of the epoch
-    exactly once."""
+    kill -9 of a remote worker (the survivors go on), and the audit: every sample of every epoch
+    exactly once across the changes."""
     ledger = tmp_path / "ledger"
     monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
     job = cluster_job(["-np", "2", "--min-np", "1", "--max-np", "3", "--discovery-interval",
                        "0.2"],
-                      long_digits(tmp_path, "--repeat-data", "24", "--step-delay", "0.03"),
+                      long_digits(tmp_path, "--repeat-data", "2", "--step-delay", "0.02"),
                       hosts="h1:1\nh2:1")
+    t0 = time.monotonic()
     job.wait_generation(1)
+    marks = [("start", time.monotonic() - t0)]
     job.set_hosts("h1:1\nh2:1\nh3:1")                      # a new host
     out = job.wait_generation(2)
     assert out["kind"] == "scale_out" and out["world_size"] == 3, out
     assert _worker_host(job, "w3") == "h3"
+    marks.append(("scale-out", time.monotonic() - t0))
     job.set_hosts("h1:1\nh3:1")                            # h2 leaves (spot notice)
     inn = job.wait_generation(3)
     assert inn["kind"] == "scale_in" and inn["rolled_back_steps"] == 0, inn
+    marks.append(("scale-in", time.monotonic() - t0))
     pid = job.wait_for("w3's training process", lambda: job.remote_pid("h3", "w3"), 30)
     os.kill(pid, signal.SIGKILL)                           # kill -9 on the remote host
     fail = job.wait_generation(4)
     assert fail["kind"] == "failure" and fail["world_size"] == 1, fail
+    marks.append(("kill", time.monotonic() - t0))
     job.end_training()
     assert job.finish(120) == 0, job.output()[-3000:]
+    marks.append(("end", time.monotonic() - t0))
+    print("cluster timetable (s):", ", ".join(f"{k} {v:.1f}" for k, v in marks))
     print(f"cluster: scale-out stall {out['stall_s']:.3f} s, scale-in {inn['stall_s']:.3f} s, "
           f"remote kill -9 {fail['stall_s']:.3f} s")
     assert not [p for p in cluster.pids("h2") if DIGITS in " ".join(_cmdline(p))], \
         "the worker of the host that left still runs"
-    report = audit.check(ledger, DIGITS_TRAIN * 24)
-    assert report.epochs[0].complete, report.to_dict()
+    report = audit.check(ledger, DIGITS_TRAIN * 2)
+    assert report.epochs and all(e.complete for e in report.epochs), report.to_dict()
     assert (report.repeated, report.missing) == (0, 0), report.to_dict()
 
 
@@ -172,14 +180,21 @@ def _all_args() -> str:
     return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 
 
-def test_secret_never_in_any_argv(cluster, cluster_job, tmp_path, job_factory):
+def test_secret_never_in_any_argv(cluster, cluster_job, tmp_path):
     """A cluster job and a local one: the job secret is in no process's command line while the
     workers train (remote workers get it over the ssh session's stdin)."""
     tmp_local = tmp_path / "local"
     tmp_local.mkdir()
     job = cluster_job(["-np", "2", "-H", "h1:1,h2:1"], long_digits(tmp_path))
-    local = job_factory(["-np", "2", "--job-file", str(tmp_local / "job.json")],
-                        long_digits(tmp_local))
+    local = Job(tmp_local, ["-np", "2", "--job-file", str(tmp_local / "job.json")],
+                long_digits(tmp_local))
+    try:
+        _check_secret_not_in_argv(cluster, job, local, tmp_local)
+    finally:
+        local.stop()
+
+
+def _check_secret_not_in_argv(cluster, job, local, tmp_local) -> None:
     for j, path in ((job, job.job_file), (local, tmp_local / "job.json")):
         j.wait_for("training", lambda: any(
             e.get("world_size") == 2 for e in j.events()), 90)

@@ -17,15 +17,16 @@ class GenerationEvent:
 
     ``kind``: "start" | "scale_out" | "scale_in" | "replace" (as many workers left as joined,
     e.g. a job moved to other hosts) | "failure".  ``left`` / ``joined``: the workers
-    (``id@host:slot``) that left the previous ring and that joined this one.  ``step``: optimizer step boundary
-    at which it took effect.  ``stall_s``: the longest pause (seconds) among workers that trained in
-    both generations, from the end of their last step in the old ring to the start of their first
-    in the new one (0 for "start").  ``rolled_back_steps``: steps redone after a failure.
-    ``time``: unix seconds when the generation formed.  ``phases``: where the stall went, as the
-    slowest continuing worker reported it (``messages.Started.phases``: boundary, shutdown, wait,
-    init, sync, rest; seconds).  ``state_lost``: a failure after which no member of the previous
-    ring was left, so training restarted from the joiners' initial state (``rolled_back_steps``
-    is then at least the step the previous ring started at, a lower bound of the work lost).
+    (``id@host:slot``) that left the previous ring and that joined this one.  ``step``:
+    optimizer step boundary at which it took effect.  ``stall_s``: the longest pause (seconds)
+    among workers that trained in both generations, from the end of their last step in the old
+    ring to the start of their first in the new one (0 for "start").  ``rolled_back_steps``:
+    steps redone after a failure. ``time``: unix seconds when the generation formed.
+    ``phases``: where the stall went, as the slowest continuing worker reported it
+    (``messages.Started.phases``: boundary, shutdown, wait, init, sync, rest; seconds).
+    ``state_lost``: a failure after which no member of the previous ring was left, so training
+    restarted from the joiners' initial state (``rolled_back_steps`` is then at least the step
+    the previous ring started at, a lower bound of the work lost).
     """
     generation: int
     kind: str

@@ -47,9 +47,10 @@ class ProgressBoard:
         if step < 0:
             return
         prev = self.latest.get(worker_id)
-        if prev is not None and now - prev.at >= RATE_WINDOW_S:
-            self.earlier[worker_id] = prev
-        elif prev is not None and worker_id not in self.earlier:
+        first = self.earlier.get(worker_id)
+        # the rate's start: a report at least a second back, with known samples, not rolled back
+        if prev is not None and (first is None or now - prev.at >= RATE_WINDOW_S
+                                 or first.samples < 0 <= prev.samples or prev.step < first.step):
             self.earlier[worker_id] = prev
         self.latest[worker_id] = Progress(step, epoch, samples, now)
 
@@ -77,7 +78,3 @@ class ProgressBoard:
                 "samples": None if last.samples < 0 else last.samples,
                 "steps_per_s": steps_per_s, "samples_per_s": samples_per_s,
                 "age_s": round(now - last.at, 3)}
-
-    def forget(self, worker_id: str) -> None:
-        self.latest.pop(worker_id, None)
-        self.earlier.pop(worker_id, None)

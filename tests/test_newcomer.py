@@ -113,7 +113,7 @@ def test_each_change_of_discovery_problem_is_reported(tmp_path):
         _stop(proc, out)
 
 
-# ---- refused launches ------------------------------------------------------------------------------
+# ---- refused launches ----------------------------------------------------------------------------
 
 def test_refused_launch_leaves_no_job_file(tmp_path):
     """Before: the job file was written (and its 'control:' line printed) before the slot check,
@@ -136,7 +136,7 @@ def test_flag_typo_suggests_the_closest_flag():
     assert "unrecognized arguments: --max-nps (did you mean --max-np?)" in r.stderr
 
 
-# ---- hvd-edl-ctl ----------------------------------------------------------------------------------
+# ---- hvd-edl-ctl --------------------------------------------------------------------------------
 
 def test_ctl_status_list_pid_and_scale_wait_timeout(tmp_path):
     """Before: status showed only the step the generation formed at (no epoch, rate or age),

@@ -313,7 +313,8 @@ class Driver:
         """The job as ``hvd-edl-ctl status`` shows it (see :meth:`Coordinator.snapshot`), plus
         the target world size, bounds, hosts, drained and blacklisted hosts, and the training
         command.  Asks the members for fresh progress first (at most half a second)."""
-        self.coord.fresh_progress(wait_s=0.5)
+        if self.spec.elastic:  # static workers keep no long poll open (nothing to ask)
+            self.coord.fresh_progress(wait_s=0.5)
         now = time.monotonic()
         out = self.coord.snapshot()
         out["usable_slots"] = self._capacity()  # up to the target world size

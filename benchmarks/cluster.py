@@ -1,0 +1,252 @@
+"""hvd_edl against Horovod Elastic on the namespace cluster (tests/cluster.py): 3 hosts with an
+sshd each, the launcher in its own namespace, real ssh, Gloo over the bridge.
+
+Both systems run ``benchmarks/workload.py`` (the digits CNN, batch 16 per rank, commit every 10
+steps) from a discovery script (``cat`` of a hosts file), one slot per host, and face the same
+faults, each in a fresh job:
+
+  scale_out    2 -> 3: host h3 added to discovery
+  scale_in     3 -> 2: host h3 leaves discovery (graceful)
+  remote_kill  3 workers, kill -9 of the worker on h3
+  vanish       3 workers, h3 taken off the bridge (no FIN, no reset)
+  freeze       3 workers, every process of h3 SIGSTOPped
+
+Per run: survived (the other workers train again), time from the fault to the start of their
+first step in the new ring (scale_out / scale_in: the stall, from bench.py's change_stall), steps
+lost (rolled back).  Every run is bounded (``--bound`` seconds after the fault, default 120).
+Prints a table and writes benchmarks/results/cluster.json.
+
+    sudo .venv/bin/python benchmarks/cluster.py                 # about 10 minutes on 2 cores
+    .venv/bin/python benchmarks/cluster.py --only hvd_edl --faults vanish --bound 60
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench import BATCH, change_stall, kill_outcome, machine_info  # noqa: E402
+
+
+def _load_test_cluster():
+    """tests/cluster.py, loaded by path (this file's own name would shadow it)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("hvd_edl_tests_cluster",
+                                                  ROOT / "tests" / "cluster.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_cluster = _load_test_cluster()
+Cluster, ClusterUnavailable = _cluster.Cluster, _cluster.ClusterUnavailable
+
+BIN = Path(sys.executable).parent
+WORKLOAD = str(ROOT / "benchmarks" / "workload.py")
+RESULTS = ROOT / "benchmarks" / "results"
+SYSTEMS = ("hvd_edl", "horovod_elastic")
+FAULTS = ("scale_out", "scale_in", "remote_kill", "vanish", "freeze")
+SETTLE_STEPS = 20
+
+
+class ClusterJob:
+    """One launcher in the cluster's launcher namespace running the workload."""
+
+    def __init__(self, c: Cluster, system: str, tmp: Path, hosts: List[str]):
+        self.c, self.system, self.tmp = c, system, tmp
+        self.timeline_dir = tmp / "timelines"
+        self.timeline_dir.mkdir()
+        self.hosts_path = tmp / "hosts"
+        self.stop_path = tmp / "stop"
+        self.set_hosts(hosts)
+        discover = tmp / "discover.sh"
+        discover.write_text(f"#!/bin/sh\ncat {self.hosts_path}\n")
+        discover.chmod(0o755)
+        workload = [sys.executable, WORKLOAD, "--system", system,
+                    "--timeline-dir", str(self.timeline_dir), "--stop-file", str(self.stop_path),
+                    "--batch-size", str(BATCH), "--commit-every", "10"]
+        common = ["-np", str(len(hosts)), "--min-np", "1", "--max-np", "3",
+                  "--network-interface", c.nic, "-i", c.identity_file,
+                  "--host-discovery-script", str(discover)]
+        if system == "hvd_edl":
+            cmd = [str(BIN / "hvd-edl-run"), *common, "--event-log", str(tmp / "events.jsonl"),
+                   "--blacklist-cooldown-range", "5", "10"]
+        else:
+            cmd = [str(BIN / "horovodrun"), "--gloo", *common,
+                   "--blacklist-cooldown-range", "5", "10"]
+        self.out = open(tmp / "launcher.out", "w")
+        self.proc = c.popen("launcher", cmd + workload, stdout=self.out,
+                            stderr=subprocess.STDOUT, cwd=str(ROOT), start_new_session=True)
+
+    def set_hosts(self, hosts: List[str]) -> None:
+        new = self.hosts_path.with_suffix(".new")
+        new.write_text("".join(f"{h}:1\n" for h in hosts))
+        os.replace(new, self.hosts_path)
+
+    def timelines(self) -> Dict[int, List[dict]]:
+        out = {}
+        for f in self.timeline_dir.glob("timeline-*.jsonl"):
+            recs = []
+            for line in f.read_text().splitlines():
+                try:
+                    recs.append(json.loads(line))
+                except ValueError:
+                    pass
+            out[int(f.stem.split("-")[1])] = recs
+        return out
+
+    def wait(self, pred, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if pred(self.timelines()):
+                return True
+            if self.proc.poll() is not None:
+                return bool(pred(self.timelines()))
+            time.sleep(0.1)
+        return False
+
+    def settled(self, size: int, after: float, timeout_s: float) -> bool:
+        return self.wait(lambda tl: sum(
+            1 for recs in tl.values()
+            if sum(1 for r in recs if r["size"] == size and r["t"] > after) >= SETTLE_STEPS)
+            >= size, timeout_s)
+
+    def pid_on(self, host: str) -> Optional[int]:
+        on = set(self.c.pids(host))
+        return next((p for p in self.timelines() if p in on), None)
+
+    def end(self) -> None:
+        self.stop_path.touch()
+        for h in self.c.hosts:
+            self.c.thaw(h)
+        try:
+            self.proc.wait(timeout=10)
+        except Exception:  # noqa: BLE001 - whatever state it is in, it goes now
+            pass
+        for p in [self.proc.pid, *self.timelines()]:
+            try:
+                for q in [psutil.Process(p), *psutil.Process(p).children(recursive=True)]:
+                    q.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.out.close()
+
+    def tail(self, n: int = 6) -> List[str]:
+        lines = (self.tmp / "launcher.out").read_text(errors="replace").splitlines()
+        return [x for x in lines if not x.startswith("[")][-n:]
+
+
+def reset_hosts(c: Cluster) -> None:
+    """Every host back on the bridge, running, with nothing but its sshd."""
+    for name, h in c.hosts.items():
+        c.thaw(name)
+        try:
+            c.reconnect(name)
+        except RuntimeError:
+            pass
+        sshd = c._sshd[name].pid
+        for pid in c.pids(name):
+            if pid != sshd:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+def run_one(c: Cluster, system: str, fault: str, bound_s: float) -> dict:
+    start_hosts = ["h1", "h2"] if fault == "scale_out" else ["h1", "h2", "h3"]
+    size = len(start_hosts)
+    with tempfile.TemporaryDirectory(prefix="hvdedl-bench-") as tmp:
+        job = ClusterJob(c, system, Path(tmp), start_hosts)
+        res: dict = {"system": system, "fault": fault}
+        try:
+            if not job.settled(size, 0, 120):
+                res.update(survived=False, error=f"ring of {size} never formed: {job.tail()}")
+                return res
+            victim = job.pid_on("h3")
+            t = time.time()
+            if fault == "scale_out":
+                job.set_hosts(["h1", "h2", "h3"])
+                new = 3
+            elif fault == "scale_in":
+                job.set_hosts(["h1", "h2"])
+                new = 2
+            elif fault == "remote_kill":
+                os.kill(victim, signal.SIGKILL)
+            elif fault == "vanish":
+                c.cut("h3")
+            elif fault == "freeze":
+                c.freeze("h3")
+            if fault in ("scale_out", "scale_in"):
+                ok = job.settled(new, t, bound_s)
+                st = change_stall(job.timelines(), size, new, t) if ok else None
+                res.update(survived=bool(st), recovery_s=st and st["stall_s"],
+                           steps_lost=st and st["rolled_back_steps"])
+            else:
+                def recovered(tl):
+                    return kill_outcome(tl, victim, t, size).get("survives")
+                job.wait(recovered, bound_s)
+                out = kill_outcome(job.timelines(), victim, t, size)
+                res.update(survived=out["survives"], recovery_s=out.get("recovery_s"),
+                           steps_lost=out.get("steps_lost"), new_size=out.get("new_size"))
+            if not res["survived"]:
+                res["note"] = f"no survivor trained again within {bound_s:g} s: {job.tail(3)}"
+            return res
+        finally:
+            job.end()
+            reset_hosts(c)
+
+
+def table(rows: List[dict]) -> str:
+    lines = [f"{'fault':<12} {'system':<16} {'survived':<9} {'recovery_s':>10} {'steps_lost':>10}"]
+    for r in rows:
+        rec = f"{r['recovery_s']:.2f}" if r.get("recovery_s") is not None else "-"
+        lost = str(r["steps_lost"]) if r.get("steps_lost") is not None else "-"
+        lines.append(f"{r['fault']:<12} {r['system']:<16} {str(r['survived']):<9} {rec:>10} "
+                     f"{lost:>10}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", choices=SYSTEMS, action="append")
+    p.add_argument("--faults", nargs="+", choices=FAULTS, default=list(FAULTS))
+    p.add_argument("--bound", type=float, default=120.0,
+                   help="seconds after a fault before a run counts as not survived")
+    p.add_argument("--out", default=str(RESULTS / "cluster.json"))
+    a = p.parse_args()
+    try:
+        c = Cluster(hosts=3)
+    except ClusterUnavailable as e:
+        print(f"cluster benchmark skipped: {e}", file=sys.stderr)
+        return 0
+    rows = []
+    with c:
+        for fault in a.faults:
+            for system in a.only or SYSTEMS:
+                t0 = time.monotonic()
+                r = run_one(c, system, fault, a.bound)
+                r["run_s"] = round(time.monotonic() - t0, 1)
+                print(json.dumps(r), flush=True)
+                rows.append(r)
+    print(table(rows))
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps({"machine": machine_info(), "bound_s": a.bound,
+                                       "runs": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

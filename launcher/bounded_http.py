@@ -19,11 +19,15 @@ Peers on this machine (loopback, or one of its own addresses) owned by another u
 with 403 where the OS says who owns them (:mod:`launcher.peer_uid`).  Malformed input of any kind
 gets a 4xx answer; an exception in a handler a 500; neither reaches the event loop.  A connection
 whose request authenticated (the handler says so) may stay open between requests for
-``idle_timeout_s`` (the workers' keep-alive sessions and long polls).
+``idle_timeout_s`` (the workers' keep-alive sessions and long polls).  After a burst of
+connections the heap pages their buffers used are handed back to the OS (``malloc_trim``), so
+the launcher's memory returns to its baseline.
 """
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import logging
 import resource
 import socket
@@ -42,6 +46,8 @@ REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized",
 LINGER_S = 1.0             # longest we discard a refused request's unread input (seconds)
 LINGER_BYTES = 1 << 20     # most input discarded so (bytes)
 MAX_LINGERING = 256        # connections lingering at once; past it, closed at once
+TRIM_AFTER_CLOSED = 64     # connections closed before memory is handed back to the OS
+TRIM_DELAY_S = 1.0         # ... at most once a second, this long after the 64th
 FD_RESERVE = 256           # descriptors kept for everything but our servers' connections
 WANTED_FDS = 65536         # the soft descriptor limit we raise to, if the hard limit allows
 
@@ -208,6 +214,23 @@ async def _discard(reader: asyncio.StreamReader, max_bytes: int) -> None:
         max_bytes -= len(data)
 
 
+def _malloc_trim() -> Optional[Callable[[int], int]]:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None  # not glibc: nothing to hand back explicitly
+
+
+_TRIM = _malloc_trim()
+
+
+def release_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc ``malloc_trim``): after a burst of
+    connections the allocator otherwise keeps their buffers' pages, and the process its peak."""
+    if _TRIM is not None:
+        _TRIM(0)
+
+
 def _status_line(version: bytes, status: int) -> bytes:
     return b"%s %d %s\r\n" % (version, status, REASONS.get(status, "").encode())
 
@@ -239,6 +262,8 @@ class BoundedHTTPServer:
         self.connections = 0
         self.pending_body_bytes = 0
         self.lingering = 0
+        self._closed_since_trim = 0
+        self._trim_pending = False
         self.turned_away = 0          # connections answered 503 at the cap
         self.other_users = 0          # local peers of another user refused
         self.server: Optional[asyncio.base_events.Server] = None
@@ -399,3 +424,14 @@ class BoundedHTTPServer:
             self.connections -= 1
             self._writers.discard(writer)
             writer.close()
+            self._closed_since_trim += 1
+            if self._closed_since_trim >= TRIM_AFTER_CLOSED and not self._trim_pending:
+                self._trim_pending = True
+                asyncio.get_running_loop().call_later(TRIM_DELAY_S, self._trim)
+
+    def _trim(self) -> None:
+        """A burst of connections ended (or goes on): give their memory back, at most once per
+        ``TRIM_DELAY_S``."""
+        self._trim_pending = False
+        self._closed_since_trim = 0
+        release_memory()

@@ -10,8 +10,8 @@ Life of a worker (see ../shared/DESIGN.md, "The membership protocol"):
   and calls ``horovod.torch.init()``.
 * A watcher thread long-polls the coordinator (``POST /watch``, blocked in a receive: no CPU
   while nothing changes) and raises a local flag when a switch is wanted.  At
-  ``state.commit()`` the members agree through one allreduce of that flag (at most every
-  ``hvd_edl.state.AGREE_PERIOD_S``) whether to switch; :meth:`rejoin` then shuts Horovod down
+  ``state.commit()`` the members agree through one small allreduce of that flag (pipelined:
+  see ``hvd_edl.state._agree``) whether to switch; :meth:`rejoin` then shuts Horovod down
   and initialises it for the next generation, or exits 0 when this worker is scaled in.
 
 Outside ``hvd-edl-run`` (no coordinator in the environment) everything falls back to plain Horovod.
@@ -73,13 +73,11 @@ class WorkerRuntime:
         self._phases: Dict[str, float] = {}
         self._init_done: Optional[float] = None
         self._removal_only = False
-        # the switch agreement (hvd_edl.state._agree): the in-flight Horovod handle, the
-        # generation's commit count, the next agreement commit, the commit period (seconds)
+        # the switch agreement (hvd_edl.state._agree): the in-flight Horovod handle, whether
+        # the next commit waits for its own agreement, the last commit's monotonic time
         self.pending_agreement = None
-        self.commits_in_generation = 0
-        self.next_agreement_commit = 0
+        self.agree_now = False
         self.last_commit_at: Optional[float] = None
-        self.commit_period_s: Optional[float] = None
         self._ring: Dict[int, str] = {}  # Gloo's sockets of this generation (fd: inode)
         self._leaving = False
         self._ready_reported = False
@@ -224,12 +222,11 @@ class WorkerRuntime:
             self._watcher = threading.Thread(target=self._watch, name="hvd_edl-watch",
                                              daemon=True)
             self._watcher.start()
-        # a new ring: nothing in flight on any member, commits counted afresh on all of them
+        # a new ring: nothing in flight on any member, the same agreement mode on all of them;
+        # the first commit period counts from here
         self.pending_agreement = None
-        self.commits_in_generation = 0
-        self.next_agreement_commit = 0
-        self.last_commit_at = None
-        self.commit_period_s = None
+        self.agree_now = False
+        self.last_commit_at = time.monotonic()
 
     # ---- SIGTERM: leave gracefully ------------------------------------------------------------
 

@@ -64,11 +64,9 @@ class State:
         """Agree on "the coordinator asked for a switch" with one allreduce (max) of a flag;
         raises ``HostsUpdatedInterrupt`` on every rank when any rank saw the request.
 
-        The allreduce is pipelined: the flags sent at one agreement commit are read at the
-        next (it runs alongside the training steps' gradient allreduces instead of stalling
-        the commit), and commits closer together than ``AGREE_PERIOD_S`` share one agreement
-        (see :func:`_agree`), so every rank switches at the same commit, at most two agreement
-        periods after the request.  A generation's first commit only sends.
+        The allreduce is pipelined (see :func:`_agree`): every rank switches at the same
+        commit, the first or second after the request (the first when commits are at least
+        ``SYNC_AGREE_S`` apart).  A generation's first commit only sends.
         """
         rt = runtime.get()
         if rt is None or not rt.elastic or not rt.joined:
@@ -102,27 +100,31 @@ class State:
             ledger.write("sync", **audit.position())
 
 
-AGREE_PERIOD_S = float(os.environ.get("HVD_EDL_AGREE_PERIOD_S", "0.25"))
-"""Target seconds between two switch agreements (``HVD_EDL_AGREE_PERIOD_S``): commits closer
-together than this share one agreement allreduce."""
-MAX_AGREE_EVERY = 64  # commits between two agreements, at most
+SYNC_AGREE_S = float(os.environ.get("HVD_EDL_SYNC_AGREE_S", "0.5"))
+"""Commit period (seconds, ``HVD_EDL_SYNC_AGREE_S``) from which the agreement is waited for at
+the commit that sends it instead of at the next one: a blocked allreduce of two integers (well
+under a millisecond here) is nothing beside commits this far apart, and a switch requested
+between slow commits then happens at the first commit after the request, not the second."""
 
 
 def _agree(rt, change_pending: Callable[[], bool]) -> bool:
-    """One check for host updates, pipelined and thinned out: at an *agreement commit*, read the
-    flags allreduced at the previous one (False at a generation's first), then send this one's
-    flag (``change_pending()``: the runtime's watcher flag, no request); at other commits do
-    nothing.
+    """One check for host updates at every commit, one small allreduce (max) of two int32s:
+    ``[flag, slow]``, where ``flag`` is ``change_pending()`` (the runtime's watcher flag: no
+    request) and ``slow`` says this rank's last commit period was at least ``SYNC_AGREE_S``.
 
-    Every agreement carries, besides the flag, each rank's proposal for how many commits apart
-    the next agreement should be (commits per ``AGREE_PERIOD_S`` from its own commit period, at
-    most ``MAX_AGREE_EVERY``); the allreduce takes the smallest proposal (the max of the
-    negated ones), so every rank reads the same spacing and the same commits are agreement
-    commits on all of them, and one rank's stale or odd estimate can only make agreements more
-    frequent.  With commits every 60 ms this costs one small allreduce per quarter second
-    instead of one per commit, and a switch is agreed at most two agreement periods after the
-    coordinator asked for it.  ``rt.pending_agreement`` holds the in-flight handle; the runtime
-    clears it and the commit count when a generation starts.
+    Pipelined by default: the allreduce a commit sends is read at the next commit (it runs
+    alongside the training steps' gradient allreduces instead of stalling the commit), so a
+    switch requested before commit ``k`` is agreed at commit ``k + 1``.  The ``slow`` votes of
+    the agreement read at commit ``k`` decide, identically on every rank, whether commit ``k``'s
+    own agreement is waited for at once (any rank slow): then a switch requested before commit
+    ``k`` is agreed at ``k``.  Every rank reads the same results, so every rank switches at the
+    same commit.  A generation's first commit has nothing to read and only sends.
+
+    Horovod checks at every commit too, with a blocking broadcast of its host messages
+    (``horovod/common/elastic.py``, ``State.check_host_updates``).  An earlier version here
+    thinned agreements out to one per quarter second, counted in commits learnt from the recent
+    commit rate; after a pause (an evaluation pass) those commits could take minutes, so a
+    requested switch came epochs late (issue 13).
 
     Raises:
         HorovodInternalError: a member failed.
@@ -130,31 +132,27 @@ def _agree(rt, change_pending: Callable[[], bool]) -> bool:
     import torch
     import horovod.torch as _hvd
     now = time.monotonic()
-    if rt.last_commit_at is not None:
-        dt = now - rt.last_commit_at
-        prev = rt.commit_period_s
-        rt.commit_period_s = dt if prev is None else 0.8 * prev + 0.2 * dt
+    slow = rt.last_commit_at is not None and now - rt.last_commit_at >= SYNC_AGREE_S
     rt.last_commit_at = now
-    n = rt.commits_in_generation
-    rt.commits_in_generation += 1
-    if n < rt.next_agreement_commit:
-        return False
     previous = rt.pending_agreement
     rt.pending_agreement = None
-    every = 1
+    wait_now = rt.agree_now  # a result read at the previous commit asked for it
+    rt.agree_now = False
     if previous is not None:
         result = _hvd.synchronize(previous)
         if int(result[0]) > 0:
             return True
-        every = max(1, min(-int(result[1]), MAX_AGREE_EVERY))
-    rt.next_agreement_commit = n + every
-    proposal = 1
-    if rt.commit_period_s:
-        proposal = max(1, min(int(AGREE_PERIOD_S / rt.commit_period_s), MAX_AGREE_EVERY))
+        wait_now = int(result[1]) > 0
     flag = 1 if change_pending() else 0
-    rt.pending_agreement = _hvd.allreduce_async_(
-        torch.tensor([flag, -proposal], dtype=torch.int32), op=_hvd.Max,
-        name="hvd_edl.check_host_updates")
+    handle = _hvd.allreduce_async_(torch.tensor([flag, 1 if slow else 0], dtype=torch.int32),
+                                   op=_hvd.Max, name="hvd_edl.check_host_updates")
+    if not wait_now:
+        rt.pending_agreement = handle
+        return False
+    result = _hvd.synchronize(handle)
+    if int(result[0]) > 0:
+        return True
+    rt.agree_now = int(result[1]) > 0  # still slow: the next commit waits for its own too
     return False
 
 

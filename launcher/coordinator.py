@@ -30,6 +30,7 @@ from launcher.rendezvous import GenerationRendezvous
 log = logging.getLogger(__name__)
 
 EVENT_REPORT_TIMEOUT_S = 30.0
+STATE_LOST_LIMIT = 3  # generations a job may start from the initial state after a failure
 
 
 @dataclass
@@ -87,6 +88,9 @@ class Coordinator:
         self.finishing = False
         self.stopping = False  # the launcher is terminating every worker (SIGTERM means die)
         self.failure: Optional[str] = None
+        self.failed_worker: Optional[str] = None  # whose exit code the job ends with
+        self.first_script_error: Optional[str] = None  # first member to exit with status > 0
+        self.state_lost_restarts = 0
         self.progress = ProgressBoard()  # steps / epoch / samples the watchers report
 
     # ---- driver side ---------------------------------------------------------------------------
@@ -121,8 +125,34 @@ class Coordinator:
                     self.finishing = True
             else:
                 rec.move(WorkerState.DEAD)
+                self._check_script_failure(rec)
             self._try_form()
             self.cond.notify_all()
+
+    def _check_script_failure(self, rec: WorkerRecord) -> None:
+        """End the job when every member of the current generation has died and at least one
+        ended with an exit status > 0 (an error of the script itself, not a signal): nobody
+        holds the committed state, and a new ring would start the script over from its
+        initial state, only to fail the same way (Horovod's expectation for "all ranks
+        failing" is a failed job; issue 13).  Members killed by signals (a revoked VM, an OOM
+        kill) do not end the job here; see ``STATE_LOST_LIMIT``."""
+        g = self.current
+        if g is None or not self.elastic or rec.worker_id not in g.members:
+            return
+        if rec.exit_code is not None and rec.exit_code > 0 and self.first_script_error is None:
+            self.first_script_error = rec.worker_id
+        members = [self.workers[w] for w in g.members]
+        if any(w.state.alive for w in members):
+            return
+        culprit = next((w for w in members if w.worker_id == self.first_script_error), None) \
+            or next((w for w in members if (w.exit_code or 0) > 0), None)
+        if culprit is None:
+            return
+        self.failed_worker = culprit.worker_id
+        self.failure = (f"every worker of generation {g.number} failed, the first with exit "
+                        f"code {culprit.exit_code} (rank {culprit.rank} on host {culprit.host}, "
+                        f"{culprit.label}): no worker holds the committed state, and restarting "
+                        f"the script from its initial state would fail the same way")
 
     def request_leave(self, worker_id: str) -> bool:
         """Ask a worker to leave gracefully (scale-in).  A member leaves at the next step
@@ -226,20 +256,23 @@ class Coordinator:
     # ---- worker side (HTTP) --------------------------------------------------------------------
 
     def provisional(self, worker_id: str, initial_np: int = 0) -> Tuple[int, int]:
-        """(rank, size) a worker would have if the next generation formed now: among the
-        initial workers by spawn order (``initial_np``: how many are being started, when
-        the caller knows it before all are added), else after the members and the joiners
-        already waiting.  What ``HOROVOD_RANK/SIZE`` say before the worker joins."""
+        """(rank, size) a worker would have if the next generation formed now: before the first
+        generation, its place among the workers not leaving by spawn order (``initial_np``:
+        how many are being started, when the caller knows it before all are added); later,
+        after the staying members and the joiners spawned before it.  What ``HOROVOD_RANK/SIZE`` say before the worker joins."""
         with self.lock:
             rec = self._worker(worker_id)
-            if self.current is None:
-                initial = sorted((w for w in self.workers.values() if w.initial),
-                                 key=lambda w: w.order)
-                size = max(len(initial), initial_np, 1)
-                prov_rank = next((i for i, w in enumerate(initial) if w is rec), 0)
-            else:
-                waiting = [w for w in self._ready() if w is not rec]
-                size = len(self.current.members) + len(waiting) + 1
+            if self.current is None:  # every worker not leaving, by spawn order
+                waiting = sorted((w for w in self.workers.values() if w is rec or w.state in (
+                    WorkerState.PENDING, WorkerState.READY)), key=lambda w: w.order)
+                size = max(len(waiting), initial_np, 1)
+                prov_rank = next((i for i, w in enumerate(waiting) if w is rec), 0)
+            else:  # after the staying members and the joiners spawned before it
+                staying = [w for w in self.current.members
+                           if self.workers[w].state == WorkerState.MEMBER]
+                earlier = [w for w in self.workers.values() if w.order < rec.order
+                           and w.state in (WorkerState.PENDING, WorkerState.READY)]
+                size = len(staying) + len(earlier) + 1
                 prov_rank = size - 1
             return prov_rank, min(size, self.max_np)
 
@@ -418,8 +451,16 @@ class Coordinator:
             return
         if self.current is not None and self.reset_limit is not None \
                 and len(self.history) > self.reset_limit:
-            self.failure = (f"reset limit reached: {len(self.history) - 1} generation changes "
-                            f"(--reset-limit {self.reset_limit})")
+            # Horovod's words (horovod.runner.elastic.constants.RESET_LIMIT_EXCEEDED_MESSAGE)
+            self.failure = (f"Horovod was shutdown because number of resets during elastic job "
+                            f"exceeded limit: {self.reset_limit} (--reset-limit; this would "
+                            f"have been change {len(self.history)})")
+            self.cond.notify_all()
+            return
+        if self.current is not None and not any(w in self.current.members for w in staying) \
+                and self.state_lost_restarts >= STATE_LOST_LIMIT:
+            self.failure = (f"every holder of the committed state died {STATE_LOST_LIMIT + 1} "
+                            f"times: not restarting the script from its initial state again")
             self.cond.notify_all()
             return
         self._form(participants, previous)
@@ -466,6 +507,8 @@ class Coordinator:
         state_lost = self.current is not None and kind == "failure" and not continuing
         if state_lost:  # every holder of the state died: the joiners start from scratch
             rolled_back = max(rolled_back, self.current.step)
+            self.state_lost_restarts += 1
+        self.first_script_error = None
         gen = Generation(number, list(participants), kind, step, rolled_back, time.time(),
                          prev_size, continuing, labels, state_lost=state_lost)
         self.current = gen

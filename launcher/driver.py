@@ -36,7 +36,8 @@ IDLE_LOOP_S = 1.0                # ... while settled (Coordinator.settled, no sl
 SWITCH_TIMEOUT_S = 60.0          # a member this late to a step boundary is considered stuck
 HOST_FAILURES_TO_BLACKLIST = 3   # failed workers on one host (within the window) blacklist it
 HOST_FAILURE_WINDOW_S = 300.0
-COLLATERAL_WINDOW_S = 5.0        # a crash this soon after another one is taken as its echo
+COLLATERAL_WINDOW_S = 5.0        # an abort this soon after another failure is taken as its echo
+ECHO_CODES = (-signal.SIGABRT,)  # how Gloo ends a healthy peer of a crashed process
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class Driver:
         self.last_failure_at = float("-inf")
         self.stop_signal: Optional[int] = None
         self._seq = 0
+        self._initial_np = 0
         self._lock = threading.Lock()
         self._drain_lock = threading.Lock()
 
@@ -161,6 +163,7 @@ class Driver:
                                       ssh_identity_file=self.spec.ssh_identity_file)
         if self.spec.elastic:
             threading.Thread(target=self._discovery_loop, daemon=True).start()
+        self._initial_np = initial
         for _ in range(initial):
             self._spawn_one(initial=True)
         while True:
@@ -177,7 +180,6 @@ class Driver:
             names = ", ".join(w.worker_id for w in self.coord.live_workers()) or "none left"
             print(f"hvd-edl-run: got signal {self.stop_signal}: stopping workers ({names}; "
                   f"{signal.Signals(self.stop_signal).name})", file=sys.stderr)
-
             self.coord.stopping = True
             terminate_all(list(self.procs.values()), grace_s=10.0, sig=self.stop_signal)
             return 128 + self.stop_signal
@@ -186,6 +188,9 @@ class Driver:
             return self._fail_worker(rec, code)
         if self.coord.failure:
             print(f"hvd-edl-run: error: {self.coord.failure}", file=sys.stderr)
+            culprit = self.coord.workers.get(self.coord.failed_worker or "")
+            if culprit is not None and (culprit.exit_code or 0) > 0:
+                return self._fail_worker(culprit, culprit.exit_code)  # the script's own code
             return 1
         if self.spec.elastic:
             self._reconcile(now)
@@ -303,8 +308,10 @@ class Driver:
     def _fail_worker(self, rec: WorkerRecord, code: int) -> int:
         rank = f"rank {rec.rank}" if rec.rank is not None else f"worker {rec.worker_id}"
         how = f"exit code {code}" if code >= 0 else f"signal {-code}"
-        print(f"hvd-edl-run: error: {rank} on host {rec.host} ({rec.label}) failed with {how}",
-              file=sys.stderr)
+        proc = self.procs.get(rec.worker_id)
+        said = getattr(proc, "last_error_line", "") if code > 0 else ""
+        print(f"hvd-edl-run: error: {rank} on host {rec.host} ({rec.label}) failed with {how}"
+              + (f": {said.strip()[:300]}" if said else ""), file=sys.stderr)
         return code if code > 0 else 128 - code
 
     # ---- control API (HTTP threads; the loop acts on the next pass) ------------------------------
@@ -406,7 +413,6 @@ class Driver:
             return f"discovery: host {w.host} left out ({why})"
         return f"discovery: host {w.host} no longer listed"
 
-
     def _spawn_one(self, initial: bool, usable: Optional[Dict[str, List[int]]] = None) -> bool:
         usable = usable if usable is not None else self._usable_slots(time.monotonic())
         taken = {(w.host, w.slot) for w in self.coord.live_workers()}
@@ -424,6 +430,7 @@ class Driver:
         self.coord.add_worker(rec)
         env = {messages.ENV_WORKER_ID: worker_id, messages.ENV_HOST: host,
                messages.ENV_SLOT: str(slot)}
+        env.update(self._horovod_env(rec))
 
         def label() -> str:
             return str(rec.rank) if rec.rank is not None else worker_id
@@ -434,6 +441,23 @@ class Driver:
         self.procs[worker_id] = spawn(self.worker_spec, host, env, label, on_exit,
                                       output_dir=self.spec.output_dir)
         print(f"hvd-edl-run: worker {worker_id} started on {host} slot {slot}", flush=True)
+
+    def _horovod_env(self, rec: WorkerRecord) -> Dict[str, str]:
+        """The ``HOROVOD_*`` variables horovodrun sets before a script starts, as they stand at
+        spawn: ``HOROVOD_HOSTNAME`` and ``HOROVOD_LOCAL_RANK`` (the slot) are the worker's for
+        its life, ``HOROVOD_LOCAL_SIZE`` is its host's slot count; rank, size and the cross
+        figures are provisional (what they would be if the next generation formed now).  The
+        worker sets every one to its ring's values at each join (``hvd_edl.runtime``)."""
+        rank, size = self.coord.provisional(rec.worker_id, self._initial_np if rec.initial else 0)
+        hosts = list(self.hosts) or [rec.host]
+        if rec.host not in hosts:
+            hosts.append(rec.host)
+        return {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size),
+                "HOROVOD_LOCAL_RANK": str(rec.slot),
+                "HOROVOD_LOCAL_SIZE": str(max(self.hosts.get(rec.host, 1), rec.slot + 1)),
+                "HOROVOD_CROSS_RANK": str(hosts.index(rec.host)),
+                "HOROVOD_CROSS_SIZE": str(len(hosts)),
+                "HOROVOD_HOSTNAME": rec.host}
 
     def _on_exit(self, rec: WorkerRecord, code: int) -> None:
         was = rec.state
@@ -452,9 +476,11 @@ class Driver:
 
     def _record_failure(self, rec: WorkerRecord, code: int) -> None:
         now = time.monotonic()
-        if now - self.last_failure_at < COLLATERAL_WINDOW_S:
+        if code in ECHO_CODES and now - self.last_failure_at < COLLATERAL_WINDOW_S:
             # A peer's crash can abort a healthy process inside Horovod's Gloo loop
-            # (gloo::EnforceNotMet, signal 6): its slot is reused, its host not blamed.
+            # (gloo::EnforceNotMet, signal 6): its slot is reused, its host not blamed.  An
+            # exit status > 0 is the script's own error and never an echo: taking it for one
+            # respawned a script that failed everywhere at once, forever (issue 13).
             print(f"hvd-edl-run: {rec.label} ended (code {code}) right after another worker's "
                   f"failure: taken as its echo, the slot stays usable", file=sys.stderr)
             return

@@ -62,6 +62,7 @@ class WorkerProcess:
                  files: Optional[Dict[str, object]] = None, host: Optional[str] = None):
         self.popen = popen
         self.host = host
+        self.last_error_line = ""  # the worker's last non-empty stderr line
         self._label = label
         self._on_exit = on_exit
         self._out = out
@@ -101,6 +102,9 @@ class WorkerProcess:
             lines = self._take_markers(lines)
         if not lines:
             return
+        if name == "stderr":  # what a failure message quotes: the script's last error line
+            self.last_error_line = next((x for x in reversed(lines) if x.strip()),
+                                        self.last_error_line)
         with self._out_lock:
             for line in lines:
                 self._out.write(f"[{self._label()}]<{name}>:{line}\n")

@@ -11,9 +11,11 @@ what Horovod users also do:
 * ``--env-file F``: append the ``HOROVOD_*`` variables as the script sees them right after
   start, right after ``hvd.init()`` and after each (re-)entry into the elastic function.
 
-Horovod's script also waits on ``state._host_messages`` (Horovod's private queue of driver
-notifications) when ``--discovery-wait`` > 0; hvd_edl has no such queue, so run it with
-``--discovery-wait 0`` (the default here).
+With ``--discovery-wait`` > 0 Horovod's script makes rank 0 wait at an epoch's end, when the
+schedule changes the hosts, until the driver has notified it, by polling
+``state._host_messages``, Horovod's *private* queue of driver notifications.  hvd_edl has no
+such queue; this script polls the equivalent, ``hvd_edl.runtime.get().change_pending()`` (the
+runtime's "the coordinator wants a switch" flag), which is not part of Horovod's API either.
 """
 import argparse
 import json
@@ -36,7 +38,10 @@ parser.add_argument("--step-delay", type=float, default=0)
 parser.add_argument("--logfile", required=True)
 parser.add_argument("--exit-schedule", default="{}")
 parser.add_argument("--exit-mode", default="exception", choices=["exception", "kill"])
-parser.add_argument("--discovery-wait", type=int, default=0)
+parser.add_argument("--discovery-wait", type=int, default=0,
+                    help="seconds rank 0 waits at an epoch's end for the driver to notice a "
+                         "scheduled host change (0: do not wait)")
+parser.add_argument("--discovery-schedule", default="[]")
 parser.add_argument("--dataset-size", type=int, default=0)
 parser.add_argument("--batch-size", type=int, default=8)
 parser.add_argument("--record-index", default="enumerate", choices=["enumerate", "zero", "global"])
@@ -55,6 +60,7 @@ def dump_env(when):
 
 dump_env("spawn")
 import hvd_edl.torch as hvd  # noqa: E402 - the one line changed from `import horovod.torch as hvd`
+from hvd_edl import runtime as _runtime  # noqa: E402 - only for --discovery-wait
 
 hvd.init()
 dump_env("init")
@@ -72,6 +78,9 @@ optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_par
 hostname = os.environ.get("HOROVOD_HOSTNAME")
 start_rank = int(os.environ.get("HOROVOD_RANK", 0))
 exit_schedule = json.loads(args.exit_schedule) if args.exit_schedule else {}
+discovery_schedule = json.loads(args.discovery_schedule)
+epoch_to_hosts = {epoch: hosts for epoch, hosts in discovery_schedule if epoch is not None}
+default_hosts = discovery_schedule[-1][1] if discovery_schedule else []
 
 sampler = loader = None
 if args.dataset_size:
@@ -141,6 +150,17 @@ def train(state):
             one_step(state, batch_idx)
         if hvd.rank() == 0:
             log_state(state)
+            current_hosts = epoch_to_hosts.get(state.epoch, default_hosts)
+            next_hosts = epoch_to_hosts.get(state.epoch + 1, default_hosts)
+            if args.discovery_wait > 0 and current_hosts != next_hosts:
+                # Horovod's script polls its private ``state._host_messages`` here; the
+                # hvd_edl equivalent is the runtime's "a switch is wanted" flag
+                print(f"host changes: {current_hosts} -> {next_hosts}")
+                deadline = time.monotonic() + args.discovery_wait
+                while not _runtime.get().change_pending():
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("Timed out waiting for notifications from driver.")
+                    time.sleep(0.05)
         if args.epoch_wait > 0:
             time.sleep(args.epoch_wait)
         state.epoch += 1

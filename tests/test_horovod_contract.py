@@ -1,0 +1,111 @@
+"""What a Horovod script can observe stays Horovod's (issue 13): the elastic unit checks of
+Horovod's own suite, the ``HOROVOD_*`` environment horovodrun gives before a script starts, and
+exactly-once data for scripts that count ``record_batch`` calls the way Horovod does (whatever
+``batch_idx`` they pass)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import LAUNCHER, ROOT
+from hvd_edl import audit
+
+HOROVOD_STYLE = ROOT / "tests" / "horovod_style"
+
+
+def test_horovods_elastic_unit_checks_hold_in_one_process_and_under_the_launcher(tmp_path):
+    script = str(HOROVOD_STYLE / "unit_main.py")
+    env = dict(os.environ, HVD_EDL_QUIET="1")
+    alone = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120,
+                           cwd=str(tmp_path), env=env)
+    assert alone.returncode == 0 and "ok 0 1" in alone.stdout, alone.stdout + alone.stderr
+    two = subprocess.run([LAUNCHER, "-np", "2", sys.executable, script], capture_output=True,
+                         text=True, timeout=120, cwd=str(tmp_path))
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    assert "ok 0 2" in two.stdout and "ok 1 2" in two.stdout
+
+
+def _env_records(path):
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_horovod_environment_is_set_at_spawn_and_updated_at_join(tmp_path, job_factory):
+    """HOROVOD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE/CROSS_RANK/CROSS_SIZE/HOSTNAME are readable before
+    ``hvd.init()`` (scripts pin a GPU or name files with them); a joiner on a second host sees
+    its provisional rank at spawn and the ring's figures once it joined."""
+    env_file = tmp_path / "env.jsonl"
+    job = job_factory(["-np", "2", "--min-np", "1", "--max-np", "3", "--discovery-interval",
+                       "0.2"],
+                      [sys.executable, str(HOROVOD_STYLE / "elastic_main.py"), "--logfile",
+                       str(tmp_path / "log"), "--env-file", str(env_file), "--epochs", "0",
+                       "--stop-file", str(tmp_path / "stop"), "--step-delay", "0.02",
+                       "--batches-per-epoch", "20"],
+                      hosts="localhost:2")
+    job.wait_generation(1)
+    job.set_hosts("localhost:2\n127.0.0.1:1")
+    assert job.wait_generation(2)["world_size"] == 3
+    job.wait_for("the joiner's joined record", lambda: any(
+        r["when"] == "joined" and r["HOROVOD_SIZE"] == "3" and r["HOROVOD_HOSTNAME"] ==
+        "127.0.0.1" for r in _env_records(env_file)), 60)
+    (tmp_path / "stop").touch()
+    assert job.finish() == 0, job.output()[-3000:]
+    by_pid = {}
+    for r in _env_records(env_file):
+        by_pid.setdefault(r["pid"], {}).setdefault(r["when"], r)
+    keys = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+            "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME")
+    spawn = sorted((tuple(w["spawn"][k] for k in keys) for w in by_pid.values()))
+    assert spawn == [("0", "2", "0", "2", "0", "1", "localhost"),
+                     ("1", "2", "1", "2", "0", "1", "localhost"),
+                     ("2", "3", "0", "1", "1", "2", "127.0.0.1")], spawn
+    for w in by_pid.values():
+        assert w["init"] == {**w["spawn"], "when": "init"}  # init() changes nothing before a join
+    joined = sorted(tuple(r[k] for k in keys) for r in _env_records(env_file)
+                    if r["when"] == "joined" and r["HOROVOD_SIZE"] == "3")
+    assert joined[-3:] == [("0", "3", "0", "2", "0", "2", "localhost"),
+                           ("1", "3", "1", "2", "0", "1", "localhost"),
+                           ("2", "3", "0", "1", "1", "2", "127.0.0.1")], joined
+
+
+DATASET = 12003  # odd: no world size divides it
+
+
+@pytest.mark.parametrize("record_index", ["zero", "global"])
+def test_horovod_counting_of_record_batch_keeps_exactly_once(tmp_path, job_factory, monkeypatch,
+                                                             record_index):
+    """A Horovod-style script calls ``record_batch(0, B)`` (or with a step counter kept across
+    resets) after each step: each call is one more batch, as in Horovod.  Through a scale-out,
+    a scale-in and a kill -9 of rank 0 in one epoch, the audit finds every sample of the epoch
+    used exactly once in the committed progress.  (Before: taken as an absolute batch index,
+    ``0`` rewound the epoch at every reset; 360 and 2,672 samples used twice.)"""
+    ledger = tmp_path / "ledger"
+    monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
+    job = job_factory(["-np", "2", "--min-np", "1", "--max-np", "3", "--discovery-interval",
+                       "0.2"],
+                      [sys.executable, str(HOROVOD_STYLE / "elastic_main.py"), "--logfile",
+                       str(tmp_path / "log"), "--dataset-size", str(DATASET), "--batch-size",
+                       "8", "--batches-per-commit", "2", "--record-index", record_index,
+                       "--epochs", "0", "--stop-file", str(tmp_path / "stop"),
+                       "--step-delay", "0.02"],
+                      hosts="localhost:2")
+    job.wait_generation(1)
+    job.set_hosts("localhost:3")
+    assert job.wait_generation(2)["kind"] == "scale_out"
+    job.set_hosts("localhost:2")
+    assert job.wait_generation(3)["kind"] == "scale_in"
+    job.kill_worker("w1", signal.SIGKILL)  # rank 0
+    assert job.wait_generation(4)["kind"] == "failure"
+    (tmp_path / "stop").touch()
+    assert job.finish() == 0, job.output()[-3000:]
+    syncs = {r["gen"]: r["epoch"] for r in audit.read_records(ledger) if r["kind"] == "sync"}
+    report = audit.check(ledger, DATASET)
+    assert (report.repeated, report.missing) == (0, 0), report.to_dict()
+    epoch0 = report.epochs[0]
+    assert epoch0.complete and epoch0.distinct == DATASET
+    print(f"record_batch({record_index}): generations resumed in epochs {syncs}; "
+          f"{len(report.epochs)} epochs audited, 0 repeated, 0 missing")

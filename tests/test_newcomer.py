@@ -144,8 +144,8 @@ def test_ctl_status_list_pid_and_scale_wait_timeout(tmp_path):
     as 'refused, the job unchanged') although the new target stayed in force."""
     env = dict(os.environ, XDG_RUNTIME_DIR=str(tmp_path))
     hosts = tmp_path / "hosts.txt"
-    hosts.write_text("localhost:1\n")
-    proc, out = _launch(tmp_path, ["-np", "1", "--min-np", "1", "--max-np", "3",
+    hosts.write_text("localhost:2\n")
+    proc, out = _launch(tmp_path, ["-np", "2", "--min-np", "1", "--max-np", "3",
                                    "--event-log", str(tmp_path / "events.jsonl"),
                                    "--discovery-interval", "0.2",
                                    "--host-discovery-script", f"cat {hosts}"],
@@ -156,7 +156,7 @@ def test_ctl_status_list_pid_and_scale_wait_timeout(tmp_path):
         job_file = Path(line.split("--job ")[1].split()[0])
         assert job_file.parent == tmp_path / "hvd-edl"
         _wait_line(log, r"generation 1 \(start\)", proc)
-        _wait_line(log, r"<stderr>:size 1:.*sample", proc)  # training, tqdm on rank 0
+        _wait_line(log, r"<stderr>:size 2:.*sample", proc)  # training, tqdm on rank 0
         deadline = time.monotonic() + 60
         while True:  # a rate needs two reports a second apart: the first status may lack it
             r = _ctl(proc.pid, "status", env=env)  # --job PID
@@ -177,19 +177,16 @@ def test_ctl_status_list_pid_and_scale_wait_timeout(tmp_path):
         assert listed.returncode == 0, listed.stderr
         header, row = listed.stdout.splitlines()
         assert header.split() == ["PID", "WORLD", "HOSTS", "STARTED", "COMMAND"]
-        assert row.split()[:3] == [str(proc.pid), "1", "localhost:1"], row
+        assert row.split()[:3] == [str(proc.pid), "2", "localhost:2"], row
         assert "train_digits.py" in row
 
         r = _ctl(proc.pid, "scale", "--np", "3", "--wait", "1", env=env)
         assert r.returncode == 4, r.stdout + r.stderr
-        assert "target set to 3; not reached within 1 s: 1 usable slots" in r.stderr
+        assert "target set to 3; not reached within 1 s: 2 usable slots" in r.stderr
         assert json.loads(_ctl(job_file, "status", "--json", env=env).stdout)["target_np"] == 3
-        _set_hosts(hosts, "localhost:3\n")  # the target stayed: the job grows when slots come
-        _wait_line(log, r"generation \d+ \(scale_out\): 1 -> 3 workers", proc, 120)
-        assert _ctl(proc.pid, "scale", "--np", "2", "--wait", "60", env=env).returncode == 0
-        text = log.read_text()
-        assert re.search(r"worker w\d \(rank 2\) on localhost slot \d leaves: scale: above the "
-                         r"target world size 2", text), text[-3000:]
+        assert _ctl(proc.pid, "scale", "--np", "1", env=env).returncode == 0
+        _wait_line(log, r"worker w2 \(rank 1\) on localhost slot 1 leaves: scale: above the "
+                        r"target world size 1", proc)
         (tmp_path / "stop").touch()
         assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
     finally:
@@ -277,18 +274,20 @@ def test_default_output_names_workers_and_a_replacement(tmp_path):
 
 def test_plain_python_says_once_that_it_trains_alone(tmp_path):
     """Before: a script run with plain python trained alone at size 1 without a word."""
-    script = tmp_path / "s.py"
-    script.write_text("import hvd_edl.torch as hvd\nhvd.init()\nhvd.init()\n"
+    script = tmp_path / "s.py"  # one process (torch's import is the slow part): quiet, then not
+    script.write_text("import os, sys\nimport hvd_edl.torch as hvd\n"
+                      "hvd.init()\nprint('QUIET DONE', file=sys.stderr, flush=True)\n"
+                      "del os.environ['HVD_EDL_QUIET']\nhvd.init()\nhvd.init()\n"
                       "print('size', hvd.size())\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "HVD_EDL_",
                                                                      "PMI", "OMPI_"))}
-    r = subprocess.run([PY, str(script)], capture_output=True, text=True, timeout=120, env=env)
-    assert r.returncode == 0 and "size 1" in r.stdout, r.stderr
-    said = [x for x in r.stderr.splitlines() if "not started by hvd-edl-run" in x]
-    assert len(said) == 1 and "HVD_EDL_QUIET=1" in said[0], r.stderr
     r = subprocess.run([PY, str(script)], capture_output=True, text=True, timeout=120,
                        env=dict(env, HVD_EDL_QUIET="1"))
-    assert r.returncode == 0 and "not started by hvd-edl-run" not in r.stderr
+    assert r.returncode == 0 and "size 1" in r.stdout, r.stderr
+    quiet, loud = r.stderr.split("QUIET DONE")
+    assert "not started by hvd-edl-run" not in quiet, r.stderr
+    said = [x for x in loud.splitlines() if "not started by hvd-edl-run" in x]
+    assert len(said) == 1 and "HVD_EDL_QUIET=1" in said[0], r.stderr
 
 
 def _readme_script() -> str:
@@ -308,7 +307,7 @@ def test_readme_minimal_elastic_script_runs_under_hvd_edl_run(tmp_path):
                        capture_output=True, text=True, timeout=240, cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "generation 1 (start): 2 workers" in r.stdout
-    assert re.search(r"\[0\]<stdout>:epoch 4 done at world size 2", r.stdout), r.stdout
+    assert re.search(r"\[0\]<stdout>:epoch 2 done at world size 2", r.stdout), r.stdout
 
 
 def test_horovodrun_flags_are_accepted_and_output_filename_writes_per_worker_logs(tmp_path):

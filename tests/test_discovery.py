@@ -72,6 +72,31 @@ def test_ipv6_output_is_parsed(tmp_path):
     assert d.find_available_hosts_and_slots() == {"::1": 2, "fe80::2": 3, "127.0.0.1": 1}
 
 
+def test_failing_scripts_messages_are_distinct_problems_digits_aside():
+    """Before (issue 18): a failing script's problem was its exit code alone, so a hosts file
+    that changed from one bad state to another was reported once.  Now what it says counts, but
+    a number in the message (a time, a count) does not make a new problem."""
+    keys = []
+    for said in ("line 1: bad slots", "line 2: host 'a' listed twice", "lists no hosts",
+                 "lists no hosts", "took 12 ms", "took 345 ms"):
+        d = HostDiscoveryScript(f"echo \"hostsfile: {said}\" >&2; exit 1")
+        with pytest.raises(DiscoveryError, match=f"exited with code 1: hostsfile: {said}") as e:
+            d.find_available_hosts_and_slots()
+        keys.append(e.value.key)
+    assert len(set(keys[:3])) == 3 and keys[2] == keys[3] and keys[4] == keys[5]
+
+
+def test_reasons_for_left_out_hosts_are_kept():
+    """A spot script's "<host> left out: <reason>" stderr lines are what the launcher names when
+    the host's workers leave (``HostDiscoveryScript.reasons``); before, stderr of a good call was
+    dropped."""
+    d = HostDiscoveryScript("echo 'gce: 10.0.0.2 left out: preempted (instance/preempted TRUE)' "
+                            ">&2; echo 'gce: 10.0.0.3 metadata timeout: kept' >&2; "
+                            "printf '10.0.0.1:2\n10.0.0.3:2\n'")
+    assert d.find_available_hosts_and_slots() == {"10.0.0.1": 2, "10.0.0.3": 2}
+    assert d.reasons == {"10.0.0.2": "preempted (instance/preempted TRUE)"}
+
+
 def test_hanging_script_is_killed_with_its_children(tmp_path):
     pid_file = tmp_path / "child.pid"
     d = HostDiscoveryScript(f"sleep 300 & echo $! > {pid_file}; echo a:1; wait", timeout_s=1)

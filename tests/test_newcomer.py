@@ -396,7 +396,8 @@ def test_setup_progress_shows_steps_with_elapsed_time_without_noise(tmp_path):
 
 
 def test_makefile_setup_uses_the_progress_steps():
-    """The set-up steps run through cmake/progress.py, pip no longer --quiet."""
+    """Before: the set-up steps ran pip --quiet and a bare 'cmake --build'; now each runs
+    through cmake/progress.py, and 'make -n setup' still parses."""
     text = (ROOT / "Makefile").read_text()
     assert "PROGRESS = $(PY) cmake/progress.py" in text
     assert "--quiet" not in text

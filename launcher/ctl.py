@@ -33,14 +33,18 @@ WAIT_POLL_S = 0.5
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hvd-edl-ctl",
-                                description="Inspect and resize a running hvd-edl-run job.")
+    p = argparse.ArgumentParser(
+        prog="hvd-edl-ctl", description="Inspect and resize a running hvd-edl-run job.",
+        epilog="exit codes: 0 done; 1 refused (the reason is printed, the job is unchanged); "
+               "2 bad usage; 3 no job found, an unsafe job file, or the job cannot be reached; "
+               "4 scale --wait ran out (the new target stays in force)")
     p.add_argument("--job", metavar="FILE|PID",
                    help="the job file hvd-edl-run printed at start, or its pid (default "
                         "$HVD_EDL_JOB, else the only running job)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default 30)")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
-    st = sub.add_parser("status", help="generation, world size, workers, step, last stall")
+    st = sub.add_parser("status", help="generation and its age, world size, current step and "
+                        "epoch, samples/s, workers, last stall")
     st.add_argument("--json", action="store_true", help="print the raw JSON answer")
     sub.add_parser("list", help="running jobs: pid, command, hosts, world size, started")
     sc = sub.add_parser("scale", help="set the target world size")

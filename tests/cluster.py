@@ -13,8 +13,8 @@ never touched), a /24 of 10.250.0.0/16 on it, and per host a namespace ``hvdedl<
 non-loopback interface is ``edl0`` (:data:`NIC`, a veth into the bridge) with the address .N+1; no
 default route, so nothing but the bridge is reachable.  The launcher's namespace
 ``hvdedl<id>-launcher`` has .1.  Each host runs ``/usr/sbin/sshd`` (Debian's openssh-server,
-installed with apt-get when missing) in its namespace and in a UTS namespace of its own (hostname
-``hN``); name resolution per namespace comes from ``/etc/netns/NS/hosts`` (``ip netns exec``
+installed with apt-get when missing; port 22 and :data:`ALT_SSH_PORT`) in its namespace and in a
+UTS namespace of its own (hostname ``hN``); name resolution per namespace comes from ``/etc/netns/NS/hosts`` (``ip netns exec``
 mounts it over /etc/hosts).  ``loopback_hostname=True`` makes each host resolve its own hostname
 to 127.0.1.1 (Debian's default line, many containers) instead of its address.  A key pair made
 for the cluster is the only authorised key; the hosts' keys are pre-listed in a known-hosts file
@@ -51,6 +51,7 @@ SSHD = "/usr/sbin/sshd"
 REGISTRY = Path("/run") / f"{PREFIX}-clusters"   # <id> -> pid of the process that owns it
 GHOST = "ghost"                       # a name every namespace resolves to an unused address
 BOGUS_MAC = "02:00:5e:00:53:01"       # neighbour entry that makes a peer silent (partition)
+ALT_SSH_PORT = 2222                   # every sshd also listens here (tests of -p/--ssh-port)
 
 
 class ClusterUnavailable(RuntimeError):
@@ -325,7 +326,7 @@ class Cluster:
             known.append(f"{h.name},{h.addr} {Path(str(hk) + '.pub').read_text().strip()}")
             shutil.copy(self.identity_file + ".pub", self.dir / f"{h.name}.authorized_keys")
             (self.dir / f"{h.name}.sshd_config").write_text(
-                f"ListenAddress {h.addr}:22\n"
+                f"ListenAddress {h.addr}:22\nListenAddress {h.addr}:{ALT_SSH_PORT}\n"
                 f"HostKey {hk}\n"
                 f"AuthorizedKeysFile {self.dir / (h.name + '.authorized_keys')}\n"
                 f"PidFile {self.dir / (h.name + '.sshd.pid')}\n"

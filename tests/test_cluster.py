@@ -19,7 +19,7 @@ from typing import List, Optional
 import psutil
 import pytest
 
-from cluster import Cluster, ClusterUnavailable, GHOST
+from cluster import ALT_SSH_PORT, GHOST, Cluster, ClusterUnavailable
 from conftest import DIGITS, LAUNCHER, STOP_FILE, Job
 from hvd_edl import audit
 from hvd_edl.messages import ENV_SECRET, ENV_WORKER_ID
@@ -106,10 +106,11 @@ def _worker_host(job: Job, worker_id: str) -> str:
 
 
 def test_remote_workers_get_environment_cwd_and_prefixed_output(cluster, cluster_job, tmp_path):
-    """A plain command on a remote host runs there, in the launcher's working directory, with
-    the launcher's environment; its output is prefixed as a local worker's."""
+    """A plain command on a remote host (reached on ``-p 2222``) runs there, in the launcher's
+    working directory, with the launcher's environment; its output is prefixed as a local
+    worker's."""
     env = dict(os.environ, HVD_EDL_TEST_MARK="carried-over")
-    job = cluster_job(["-np", "1", "-H", "h2:1"],
+    job = cluster_job(["-np", "1", "-H", "h2:1", "-p", str(ALT_SSH_PORT)],
                       ["sh", "-c", 'echo "host=$(hostname) cwd=$(pwd) mark=$HVD_EDL_TEST_MARK"; '
                        'echo err >&2'], env=env)
     assert job.finish(60) == 0, job.output()
@@ -167,6 +168,26 @@ def test_scale_out_scale_in_and_remote_kill_use_each_sample_once(cluster, cluste
     report = audit.check(ledger, DIGITS_TRAIN * 2)
     assert report.epochs and all(e.complete for e in report.epochs), report.to_dict()
     assert (report.repeated, report.missing) == (0, 0), report.to_dict()
+
+
+def test_remote_workers_never_outlive_the_launcher(cluster, cluster_job, tmp_path):
+    """kill -9 of hvd-edl-run: its ssh clients die with it (PR_SET_PDEATHSIG), each remote
+    supervisor sees its session end and kills its worker's process group."""
+    job = cluster_job(["-np", "2", "-H", "h1:1,h2:1"], long_digits(tmp_path))
+    job.wait_for("both remote workers", lambda: all(
+        job.remote_pid(h, w) for h, w in (("h1", "w1"), ("h2", "w2"))), 90)
+    job.proc.kill()
+    job.proc.wait(10)
+    t0 = time.monotonic()
+    deadline = t0 + 20
+    left = None
+    while time.monotonic() < deadline:
+        left = [p for h in ("h1", "h2") for p in cluster.pids(h) if DIGITS in " ".join(_cmdline(p))]
+        if not left:
+            break
+        time.sleep(0.05)
+    assert not left, f"remote workers still running 20 s after the launcher died: {left}"
+    print(f"remote workers gone {time.monotonic() - t0:.2f} s after kill -9 of the launcher")
 
 
 def _cmdline(pid: int) -> List[str]:

@@ -13,7 +13,7 @@ never touched), a /24 of 10.250.0.0/16 on it, and per host a namespace ``hvdedl<
 non-loopback interface is ``edl0`` (:data:`NIC`, a veth into the bridge) with the address .N+1; no
 default route, so nothing but the bridge is reachable.  The launcher's namespace
 ``hvdedl<id>-launcher`` has .1.  Each host runs ``/usr/sbin/sshd`` (Debian's openssh-server,
-installed with apt-get when missing; port 22 and :data:`ALT_SSH_PORT`) in its namespace and in a
+installed with apt-get when missing, like iproute2 and openssh-client; port 22 and :data:`ALT_SSH_PORT`) in its namespace and in a
 UTS namespace of its own (hostname ``hN``); name resolution per namespace comes from ``/etc/netns/NS/hosts`` (``ip netns exec``
 mounts it over /etc/hosts).  ``loopback_hostname=True`` makes each host resolve its own hostname
 to 127.0.1.1 (Debian's default line, many containers) instead of its address.  A key pair made
@@ -67,39 +67,47 @@ def _run(argv: Sequence[str], check: bool = True, timeout_s: float = 30.0,
     return out
 
 
-def ensure_sshd(timeout_s: float = 600.0) -> None:
-    """Install Debian's openssh-server when ``/usr/sbin/sshd`` is missing (``apt-get update``
-    once, then ``apt-get install -y openssh-server``).
+PACKAGES = {"ip": "iproute2", "ssh": "openssh-client", "ssh-keygen": "openssh-client",
+            SSHD: "openssh-server"}   # what provides each tool on Debian
+
+
+def _missing_tools() -> List[str]:
+    return [t for t in PACKAGES if not (os.path.exists(t) if t.startswith("/") else
+                                        shutil.which(t))]
+
+
+def ensure_tools(timeout_s: float = 600.0) -> None:
+    """Install what the cluster needs and lacks (Debian: ``apt-get update`` once, then
+    ``apt-get install -y`` of iproute2 / openssh-client / openssh-server as needed).
 
     Raises:
-        ClusterUnavailable: no apt-get, or the installation failed.
+        ClusterUnavailable: a tool is missing and there is no apt-get, or installing failed.
     """
-    if os.path.exists(SSHD):
+    missing = _missing_tools()
+    if not missing:
         return
     if not shutil.which("apt-get"):
-        raise ClusterUnavailable(f"{SSHD} missing and no apt-get to install openssh-server")
+        raise ClusterUnavailable(f"{', '.join(missing)} missing and no apt-get to install them")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for argv in (["apt-get", "update", "-qq"],
-                 ["apt-get", "install", "-y", "-qq", "openssh-server", "openssh-client"]):
+    packages = sorted({PACKAGES[t] for t in missing})
+    for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *packages]):
         out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
         if out.returncode != 0:
             raise ClusterUnavailable(f"{' '.join(argv)} failed: {out.stderr.strip()[-300:]}")
-    if not os.path.exists(SSHD):
-        raise ClusterUnavailable(f"openssh-server installed but {SSHD} is missing")
+    if _missing_tools():
+        raise ClusterUnavailable(f"still missing after apt-get: {', '.join(_missing_tools())}")
 
 
 def unavailable_reason() -> Optional[str]:
-    """Why no cluster can be built here (None: it can), installing sshd if that is all that
-    is missing."""
+    """Why no cluster can be built here (None: it can), installing missing tools first."""
     if os.geteuid() != 0:
         return "the namespace cluster needs root (network namespaces, a bridge, sshd)"
-    for tool in ("ip", "ssh", "ssh-keygen", "unshare"):
-        if not shutil.which(tool):
-            return f"the namespace cluster needs {tool!r} on PATH"
     try:
-        ensure_sshd()
-    except ClusterUnavailable as e:
+        ensure_tools()
+    except (ClusterUnavailable, OSError, subprocess.TimeoutExpired) as e:
         return str(e)
+    if not shutil.which("unshare"):
+        return "the namespace cluster needs 'unshare' (util-linux) on PATH"
     probe = f"{PREFIX}probe{os.getpid() % 100000}"
     try:
         _run(["ip", "netns", "add", probe])
@@ -198,7 +206,7 @@ def cleanup_leftovers() -> List[str]:
             owner = int((REGISTRY / cid).read_text())
         except (OSError, ValueError):
             owner = None
-        if owner is not None and owner != os.getpid() and _pid_alive(owner):
+        if owner is not None and _pid_alive(owner):
             continue
         _remove_cluster(cid)
         removed.append(cid)

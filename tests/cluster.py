@@ -13,9 +13,10 @@ never touched), a /24 of 10.250.0.0/16 on it, and per host a namespace ``hvdedl<
 non-loopback interface is ``edl0`` (:data:`NIC`, a veth into the bridge) with the address .N+1; no
 default route, so nothing but the bridge is reachable.  The launcher's namespace
 ``hvdedl<id>-launcher`` has .1.  Each host runs ``/usr/sbin/sshd`` (Debian's openssh-server,
-installed with apt-get when missing, like iproute2 and openssh-client; port 22 and :data:`ALT_SSH_PORT`) in its namespace and in a
-UTS namespace of its own (hostname ``hN``); name resolution per namespace comes from ``/etc/netns/NS/hosts`` (``ip netns exec``
-mounts it over /etc/hosts).  ``loopback_hostname=True`` makes each host resolve its own hostname
+installed with apt-get when missing, like iproute2 and openssh-client; port 22 and
+:data:`ALT_SSH_PORT`) in its namespace and in a UTS namespace of its own (hostname ``hN``); name
+resolution per namespace comes from ``/etc/netns/NS/hosts`` (``ip netns exec`` mounts it over
+/etc/hosts).  ``loopback_hostname=True`` makes each host resolve its own hostname
 to 127.0.1.1 (Debian's default line, many containers) instead of its address.  A key pair made
 for the cluster is the only authorised key; the hosts' keys are pre-listed in a known-hosts file
 that the launcher namespace's ``/etc/ssh/ssh_config`` (from ``/etc/netns/NS/ssh``) names, so ssh
@@ -350,10 +351,11 @@ class Cluster:
 
     def _start_sshd(self, h: Host) -> None:
         cfg = self.dir / f"{h.name}.sshd_config"
+        log_path = self.dir / f"{h.name}.sshd.log"
         # -D: stays in the foreground (its pid is ours to stop); own UTS namespace: hostname hN
         self._sshd[h.name] = subprocess.Popen(
             ["ip", "netns", "exec", h.netns, "unshare", "--uts", "sh", "-c",
-             f'hostname {h.name} && exec {SSHD} -D -f {cfg} -E {self.dir / (h.name + ".sshd.log")}'],
+             f"hostname {h.name} && exec {SSHD} -D -f {cfg} -E {log_path}"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True)
 

@@ -143,14 +143,19 @@ class WorkerProcess:
         self._on_exit(code)
 
     def _remote_exit(self, ssh_code: int) -> int:
-        if self._remote_code is not None:
-            return self._remote_code
         said = next((s for s in reversed(self._ssh_lines) if s.strip()), "no message")
+        if self._remote_code is not None:
+            if self.remote_pid is None:  # the supervisor ran but could not start the command
+                _say(f"worker on host {self.host} did not start (exit {self._remote_code}): "
+                     f"{said.strip()}")
+            return self._remote_code
         if ssh_code == SSH_FAILED and self.remote_pid is None:
             _say(f"ssh to host {self.host} failed (exit {ssh_code}): {said.strip()}")
         elif ssh_code == SSH_FAILED:
             _say(f"ssh session to host {self.host} lost (exit {ssh_code}) while "
                  f"{self._label()} ran: {said.strip()}")
+        elif self.remote_pid is None and ssh_code != 0:  # e.g. 127: no python3 on that host
+            _say(f"worker on host {self.host} did not start (exit {ssh_code}): {said.strip()}")
         return ssh_code
 
     def signal(self, sig: int) -> None:

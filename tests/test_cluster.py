@@ -345,3 +345,15 @@ def test_a_crashed_runs_cluster_is_cleaned_up_by_the_next(tmp_path):
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert base not in netns and base not in links
     assert not list(Path("/etc/netns").glob(f"{base}-*"))
+
+
+def test_a_command_missing_on_the_remote_host_is_one_clear_line(cluster, cluster_job):
+    """The training command exists where the launcher runs, not on the host: one line."""
+    # /etc/ssh of the launcher namespace is its own (/etc/netns/NS/ssh): a file only it sees
+    only_here = Path("/etc/netns") / cluster.launcher.netns / "ssh" / "only-on-the-launcher"
+    only_here.write_text("#!/bin/sh\n")
+    only_here.chmod(0o755)
+    job = cluster_job(["-np", "1", "-H", "h1:1"], ["/etc/ssh/only-on-the-launcher"])
+    assert job.finish(60) == 127, job.output()
+    assert "hvd-edl-run: worker on host h1 did not start (exit 127): hvd-edl-run: cannot start " \
+           "'/etc/ssh/only-on-the-launcher'" in job.output(), job.output()

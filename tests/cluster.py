@@ -179,6 +179,8 @@ def _remove_cluster(cid: str) -> None:
                 _run(["ip", "link", "del", link], check=False)
     for d in Path("/etc/netns").glob(f"{base}-*") if Path("/etc/netns").is_dir() else []:
         shutil.rmtree(d, ignore_errors=True)
+    for d in Path(tempfile.gettempdir()).glob(f"{base}-*"):  # its keys, configs, logs
+        shutil.rmtree(d, ignore_errors=True)
     try:
         (REGISTRY / cid).unlink()
     except OSError:
@@ -201,6 +203,10 @@ def cleanup_leftovers() -> List[str]:
     if Path("/etc/netns").is_dir():
         for d in Path("/etc/netns").glob(f"{PREFIX}*-*"):
             ids.add(d.name[len(PREFIX):].split("-")[0])
+    for d in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
+        cid = d.name[len(PREFIX):].split("-")[0]
+        if len(cid) == 4 and d.is_dir() and (d / "id_ed25519").exists():
+            ids.add(cid)
     removed = []
     for cid in sorted(ids):
         try:

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -345,6 +346,7 @@ def test_a_crashed_runs_cluster_is_cleaned_up_by_the_next(tmp_path):
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert base not in netns and base not in links
     assert not list(Path("/etc/netns").glob(f"{base}-*"))
+    assert not list(Path(tempfile.gettempdir()).glob(f"{base}-*"))
 
 
 def test_a_command_missing_on_the_remote_host_is_one_clear_line(cluster, cluster_job):

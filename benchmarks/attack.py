@@ -16,9 +16,10 @@ four attacks run one after the other, each by a client without the job's secret:
 For each: the launcher's peak RSS (psutil) and threads against its baseline and its RSS after;
 training throughput (samples/s from the workers' per-step timelines) during the attack against
 the same length of time just before; the CPU seconds the launcher and the attacking client (this
-process: on a small machine it competes with the workers for the same cores) spent; whether the job's state changed (generations in the event
-log beyond the expected ones, failures, rolled-back steps); and a probe sending signed
-``/ctl/status`` every 0.5 s throughout (answers, failures, slowest).  Prints one line per attack
+process: on a small machine it competes with the workers for the same cores) spent; whether
+the job's state changed (generations in the event log beyond the expected ones, failures,
+rolled-back steps); and a probe sending signed ``/ctl/status`` every 0.5 s throughout (answers,
+failures, slowest).  Prints one line per attack
 and writes ``benchmarks/results/attack.json``.
 
     .venv/bin/python benchmarks/attack.py [--out FILE]
@@ -194,7 +195,8 @@ def _oversized_round(job: Job, answers: List[bytes]) -> None:
         try:
             with socket.create_connection((job.host, job.port), timeout=20) as c:
                 c.sendall(b"POST /register HTTP/1.1\r\n")
-                line = b"X-Pad: " + b"a" * 8000 + b"\r\n"
+                # 64 kB lines, 100 of them: the most http.server accepted
+                line = b"X-Pad: " + b"a" * 64000 + b"\r\n"
                 try:
                     for _ in range(6_400_000 // len(line)):
                         c.sendall(line)
@@ -308,7 +310,8 @@ def rendezvous_planting(job: Job) -> Dict:
             "expected_events": ["scale_out", "scale_in"]}
 
 
-ATTACKS = [("none", no_attack), ("oversized_headers", oversized_headers), ("idle_connections", idle_connections),
+ATTACKS = [("none", no_attack), ("oversized_headers", oversized_headers),
+           ("idle_connections", idle_connections),
            ("unsigned_burst", unsigned_burst), ("rendezvous_planting", rendezvous_planting)]
 
 

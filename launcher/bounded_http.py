@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import logging
 import resource
 import socket
@@ -44,10 +45,11 @@ REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 401: "Unauthorized",
            431: "Request Header Fields Too Large", 500: "Internal Server Error",
            503: "Service Unavailable"}
 LINGER_S = 1.0             # longest we discard a refused request's unread input (seconds)
-LINGER_BYTES = 1 << 20     # most input discarded so (bytes)
+LINGER_BYTES = 256 << 10   # most input discarded so (bytes)
 MAX_LINGERING = 256        # connections lingering at once; past it, closed at once
-TRIM_AFTER_CLOSED = 64     # connections closed before memory is handed back to the OS
-TRIM_DELAY_S = 1.0         # ... at most once a second, this long after the 64th
+GC_AFTER_REFUSED = 64      # refused requests that make the next trim collect garbage first
+TRIM_DELAY_S = 1.0         # memory is handed back this long after a connection closed, at most
+                           # once per TRIM_DELAY_S (glibc malloc_trim: about a millisecond)
 FD_RESERVE = 256           # descriptors kept for everything but our servers' connections
 WANTED_FDS = 65536         # the soft descriptor limit we raise to, if the hard limit allows
 
@@ -262,8 +264,8 @@ class BoundedHTTPServer:
         self.connections = 0
         self.pending_body_bytes = 0
         self.lingering = 0
-        self._closed_since_trim = 0
         self._trim_pending = False
+        self._refused_since_trim = 0
         self.turned_away = 0          # connections answered 503 at the cap
         self.other_users = 0          # local peers of another user refused
         self.server: Optional[asyncio.base_events.Server] = None
@@ -296,6 +298,8 @@ class BoundedHTTPServer:
                 b"Content-Length: %d\r\n" % len(resp.body)]
         if close and self.keep_alive:
             head.append(b"Connection: close\r\n")
+        if resp.status >= 400 and resp.status != 404:  # 404: a rendezvous key not there yet
+            self._refused_since_trim += 1
         writer.write(b"".join(head) + b"\r\n" + resp.body)
         await asyncio.wait_for(writer.drain(), self.limits.write_timeout_s)
 
@@ -424,14 +428,17 @@ class BoundedHTTPServer:
             self.connections -= 1
             self._writers.discard(writer)
             writer.close()
-            self._closed_since_trim += 1
-            if self._closed_since_trim >= TRIM_AFTER_CLOSED and not self._trim_pending:
+            if not self._trim_pending:
                 self._trim_pending = True
                 asyncio.get_running_loop().call_later(TRIM_DELAY_S, self._trim)
 
     def _trim(self) -> None:
-        """A burst of connections ended (or goes on): give their memory back, at most once per
-        ``TRIM_DELAY_S``."""
+        """Connections ended: give their memory back (at most once per ``TRIM_DELAY_S``).  After
+        ``GC_AFTER_REFUSED`` refusals (an attack, not the job's own traffic) first collect the
+        reference cycles that asyncio's connection objects and exceptions form, which would
+        otherwise keep the refused connections' buffers until the collector runs on its own."""
         self._trim_pending = False
-        self._closed_since_trim = 0
+        if self._refused_since_trim >= GC_AFTER_REFUSED:
+            gc.collect()
+        self._refused_since_trim = 0
         release_memory()

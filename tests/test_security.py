@@ -161,7 +161,8 @@ def test_rendezvous_without_the_token_reads_plants_and_deletes_nothing(rdv):
     life.  Now: no token 401, a wrong one 403, and the store is unchanged."""
     port = rdv.open(1, ["localhost"])
     base, tok = f"http://127.0.0.1:{port}", {TOKEN_HEADER: rdv.token(1)}
-    assert requests.put(base + "/global/0", data=b"real", headers=tok, timeout=10).status_code == 200
+    assert requests.put(base + "/global/0", data=b"real", headers=tok,
+                        timeout=10).status_code == 200
     assert requests.get(base + "/global/0", timeout=10).status_code == 401
     assert requests.put(base + "/global/0", data=b"fake", timeout=10).status_code == 401
     assert requests.put(base + "/global/0", data=b"fake", timeout=10,
@@ -199,7 +200,8 @@ def _flood_headers(host, port, n_bytes, answers):
     try:
         with socket.create_connection((host, port), timeout=20) as c:
             c.sendall(b"POST /register HTTP/1.1\r\n")
-            line = b"X-Pad: " + b"a" * 8000 + b"\r\n"
+            # 64 kB lines, 100 of them: the most http.server accepted
+            line = b"X-Pad: " + b"a" * 64000 + b"\r\n"
             sent = 0
             try:
                 while sent < n_bytes:

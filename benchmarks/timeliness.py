@@ -15,7 +15,8 @@ Each request is sent at a random moment (seeded); the delay is the generation's 
 (the event log's wall-clock ``time``) minus the moment the control API's ``scale`` request (what
 ``hvd-edl-ctl scale`` sends) was sent.  The
 job is scaled back to 2 between requests.  Prints one line per pattern: median, max, and how many
-commits after the request the switch came (from the commit rhythm).
+commits rank 0 began after the request, the one the ring switched at included (1: the first
+commit after the request).
 """
 from __future__ import annotations
 
@@ -68,10 +69,10 @@ def run_pattern(name: str, requests: int, pause_s: float, rng: random.Random) ->
     cmd = [str(BIN / "hvd-edl-run"), "-np", "2", "--min-np", "1", "--max-np", "2",
            "-H", "localhost:2", "--event-log", str(events), "--job-file", str(job_file),
            str(BIN / "python"), str(SCRIPT), "--logfile", str(tmp / "log"), "--epochs", "0",
-           "--stop-file", str(stop)] + extra
+           "--stop-file", str(stop), "--commit-log", str(tmp / "commits")] + extra
     out = open(tmp / "launcher.out", "w")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT))
-    delays = []
+    delays, commits = [], []
     try:
         _wait(lambda: any(e["generation"] == 1 for e in _events(events)), 120, "generation 1")
         gen = 1
@@ -84,6 +85,9 @@ def run_pattern(name: str, requests: int, pause_s: float, rng: random.Random) ->
             ev = _wait(lambda: next((e for e in _events(events) if e["generation"] == gen), None),
                        120, f"generation {gen}")
             delays.append(ev["time"] - t0)
+            times = [float(x) for x in (tmp / "commits").read_text().split()]
+            # commits rank 0 began after the request, up to the one the ring switched at
+            commits.append(sum(1 for t in times if t0 < t <= ev["time"]))
             client.call("scale", np=2)
             gen += 1
             _wait(lambda: next((e for e in _events(events) if e["generation"] == gen), None),
@@ -96,7 +100,7 @@ def run_pattern(name: str, requests: int, pause_s: float, rng: random.Random) ->
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)
         out.close()
-    return {"pattern": name, "delays_s": [round(d, 3) for d in delays],
+    return {"pattern": name, "delays_s": [round(d, 3) for d in delays], "commits": commits,
             "median_s": round(statistics.median(delays), 3), "max_s": round(max(delays), 3)}
 
 
@@ -114,7 +118,8 @@ def main() -> int:
         r = run_pattern(name, a.requests, a.pause, rng)
         results.append(r)
         print(f"{name:7s} request -> switch: median {r['median_s']:.3f} s, max {r['max_s']:.3f} s"
-              f"  ({', '.join(f'{d:.2f}' for d in r['delays_s'])})", flush=True)
+              f"  ({', '.join(f'{d:.2f}' for d in r['delays_s'])}); switched at commit "
+              f"{', '.join(str(c) for c in r['commits'])} after the request", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=1) + "\n")
     return 0

@@ -30,6 +30,8 @@ ENV_HOST = "HVD_EDL_HOST"
 ENV_SLOT = "HVD_EDL_SLOT"
 ENV_ELASTIC = "HVD_EDL_ELASTIC"
 
+BEAT_S = 0.3  # seconds between a worker's heartbeats (``Beat``; see launcher/liveness.py)
+
 AUTH_HEADER = "X-Hvd-Edl-Auth"
 AUTH_SCHEME = "v1"
 AUTH_WINDOW_S = 120.0     # a signature older or newer than this (wall clock) is refused
@@ -214,6 +216,18 @@ class WatchRequest:
 
 
 @dataclass
+class Beat:
+    """``POST /beat``: a member's heartbeat, sent every ``BEAT_S`` by its heartbeat thread (off
+    the training thread: a worker blocked in a collective or computing a long step still
+    beats; a frozen process, a vanished host or a partition from the launcher does not).
+    ``generation``: the ring the worker is in or is joining (0: none yet); ``step`` its
+    optimizer steps."""
+    worker_id: str
+    generation: int
+    step: int = -1
+
+
+@dataclass
 class Leave:
     """``POST /leave``: this worker received SIGTERM and leaves gracefully: at the next step
     boundary if it is a member (nothing rolled back), at once otherwise."""
@@ -248,6 +262,10 @@ class Assignment:
     every member holds the state committed at that step boundary).  ``rendezvous_token``: the
     generation's rendezvous token (``HOROVOD_GLOO_RENDEZVOUS_TOKEN``, which our patched Horovod
     sends with every rendezvous request; "" from a coordinator that has none).
+    ``restore_paths``: set when the generation starts without any holder of the state (the
+    job's first, or a ring re-formed after every member died) and ``--checkpoint-dir`` holds
+    checkpoints: rank 0 loads the first that is good and fits (newest first; see
+    ``hvd_edl.checkpoint``) before the state is broadcast.
     """
     action: str
     generation: int = 0
@@ -264,10 +282,25 @@ class Assignment:
     reason: str = ""
     sync: bool = True
     rendezvous_token: str = ""
+    restore_paths: List[str] = field(default_factory=list)
+
+
+@dataclass
+class BeatReply:
+    """Answer to :class:`Beat`.  ``release``: a member of the worker's generation was declared
+    dead (silent, or exited): shut that ring's sockets down so that a collective or a ring
+    set-up blocked on it fails now, not after Gloo's timeout.  ``fenced``: this worker was
+    declared dead (it may have been frozen or cut off): it must exit without touching any
+    ring again."""
+    release: bool = False
+    fenced: bool = False
 
 
 @dataclass
 class WatchReply:
-    """Answer to :class:`WatchRequest`: ``change_pending`` when the coordinator wants a switch."""
+    """Answer to :class:`WatchRequest`: ``change_pending`` when the coordinator wants a switch.
+    ``checkpoint_request``: how many checkpoints ``hvd-edl-ctl checkpoint`` asked for so far
+    (rank 0 writes one at its next commit when this grows)."""
     change_pending: bool
     latest_generation: int
+    checkpoint_request: int = 0

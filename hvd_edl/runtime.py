@@ -29,9 +29,13 @@ from typing import Dict, Optional, Tuple
 
 from hvd_edl import messages
 from hvd_edl.client import CoordinatorClient, CoordinatorUnreachable
+from hvd_edl.heartbeat import Heartbeat, die_fenced
 
 log = logging.getLogger(__name__)
 
+ENV_STOP_BEFORE_INIT = "HVD_EDL_TEST_STOP_BEFORE_INIT"
+"""Fault injection for tests: the worker with this id stops itself (SIGSTOP) right before its
+``hvd.init()`` for a ring, so that ring's set-up waits on a silent member."""
 LEAVER_WAIT_S = 10.0  # longest a scaled-in worker waits for the next generation to train (s)
 
 
@@ -64,6 +68,7 @@ class WorkerRuntime:
         self.steps = 0
         self.last_step_end: Optional[float] = None
         self.progress = (-1, -1)  # (epoch, samples) as of the last commit (TorchState.save)
+        self.checkpoint_request = 0  # checkpoints asked for (hvd-edl-ctl checkpoint; watcher)
         self._change = threading.Event()  # the coordinator wants a switch after this generation
         self._generation_changed = threading.Event()
         self._generation_lock = threading.Lock()  # generation and _change change together
@@ -79,9 +84,46 @@ class WorkerRuntime:
         self.agree_now = False
         self.last_commit_at: Optional[float] = None
         self._ring: Dict[int, str] = {}  # Gloo's sockets of this generation (fd: inode)
+        # the ring being set up (hvd.init() in progress): its generation, the sockets that
+        # existed before, the ports not to release (coordinator, its rendezvous)
+        self.joining_generation = 0
+        self._init_before: Optional[Dict[int, str]] = None
+        self._joining_ports: Tuple[int, ...] = ()
+        self._ring_lock = threading.Lock()
         self._leaving = False
         self._ready_reported = False
         self._install_sigterm()
+        Heartbeat(self, CoordinatorClient(env[messages.ENV_COORD_ADDR],
+                                          int(env[messages.ENV_COORD_PORT]),
+                                          env[messages.ENV_SECRET], retry_s=0.0)).start()
+
+    # ---- liveness (hvd_edl.heartbeat) ---------------------------------------------------------
+
+    def beat_generation(self) -> int:
+        """The generation a heartbeat speaks for: the ring being set up, else the current one."""
+        return self.joining_generation or self.generation
+
+    def release_ring(self, generation: int) -> None:
+        """The coordinator says a member of ``generation`` is gone: shut down this process's
+        sockets of that ring (or of the ring ``hvd.init()`` is setting up), so that a collective
+        or set-up blocked on it fails now (see :func:`_release_ring`).  Called by the heartbeat
+        thread; the training thread then sees ``HorovodInternalError`` (or a failed init)."""
+        with self._ring_lock:
+            if generation == self.joining_generation and self._init_before is not None:
+                sockets = {fd: ino for fd, ino in _socket_fds().items()
+                           if self._init_before.get(fd) != ino}
+                exclude = self._joining_ports
+            elif generation == self.generation and self._ring:
+                sockets, exclude = dict(self._ring), self._service_ports()
+            else:
+                return
+        log.warning("worker %s: a member of generation %d is gone: releasing its ring",
+                    self.worker_id, generation)
+        _release_ring(sockets, exclude_ports=exclude)
+
+    def fenced(self) -> None:
+        """The coordinator declared this worker dead: exit without touching a ring again."""
+        die_fenced(self.worker_id)
 
     # ---- joining ------------------------------------------------------------------------------
 
@@ -204,9 +246,35 @@ class WorkerRuntime:
         env["HOROVOD_GLOO_RENDEZVOUS_TOKEN"] = a.rendezvous_token  # patched HTTPStore sends it
         env.setdefault("HOROVOD_CONTROLLER", "gloo")
         env.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
-        before = _socket_fds()
-        _hvd.init()
-        self._ring = {fd: ino for fd, ino in _socket_fds().items() if before.get(fd) != ino}
+        with self._ring_lock:
+            before = _socket_fds()
+            self._init_before = before
+            self._joining_ports = (self.client.port, a.rendezvous_port)
+            self.joining_generation = a.generation
+        if os.environ.get(ENV_STOP_BEFORE_INIT) == self.worker_id:
+            os.kill(os.getpid(), signal.SIGSTOP)  # fault injection (tests): frozen in set-up
+        try:
+            _hvd.init()
+        except ValueError as e:
+            # our patched Horovod: the Gloo set-up failed (a member was lost while the rings
+            # formed; the coordinator released us): leave this generation as after a failed
+            # collective and enter the next one
+            with self._ring_lock:
+                self.joining_generation, self._init_before = 0, None
+            log.warning("worker %s: hvd.init() for generation %d failed (%s): asking for the "
+                        "next generation", self.worker_id, a.generation, e)
+            try:
+                _hvd.shutdown()
+            finally:
+                _release_ring({fd: ino for fd, ino in _socket_fds().items()
+                               if before.get(fd) != ino},
+                              exclude_ports=(self.client.port, a.rendezvous_port))
+            self._enter(self._next_assignment(messages.SwitchRequest(
+                self.worker_id, a.generation, "failure", self.steps, self.steps)))
+            return
+        with self._ring_lock:
+            self._ring = {fd: ino for fd, ino in _socket_fds().items() if before.get(fd) != ino}
+            self.joining_generation, self._init_before = 0, None
         self._init_done = time.monotonic()
         self._phases["init_s"] = self._init_done - t1
         # an agreed switch that only removed members: every member already holds the state
@@ -306,6 +374,7 @@ class WorkerRuntime:
                 log.warning("watch failed: %s", e)
                 time.sleep(1.0)  # a refused request: back off before asking again
                 continue
+            self.checkpoint_request = max(self.checkpoint_request, r.checkpoint_request)
             with self._generation_lock:
                 if gen != self.generation:
                     continue  # a switch happened meanwhile: ask about the new generation

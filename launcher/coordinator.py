@@ -24,6 +24,7 @@ from hvd_edl import messages
 from launcher.coordinator_server import CoordinatorServer  # noqa: F401 - served from here
 from launcher.progress import ProgressBoard
 from launcher.events import EventLog, GenerationEvent
+from launcher.liveness import LivenessMonitor
 from launcher.registry import WorkerRecord, WorkerState
 from launcher.rendezvous import GenerationRendezvous
 
@@ -91,6 +92,9 @@ class Coordinator:
         self.failed_worker: Optional[str] = None  # whose exit code the job ends with
         self.first_script_error: Optional[str] = None  # first member to exit with status > 0
         self.state_lost_restarts = 0
+        self.liveness = LivenessMonitor()
+        self.released: set = set()  # generations a member of which was declared dead or died
+        self.on_fence: Callable[[WorkerRecord, float], None] = lambda rec, silent_s: None
         self.progress = ProgressBoard()  # steps / epoch / samples the watchers report
 
     # ---- driver side ---------------------------------------------------------------------------
@@ -124,10 +128,54 @@ class Coordinator:
                     # train): the job is over, as under horovodrun; do not respawn it forever
                     self.finishing = True
             else:
+                fenced = rec.fenced
                 rec.move(WorkerState.DEAD)
-                self._check_script_failure(rec)
+                if not fenced:
+                    self._member_lost(rec)
+                    self._check_script_failure(rec)
             self._try_form()
             self.cond.notify_all()
+
+    def _member_lost(self, rec: WorkerRecord) -> None:
+        """A member of the current generation is gone (lock held): its peers are released (their
+        next heartbeat answer says so) and its rendezvous refuses further requests, so that a
+        ring set-up waiting on it fails in seconds (see launcher/liveness.py)."""
+        g = self.current
+        if g is not None and rec.worker_id in g.members and g.number not in self.released:
+            self.released.add(g.number)
+            self.rendezvous.abort(g.number)
+
+    def beat(self, msg: messages.Beat) -> messages.BeatReply:
+        """A worker's heartbeat: note it, and declare dead the members of the current generation
+        that fell silent while a peer beat (``launcher.liveness``); answer whether this worker
+        was fenced and whether its generation lost a member."""
+        now = time.monotonic()
+        silent: List[tuple] = []
+        with self.cond:
+            rec = self._worker(msg.worker_id)
+            if rec.fenced or rec.state == WorkerState.DEAD:
+                return messages.BeatReply(fenced=True)
+            self.liveness.beat(rec.worker_id, now)
+            g = self.current
+            if g is not None and self.elastic and not self.finishing and not self.stopping:
+                live = [w for w in g.members if self.workers[w].state.alive]
+                for w in self.liveness.silent(live, now):
+                    silent.append((self._fence(self.workers[w]), now))
+            reply = messages.BeatReply(release=msg.generation in self.released)
+        for fenced_rec, at in silent:
+            self.on_fence(fenced_rec, self.liveness.silent_after_s)
+        return reply
+
+    def _fence(self, rec: WorkerRecord) -> WorkerRecord:
+        """Declare a silent member dead (lock held): it is never a member again (its requests are
+        answered "exit" or "fenced"), its generation is released and re-formed without it."""
+        rec.fenced = True
+        rec.move(WorkerState.DEAD)
+        self._member_lost(rec)
+        self.liveness.forget(rec.worker_id)
+        self._try_form()
+        self.cond.notify_all()
+        return rec
 
     def _check_script_failure(self, rec: WorkerRecord) -> None:
         """End the job when every member of the current generation has died and at least one
@@ -191,7 +239,8 @@ class Coordinator:
             if self._ready():
                 self.cond.notify_all()
             g = self.current
-            if g is not None and not g.logged and now - g.formed_at > EVENT_REPORT_TIMEOUT_S:
+            if g is not None and not g.logged \
+                    and time.time() - g.formed_at > EVENT_REPORT_TIMEOUT_S:  # formed_at: wall
                 self._log_event(g)
             self._try_form()
 
@@ -509,6 +558,9 @@ class Coordinator:
             rolled_back = max(rolled_back, self.current.step)
             self.state_lost_restarts += 1
         self.first_script_error = None
+        now = time.monotonic()
+        for w in participants:
+            self.liveness.expect(w, now)
         gen = Generation(number, list(participants), kind, step, rolled_back, time.time(),
                          prev_size, continuing, labels, state_lost=state_lost)
         self.current = gen

@@ -46,6 +46,7 @@ ROUTES = {
     "/started": (messages.Started, "started"),
     "/watch": (messages.WatchRequest, "watch"),
     "/leave": (messages.Leave, "leave"),
+    "/beat": (messages.Beat, "beat"),
 }
 
 

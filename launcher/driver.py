@@ -84,6 +84,7 @@ class Driver:
         self.coord = Coordinator(min_np=spec.min_np, max_np=spec.max_np, elastic=spec.elastic,
                                  events=self.events, rendezvous=self.rendezvous,
                                  rendezvous_addr=spec.bind_addr, reset_limit=spec.reset_limit)
+        self.coord.on_fence = self._on_fence
         self.server = CoordinatorServer(self.coord, self.secret, spec.bind_addr,
                                         extra_routes=control.routes(self))
         self.target_np = spec.target_np   # None: every usable slot up to max_np
@@ -116,6 +117,11 @@ class Driver:
             return 1
         # a launch refused here leaves no job file (nor a server) behind: validate first
         initial = min(self.spec.np, self._capacity())
+        if self.spec.elastic:
+            # like Horovod Elastic's driver: the first ring takes every usable slot up to the
+            # target (--max-np), not only -np of them, so it is not followed at once by a
+            # scale-out of the slots spawned while it formed
+            initial = max(initial, min(self._target(), self._capacity()))
         if not self.spec.elastic and initial < self.spec.np:
             print(f"hvd-edl-run: error: -np {self.spec.np} needs {self.spec.np} slots, the hosts "
                   f"give {initial}", file=sys.stderr)
@@ -441,6 +447,20 @@ class Driver:
         self.procs[worker_id] = spawn(self.worker_spec, host, env, label, on_exit,
                                       output_dir=self.spec.output_dir)
         print(f"hvd-edl-run: worker {worker_id} started on {host} slot {slot}", flush=True)
+
+    def _on_fence(self, rec: WorkerRecord, silent_s: float) -> None:
+        """The coordinator declared ``rec`` dead (no heartbeat for ``silent_s`` while its peers
+        beat: frozen, its host gone, or cut off from the launcher): kill it where we can (a
+        remote worker's supervisor also ends it when its ssh session goes), rest its slot as
+        for any failure, and let the loop re-form the ring without it."""
+        print(f"hvd-edl-run: {rec.label} fell silent (no heartbeat for {silent_s:g} s while "
+              f"its peers beat): declared dead and fenced; the others are released",
+              file=sys.stderr, flush=True)
+        proc = self.procs.get(rec.worker_id)
+        if proc is not None:
+            proc.signal(signal.SIGKILL)
+        self._record_failure(rec, -signal.SIGKILL)
+        self.wake.set()
 
     def _horovod_env(self, rec: WorkerRecord) -> Dict[str, str]:
         """The ``HOROVOD_*`` variables horovodrun sets before a script starts, as they stand at

@@ -52,6 +52,7 @@ class WorkerRecord:
     ready_at: Optional[float] = None
     rank: Optional[int] = None
     exit_code: Optional[int] = None
+    fenced: bool = False  # declared dead by the coordinator (silent); never a member again
     handle: Any = field(default=None, repr=False)
 
     def move(self, new: WorkerState) -> None:

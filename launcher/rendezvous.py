@@ -246,6 +246,17 @@ class GenerationRendezvous:
         threading.Thread(target=self._refill_and_stop, args=(stale,), daemon=True).start()
         return store.port
 
+    def abort(self, generation: int) -> None:
+        """Seal ``generation``'s server now (a member of it died, possibly while its rings
+        form): held GETs are answered and every further GET/PUT is refused (403), so Horovod's
+        store in the survivors gives up after its retries (3 x 0.5 s) instead of polling until
+        Gloo's timeout (30 s); with our patched Horovod their ``hvd.init()`` then fails
+        cleanly.  Harmless after the rings formed: Horovod uses the store only in init."""
+        with self._lock:
+            store = self._servers.get(generation)
+        if store is not None:
+            self._loop.call_soon_threadsafe(store.seal)
+
     def token(self, generation: int) -> str:
         """The token the members of ``generation`` send with every request (each worker gets it
         in its :class:`hvd_edl.messages.Assignment` and sets ``ENV_TOKEN`` before ``hvd.init()``).

@@ -46,6 +46,8 @@ parser.add_argument("--dataset-size", type=int, default=0)
 parser.add_argument("--batch-size", type=int, default=8)
 parser.add_argument("--record-index", default="enumerate", choices=["enumerate", "zero", "global"])
 parser.add_argument("--env-file", default=None)
+parser.add_argument("--commit-log", default=None,
+                    help="rank 0 appends the wall-clock time of each commit here")
 parser.add_argument("--stop-file", default=None,
                     help="with --epochs 0: train until this file exists (then to the epoch end)")
 args = parser.parse_args()
@@ -121,7 +123,14 @@ def one_step(state, batch_idx):
     state.batch += 1
     if state.batch % args.batches_per_commit == 0:
         state.commits += 1
-        state.commit()
+        commit(state)
+
+
+def commit(state):
+    if args.commit_log and hvd.rank() == 0:
+        with open(args.commit_log, "a") as f:
+            f.write(f"{time.time()}\n")
+    state.commit()
 
 
 def batches(state):
@@ -168,7 +177,7 @@ def train(state):
         if sampler is not None:
             state.sampler.set_epoch(state.epoch)
         state.commits += 1
-        state.commit()
+        commit(state)
 
 
 def on_state_reset():

@@ -1,0 +1,78 @@
+"""The worker's heartbeat: what lets the coordinator tell a silent peer from a busy one.
+
+A daemon thread posts ``POST /beat`` (:class:`hvd_edl.messages.Beat`) every
+:data:`hvd_edl.messages.BEAT_S` seconds on its own connection, off the training thread: a worker
+computing a long step, syncing its state or blocked in a collective still beats; a frozen
+process, a vanished host or a host cut off from the launcher does not (the coordinator's side
+is ``launcher/liveness.py``).  The answer carries the coordinator's decisions:
+
+* ``release``: a member of this worker's generation was declared dead, or died: the worker
+  shuts down the sockets of that ring (or of the ring it is setting up), so a collective or a
+  ``hvd.init()`` blocked on the lost member fails now with the error Horovod recovers from,
+  instead of after Gloo's timeout (30 s);
+* ``fenced``: this worker was declared dead (it may have been frozen, or cut off): it exits at
+  once, before it could touch any later ring.
+
+A beat that gets no answer is not retried: the next one follows ``BEAT_S`` later.  When the
+launcher is gone, the watcher thread (``hvd_edl.runtime``) ends the process.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+
+from hvd_edl import messages
+from hvd_edl.client import CoordinatorClient, CoordinatorUnreachable
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """Beats for ``rt`` (a :class:`hvd_edl.runtime.WorkerRuntime`) until the process ends.
+
+    Args:
+        rt: the runtime: its ``worker_id``, ``beat_generation()``, ``steps``,
+            ``release_ring(generation)`` and ``fenced()`` are used.
+        client: a client of the coordinator (one attempt per request: ``retry_s`` 0).
+        period_s: seconds between beats.
+    """
+
+    def __init__(self, rt, client: CoordinatorClient, period_s: float = messages.BEAT_S):
+        self.rt = rt
+        self.client = client
+        self.period_s = period_s
+        self._released = set()
+        self._thread = threading.Thread(target=self._run, name="hvd_edl-heartbeat", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while True:
+            generation = self.rt.beat_generation()
+            try:
+                reply = self.client.post(
+                    "/beat", messages.Beat(self.rt.worker_id, generation, self.rt.steps),
+                    messages.BeatReply, timeout_s=max(1.0, 4 * self.period_s))
+            except (CoordinatorUnreachable, RuntimeError) as e:
+                log.debug("heartbeat of %s not answered: %s", self.rt.worker_id, e)
+            else:
+                if reply.fenced:
+                    self.rt.fenced()
+                    return
+                if reply.release and generation and generation not in self._released:
+                    self._released.add(generation)
+                    self.rt.release_ring(generation)
+            next_at = max(next_at + self.period_s, time.monotonic())
+            time.sleep(max(0.0, next_at - time.monotonic()))
+
+
+def die_fenced(worker_id: str) -> None:
+    """End a fenced worker now (exit status 128 + SIGTERM), from any thread."""
+    from hvd_edl.runtime import _die
+    log.error("worker %s was declared dead by the launcher (it fell silent): exiting",
+              worker_id)
+    _die(signal.SIGTERM)

@@ -1,0 +1,91 @@
+"""Where a silent peer is detected: the coordinator's view of its members' heartbeats.
+
+On one host a dead process's sockets answer with a reset at once; a revoked VM, a frozen process
+(SIGSTOP) or a host cut off by a partition sends nothing, and its peers would block inside a Gloo
+collective until Gloo's timeout (30 s), then in the switch.  Liveness therefore comes from what
+the coordinator can see: every worker's heartbeat thread sends ``POST /beat`` every
+:data:`hvd_edl.messages.BEAT_S` seconds, off the training thread, so a worker that computes a long
+step, syncs 100 MB or waits in a collective still beats, and one that is frozen or cut off does
+not.  The decision is taken in one place (here, read by the coordinator): a member is declared
+dead when it has been silent for ``silent_after_s`` while at least one other member of its
+generation beat within that time (its peers are alive and may be waiting on it).  The
+coordinator then fences it (never a member again), the driver kills it where it can, and the
+survivors, told by their next beat's answer, shut their ring's sockets down, which turns the
+blocked collective or ring set-up into the failure Horovod already recovers from.
+
+Bounds, and how detection time trades against false alarms (defaults):
+
+* ``BEAT_S`` = 0.3 s between beats; ``SILENT_AFTER_S`` = 1.5 s of silence (5 missed beats).
+  A member that stops is declared dead 1.2-1.8 s later; the survivors train again about half a
+  second after that (shutdown, the next ring's set-up, sync), within the 3 s goal.
+* A false alarm needs a worker process whose heartbeat thread cannot run for 1.5 s: the Python
+  GIL held that long (cloudpickle of a 100 MB state takes a fraction of a second) or a machine so
+  overloaded that a runnable thread waits 1.5 s.  It costs one rollback to the last commit.
+* The launcher's own starvation is not taken for silence: when no beat at all reached the
+  coordinator for ``STARVED_S`` (its process did not run, or every member was cut off), the
+  silence clocks restart from the next beat instead of condemning every member at once.
+* Torch's ``DynamicRendezvousHandler`` beats every 5 s and declares a node dead after 3 missed
+  beats (15 s); Horovod Elastic has no liveness of its own and waits for Gloo's 30 s timeout.
+
+``HVD_EDL_SILENT_AFTER_S`` overrides the silence bound in the launcher's environment.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Dict, Iterable, List
+
+from hvd_edl.messages import BEAT_S
+
+SILENT_AFTER_S = float(os.environ.get("HVD_EDL_SILENT_AFTER_S", "1.5"))
+STARVED_S = 1.0  # no beat from anyone this long: the launcher was starved, restart the clocks
+
+
+class LivenessMonitor:
+    """Last heartbeat time (monotonic seconds) of each worker, and who is silent.
+
+    Args:
+        silent_after_s: seconds of silence after which a member is declared dead (> BEAT_S).
+
+    Raises:
+        ValueError: ``silent_after_s`` not larger than two beat periods.
+    """
+
+    def __init__(self, silent_after_s: float = SILENT_AFTER_S):
+        if silent_after_s <= 2 * BEAT_S:
+            raise ValueError(f"silent_after_s must exceed 2 x BEAT_S ({2 * BEAT_S} s), got "
+                             f"{silent_after_s}")
+        self.silent_after_s = silent_after_s
+        self._last: Dict[str, float] = {}
+        self._any_beat_at: float = float("-inf")
+        self._lock = threading.Lock()
+
+    def beat(self, worker_id: str, now: float) -> None:
+        """Record a heartbeat of ``worker_id`` at ``now``."""
+        with self._lock:
+            if now - self._any_beat_at > STARVED_S:
+                # nothing reached us for a while: our own stall, or a partition of everyone;
+                # nobody's silence counts from before it
+                for w in self._last:
+                    self._last[w] = max(self._last[w], now)
+            self._any_beat_at = now
+            self._last[worker_id] = now
+
+    def expect(self, worker_id: str, now: float) -> None:
+        """A worker became a member at ``now``: its silence counts from here at the earliest."""
+        with self._lock:
+            self._last[worker_id] = max(self._last.get(worker_id, now), now)
+
+    def forget(self, worker_id: str) -> None:
+        with self._lock:
+            self._last.pop(worker_id, None)
+
+    def silent(self, members: Iterable[str], now: float) -> List[str]:
+        """Members silent for more than ``silent_after_s`` at ``now`` while at least one other
+        member beat within it (a generation of one has no peer waiting on it: [])."""
+        with self._lock:
+            ages = {w: now - self._last.get(w, now) for w in members}
+        fresh = [w for w, age in ages.items() if age <= self.silent_after_s]
+        if not fresh:
+            return []
+        return [w for w, age in ages.items() if age > self.silent_after_s]

@@ -136,6 +136,17 @@ def build_parser() -> argparse.ArgumentParser:
                    "secret, mode 0600; default $XDG_RUNTIME_DIR/hvd-edl/<pid>.json or "
                    "~/.hvd_edl/jobs/<pid>.json)")
     p.add_argument("--event-log", help="write one JSON line per generation here")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="durable commits: rank 0 writes the committed state here in the "
+                        "background every --checkpoint-every seconds, and a job that starts "
+                        "(or loses every worker) with checkpoints here resumes from the newest "
+                        "good one; one job per directory (a lock); on a cluster, a directory "
+                        "every host can read (default: no checkpoints)")
+    p.add_argument("--checkpoint-every", metavar="SECONDS", type=_positive_float, default=60.0,
+                   help="seconds between checkpoints, the most work a loss of every worker "
+                        "costs (default 60)")
+    p.add_argument("--checkpoint-keep", metavar="K", type=_positive_int, default=3,
+                   help="checkpoints kept, the newest K (default 3)")
     p.add_argument("--verbose", action="store_true",
                    help="horovodrun's meaning: extra messages (here: the coordinator's and the "
                         "rendezvous' requests, host set changes)")
@@ -240,7 +251,9 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                    verbose=a.verbose or a.log_level in ("TRACE", "DEBUG"), cwd=os.getcwd(),
                    job_file=a.job_file, target_np=a.target_np, log_level=a.log_level,
                    ssh_port=a.ssh_port, ssh_identity_file=a.ssh_identity_file,
-                   output_dir=a.output_filename)
+                   output_dir=a.output_filename,
+                   checkpoint_dir=a.checkpoint_dir, checkpoint_every_s=a.checkpoint_every,
+                   checkpoint_keep=a.checkpoint_keep)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

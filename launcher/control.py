@@ -12,6 +12,8 @@ path                body             effect
 ``/ctl/scale``      ``{"np": N}``    target world size N in [min-np, max-np]
 ``/ctl/drain``      ``{"host": H}``  workers on H leave at the next commit; none placed there
 ``/ctl/undrain``    ``{"host": H}``  H may be used again
+``/ctl/checkpoint`` ``{"wait": S}``  rank 0 writes a checkpoint at its next commit; answers
+                                     ``{"path", "step"}`` once written (``path`` null after S s)
 ==================  ===============  ==========================================================
 
 A refused call answers 400 with ``{"error": "..."}`` and changes nothing.
@@ -248,4 +250,7 @@ def routes(driver) -> Dict[str, Callable[[dict], dict]]:
         PREFIX + "scale": lambda data: driver.set_target_np(_int(data, "np")),
         PREFIX + "drain": lambda data: driver.drain(_host(data), True),
         PREFIX + "undrain": lambda data: driver.drain(_host(data), False),
+        PREFIX + "checkpoint": lambda data: driver.request_checkpoint(
+            float(data.get("wait", 60.0)) if isinstance(data.get("wait", 60.0), (int, float))
+            else _int(data, "wait")),
     }

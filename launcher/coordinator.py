@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from hvd_edl import messages
 from launcher.coordinator_server import CoordinatorServer  # noqa: F401 - served from here
 from launcher.progress import ProgressBoard
+from launcher.checkpoint_dir import CheckpointDirError
 from launcher.events import EventLog, GenerationEvent
 from launcher.liveness import LivenessMonitor
 from launcher.registry import WorkerRecord, WorkerState
@@ -50,6 +51,8 @@ class Generation:
     phases: Dict[str, Dict[str, float]] = field(default_factory=dict)
     logged: bool = False
     state_lost: bool = False
+    restored_from: str = ""   # the checkpoint its rank 0 resumes from (--checkpoint-dir)
+    restored_step: int = -1
 
 
 class JobFailed(RuntimeError):
@@ -96,6 +99,10 @@ class Coordinator:
         self.released: set = set()  # generations a member of which was declared dead or died
         self.on_fence: Callable[[WorkerRecord, float], None] = lambda rec, silent_s: None
         self.progress = ProgressBoard()  # steps / epoch / samples the watchers report
+        # --checkpoint-dir (a launcher.checkpoint_dir.CheckpointDir; None: no checkpoints) and
+        # how many checkpoints hvd-edl-ctl asked for (the watchers' replies carry it)
+        self.checkpoints = None
+        self.checkpoint_request = 0
 
     # ---- driver side ---------------------------------------------------------------------------
 
@@ -404,6 +411,15 @@ class Coordinator:
                     return reply
                 self.cond.wait(left)
 
+    def request_checkpoint(self) -> int:
+        """``hvd-edl-ctl checkpoint``: rank 0 writes one at its next commit (the open
+        ``/watch`` polls answer now, carrying the new count).  Returns the request's number."""
+        with self.cond:
+            self.checkpoint_request += 1
+            self.progress.ask(time.monotonic())
+            self.cond.notify_all()
+            return self.checkpoint_request
+
     def fresh_progress(self, wait_s: float = 0.5) -> None:
         """Have every member of the current generation report its progress now (their open
         ``/watch`` polls are answered and come back with fresh figures); returns when all did
@@ -471,7 +487,8 @@ class Coordinator:
     def _watch_reply(self, generation: int) -> messages.WatchReply:
         latest = self.current.number if self.current else 0
         return messages.WatchReply(change_pending=(generation == latest and self._change_wanted()),
-                                   latest_generation=latest)
+                                   latest_generation=latest,
+                                   checkpoint_request=self.checkpoint_request)
 
     def _try_form(self) -> None:
         if self.finishing or self.failure or self.stopping:
@@ -514,7 +531,31 @@ class Coordinator:
             return
         self._form(participants, previous)
 
+    def _restore_paths(self, participants: List[str], previous: List[str]) -> Optional[list]:
+        """The checkpoints (path, sidecar; newest good first) a generation of ``participants``
+        resumes from: with ``--checkpoint-dir``, when none of them holds the committed state
+        (the job's first generation, or every member died).  [] when there is nothing to
+        resume; None when the directory has only bad checkpoints (``failure`` says so: a
+        silent start from scratch would throw the job's progress away)."""
+        if self.checkpoints is None or any(w in previous for w in participants):
+            return []
+        try:
+            return self.checkpoints.restore_candidates()
+        except CheckpointDirError as e:
+            self.failure = str(e)
+            self.cond.notify_all()
+            return None
+
+    def _last_reported_step(self) -> int:
+        """The highest step the current generation's members reported (watch polls)."""
+        g = self.current
+        steps = [self.progress.latest[w].step for w in g.members if w in self.progress.latest]
+        return max(steps + [g.step])
+
     def _form(self, participants: List[str], previous: List[str]) -> None:
+        restore = self._restore_paths(participants, previous)
+        if restore is None:
+            return
         number = (self.current.number if self.current else 0) + 1
         port = self.rendezvous.open(number, {self.workers[w].host for w in participants})
         hosts: List[str] = []
@@ -545,7 +586,8 @@ class Coordinator:
                 hostname=rec.host,
                 rendezvous_addr=self.rendezvous_addr, rendezvous_port=port,
                 rendezvous_token=self.rendezvous.token(number),
-                members=list(participants), sync=sync)
+                members=list(participants), sync=sync,
+                restore_paths=[str(p) for p, _ in restore])
             local_counts[rec.host] += 1
         for w in previous:
             if w not in participants:
@@ -557,12 +599,18 @@ class Coordinator:
         if state_lost:  # every holder of the state died: the joiners start from scratch
             rolled_back = max(rolled_back, self.current.step)
             self.state_lost_restarts += 1
+            if restore:  # ... or from a checkpoint: the steps since it are redone
+                rolled_back = max(0, self._last_reported_step() - restore[0][1]["steps"])
+        if restore:
+            step = restore[0][1]["steps"]
         self.first_script_error = None
         now = time.monotonic()
         for w in participants:
             self.liveness.expect(w, now)
         gen = Generation(number, list(participants), kind, step, rolled_back, time.time(),
-                         prev_size, continuing, labels, state_lost=state_lost)
+                         prev_size, continuing, labels, state_lost=state_lost and not restore,
+                         restored_from=str(restore[0][0]) if restore else "",
+                         restored_step=restore[0][1]["steps"] if restore else -1)
         self.current = gen
         self.history.append(gen)
         self.reports = {}
@@ -599,7 +647,8 @@ class Coordinator:
             rolled_back_steps=g.rolled_back_steps, time=g.formed_at,
             previous_world_size=g.previous_size,
             phases=dict(g.phases.get(slowest, {})) if g.kind != "start" else {},
-            state_lost=g.state_lost, **self._membership_change(g)))
+            state_lost=g.state_lost, restored_from=g.restored_from,
+            restored_step=g.restored_step, **self._membership_change(g)))
 
     def _membership_change(self, g: Generation) -> Dict[str, List[str]]:
         """Who left and who joined between the generation before ``g`` and ``g`` (labels)."""

@@ -6,6 +6,8 @@
     hvd-edl-ctl scale --np N [--wait S]   target world size N within [--min-np, --max-np]
     hvd-edl-ctl drain HOST                workers on HOST leave gracefully; none placed there
     hvd-edl-ctl undrain HOST              HOST may be used again
+    hvd-edl-ctl checkpoint [--wait S]     rank 0 writes a checkpoint at its next commit; prints
+                                          its path once written (--checkpoint-dir jobs)
 
 The job is found through ``--job FILE`` or ``--job PID`` (the launcher's pid, as ``list`` shows
 it), else ``$HVD_EDL_JOB``, else the only running job's file in the default directory
@@ -56,6 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("host")
     ud = sub.add_parser("undrain", help="let HOST be used again")
     ud.add_argument("host")
+    ck = sub.add_parser("checkpoint", help="write a checkpoint at the next commit and print "
+                        "its path (exit 4 if none was written within --wait)")
+    ck.add_argument("--wait", type=float, default=60.0, metavar="S",
+                    help="seconds to wait for it (default 60)")
     return p
 
 
@@ -186,6 +192,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                       f"{_usable_slots(last)} usable slots, world size {last['world_size']} "
                       f"(the target stays; the job resizes when it can)", file=sys.stderr)
                 return EXIT_WAIT_TIMEOUT
+        elif a.cmd == "checkpoint":
+            client.timeout_s = max(client.timeout_s, a.wait + 10.0)
+            r = client.call("checkpoint", wait=a.wait)
+            if r.get("path") is None:
+                print(f"hvd-edl-ctl: {r.get('warning')}", file=sys.stderr)
+                return EXIT_WAIT_TIMEOUT
+            print(f"hvd-edl-ctl: checkpoint {r['path']} (step {r['step']})")
         else:
             r = client.call(a.cmd, host=a.host)
             print(f"hvd-edl-ctl: drained hosts: {', '.join(r['drained']) or 'none'}")

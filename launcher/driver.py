@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from hvd_edl import messages
 from launcher import control
+from launcher.checkpoint_dir import CheckpointDir, CheckpointDirError
 from launcher.coordinator import Coordinator, CoordinatorServer
 from launcher.discovery import DiscoveryError
 from launcher.events import EventLog
@@ -71,6 +72,9 @@ class JobSpec:
     output_dir: Optional[str] = None    # --output-filename: DIR/worker.<id>/{stdout,stderr}
     ssh_port: Optional[int] = None       # -p/--ssh-port: remote hosts' sshd port
     ssh_identity_file: Optional[str] = None  # -i/--ssh-identity-file
+    checkpoint_dir: Optional[str] = None     # --checkpoint-dir (None: no checkpoints)
+    checkpoint_every_s: float = 60.0         # --checkpoint-every
+    checkpoint_keep: int = 3                 # --checkpoint-keep
 
 
 class Driver:
@@ -85,6 +89,8 @@ class Driver:
                                  events=self.events, rendezvous=self.rendezvous,
                                  rendezvous_addr=spec.bind_addr, reset_limit=spec.reset_limit)
         self.coord.on_fence = self._on_fence
+        self.checkpoints = None if spec.checkpoint_dir is None else CheckpointDir(
+            spec.checkpoint_dir, spec.checkpoint_every_s, spec.checkpoint_keep)
         self.server = CoordinatorServer(self.coord, self.secret, spec.bind_addr,
                                         extra_routes=control.routes(self))
         self.target_np = spec.target_np   # None: every usable slot up to max_np
@@ -126,10 +132,19 @@ class Driver:
             print(f"hvd-edl-run: error: -np {self.spec.np} needs {self.spec.np} slots, the hosts "
                   f"give {initial}", file=sys.stderr)
             return 2
+        if self.checkpoints is not None:
+            try:  # one job per directory, for the job's life (released when it ends or dies)
+                self.checkpoints.acquire()
+            except CheckpointDirError as e:
+                print(f"hvd-edl-run: error: {e}", file=sys.stderr)
+                return 2
+            self.coord.checkpoints = self.checkpoints
         port = self.server.start()
         try:
             return self._run_started(port, initial)
         finally:
+            if self.checkpoints is not None:
+                self.checkpoints.release()
             self.coord.stopping = True
             terminate_all(list(self.procs.values()), grace_s=5.0)
             self.server.stop()
@@ -164,6 +179,8 @@ class Driver:
         }
         if self.spec.log_level:  # horovodrun's --log-level: the Horovod backend's level
             self.worker_env["HOROVOD_LOG_LEVEL"] = self.spec.log_level
+        if self.checkpoints is not None:
+            self.worker_env.update(self.checkpoints.worker_env())
         self.worker_spec = WorkerSpec(list(self.spec.command), self.worker_env, self.spec.cwd,
                                       ssh_port=self.spec.ssh_port,
                                       ssh_identity_file=self.spec.ssh_identity_file)
@@ -205,7 +222,9 @@ class Driver:
                     now - self.below_min_since > self.spec.elastic_timeout_s:
                 print(f"hvd-edl-run: error: fewer than --min-np {self.spec.min_np} workers "
                       f"available for {self.spec.elastic_timeout_s:g} s (--elastic-timeout); "
-                      f"have {self.coord.usable_count()}", file=sys.stderr)
+                      f"have {self.coord.usable_count()}"
+                      + (f"; {self.checkpoints.describe_newest()}: run the same command again "
+                         f"to resume" if self.checkpoints is not None else ""), file=sys.stderr)
                 return 1
         self.coord.tick(now)
         return self._exit_code_if_done()
@@ -362,6 +381,36 @@ class Driver:
                 "usable_slots": capacity,
                 "warning": None if capacity >= np_ else
                 f"only {capacity} usable slots now: the job grows when discovery offers more"}
+
+    def request_checkpoint(self, wait_s: float = 60.0) -> dict:
+        """``hvd-edl-ctl checkpoint``: rank 0 writes a checkpoint at its next commit; waits up
+        to ``wait_s`` seconds (at most 600) for it to be complete in the directory.
+
+        Returns ``{"path", "step", "request"}``, ``path`` None (with a ``warning``) when none
+        was written in time (the request stays: the next commit of rank 0 writes it).
+
+        Raises:
+            ValueError: no ``--checkpoint-dir``, or a static job (its workers keep no watch
+                poll that could carry the request; they write at the interval only).
+        """
+        if self.checkpoints is None:
+            raise ValueError("this job runs without --checkpoint-dir: nothing to write to")
+        if not self.spec.elastic:
+            raise ValueError("a static job writes checkpoints at --checkpoint-every only; "
+                             "start it with --min-np/--max-np to force one")
+        request = self.coord.request_checkpoint()
+        deadline = time.monotonic() + min(max(wait_s, 0.0), 600.0)
+        while True:
+            newest = self.checkpoints.newest()
+            if newest is not None and newest[1].get("request", 0) >= request:
+                print(f"hvd-edl-run: control: checkpoint {newest[0]} written (step "
+                      f"{newest[1]['steps']})", flush=True)
+                return {"path": str(newest[0]), "step": newest[1]["steps"], "request": request}
+            if time.monotonic() > deadline:
+                return {"path": None, "step": None, "request": request,
+                        "warning": f"no checkpoint written within {wait_s:g} s (rank 0 writes "
+                                   f"it at its next commit once no write is in flight)"}
+            time.sleep(0.1)
 
     def drain(self, host: str, drain: bool) -> dict:
         """Drain ``host`` (its workers leave at the next commit, no new ones are placed there)

@@ -26,7 +26,9 @@ class GenerationEvent:
     (``messages.Started.phases``: boundary, shutdown, wait, init, sync, rest; seconds).
     ``state_lost``: a failure after which no member of the previous ring was left, so training
     restarted from the joiners' initial state (``rolled_back_steps`` is then at least the step
-    the previous ring started at, a lower bound of the work lost).
+    the previous ring started at, a lower bound of the work lost).  ``restored_from``: the
+    checkpoint (``--checkpoint-dir``) a generation without any holder of the state resumes
+    from, at step ``restored_step`` ("" and -1 otherwise; ``state_lost`` is then False).
     """
     generation: int
     kind: str
@@ -41,6 +43,8 @@ class GenerationEvent:
     state_lost: bool = False
     left: List[str] = field(default_factory=list)
     joined: List[str] = field(default_factory=list)
+    restored_from: str = ""
+    restored_step: int = -1
 
 
 class EventLog:
@@ -71,4 +75,6 @@ class EventLog:
                 if ev.state_lost:
                     text += (" -- STATE LOST: no member of the previous ring survived, training "
                              "restarts from the initial state")
+            if ev.restored_from:
+                text += f" -- resumed from checkpoint {ev.restored_from} (step {ev.restored_step})"
             print(f"hvd-edl-run: {text}", file=self.out, flush=True)

@@ -11,7 +11,7 @@ import horovod.torch as _hvd
 
 import hvd_edl.torch as _edl
 
-from hvd_edl import audit
+from hvd_edl import audit, checkpoint
 from hvd_edl.sampler import ElasticBatchSampler, ElasticSampler
 from hvd_edl.state import ObjectState, State, run_fn
 
@@ -104,6 +104,10 @@ def _clone(obj: Any) -> Any:
     return copy.deepcopy(obj)
 
 
+def _held_by_nobody(obj: Any) -> bool:
+    return False
+
+
 class TorchState(ObjectState):
     """Elastic state of a PyTorch job (Horovod's ``TorchState(model, optimizer, **kwargs)``).
 
@@ -138,17 +142,25 @@ class TorchState(ObjectState):
         super().save()
         pending: list = []
         copies: list = []
+        # --checkpoint-dir: buffers a background write still reads are not reused (see
+        # hvd_edl.checkpoint); without it, writer is None and nothing else changes
+        writer = checkpoint.writer()
+        held = writer.holds if writer is not None else _held_by_nobody
         if self.model is not None:
-            self._saved_model = _to_host(self.model.state_dict(), self._saved_model, pending,
-                                         copies)
+            self._saved_model = _to_host(self.model.state_dict(),
+                                         None if held(self._saved_model) else self._saved_model,
+                                         pending, copies)
         if self.optimizer is not None:
-            self._saved_optimizer = _to_host(self.optimizer.state_dict(), self._saved_optimizer,
-                                             pending, copies)
+            self._saved_optimizer = _to_host(
+                self.optimizer.state_dict(),
+                None if held(self._saved_optimizer) else self._saved_optimizer, pending, copies)
         _copy_all(copies)
         for device in set(pending):  # the asynchronous device-to-host copies are done here
             torch.cuda.synchronize(device)
         self._saved_samplers = {k: s.state_dict() for k, s in self._samplers.items()}
         _note_progress(self._samplers)
+        if writer is not None:
+            writer.offer(self)  # rank 0, when a checkpoint is due: hands this commit over
 
     def restore(self) -> None:
         super().restore()
@@ -165,6 +177,9 @@ class TorchState(ObjectState):
         rt = runtime.get()
         payload = None
         if _hvd.rank() == 0:
+            # a generation without any holder of the state: rank 0 loads the newest good
+            # checkpoint the launcher named, then broadcasts it like any state
+            error = checkpoint.restore_into(self)
             payload = {
                 "model": self.model.state_dict() if self.model is not None else None,
                 "optimizer": (self.optimizer.state_dict()
@@ -173,7 +188,11 @@ class TorchState(ObjectState):
                 "samplers": {k: s.state_dict() for k, s in self._samplers.items()},
                 "steps": rt.steps if rt is not None else 0,
             }
+            if error is not None:  # every rank ends with the same clear error
+                payload = {"checkpoint_error": error}
         payload = _edl.broadcast_object(payload, root_rank=0, name="hvd_edl.sync")
+        if payload.get("checkpoint_error"):
+            raise checkpoint.CheckpointError(payload["checkpoint_error"])
         if _hvd.rank() != 0:
             if self.model is not None:
                 self.model.load_state_dict(payload["model"])

@@ -283,7 +283,6 @@ class Assignment:
     sync: bool = True
     rendezvous_token: str = ""
     restore_paths: List[str] = field(default_factory=list)
-    restore_paths: List[str] = field(default_factory=list)
 
 
 @dataclass

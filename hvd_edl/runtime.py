@@ -69,7 +69,6 @@ class WorkerRuntime:
         self.last_step_end: Optional[float] = None
         self.progress = (-1, -1)  # (epoch, samples) as of the last commit (TorchState.save)
         self.checkpoint_request = 0  # checkpoints asked for (hvd-edl-ctl checkpoint; watcher)
-        self.checkpoint_request = 0  # checkpoints asked for (hvd-edl-ctl checkpoint; watcher)
         self._change = threading.Event()  # the coordinator wants a switch after this generation
         self._generation_changed = threading.Event()
         self._generation_lock = threading.Lock()  # generation and _change change together
@@ -375,7 +374,6 @@ class WorkerRuntime:
                 log.warning("watch failed: %s", e)
                 time.sleep(1.0)  # a refused request: back off before asking again
                 continue
-            self.checkpoint_request = max(self.checkpoint_request, r.checkpoint_request)
             self.checkpoint_request = max(self.checkpoint_request, r.checkpoint_request)
             with self._generation_lock:
                 if gen != self.generation:

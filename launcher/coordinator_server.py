@@ -13,8 +13,8 @@ Requests are checked on the event loop's thread, in this order, and a refused on
    coordinator's long polls, ``/watch`` and ``/switch``, block for seconds): malformed JSON, JSON
    nested too deep and fields of the wrong type answer 400.
 
-Unauthenticated clients never get a thread; threads serve authenticated requests only, at most
-one per connection.  Connections that authenticated stay open between requests (the workers'
+Unauthenticated clients never get a thread; daemon threads serve authenticated requests only,
+at most one per connection.  Connections that authenticated stay open between requests (the workers'
 keep-alive sessions) for ``IDLE_CONNECTION_TIMEOUT_S``.
 """
 from __future__ import annotations
@@ -23,7 +23,6 @@ import asyncio
 import json
 import logging
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Optional
 
 from hvd_edl import messages
@@ -89,9 +88,7 @@ class CoordinatorServer:
         self.http = BoundedHTTPServer(self._handle, self.limits, name="coordinator",
                                       keep_alive=True, same_user_only=True,
                                       local_addresses=_local_addresses())
-        # one thread per authenticated request in flight (long polls hold theirs for seconds)
-        self._pool = ThreadPoolExecutor(max_workers=self.limits.max_connections,
-                                        thread_name_prefix="coordinator-request")
+        self._stopping = False
         self._loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._loop.run_forever, name="coordinator",
                                        daemon=True)
@@ -113,7 +110,7 @@ class CoordinatorServer:
             self.thread.join(5)
         else:
             self._sock.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._stopping = True
 
     def _refuse(self, request: Request, refusal: Refused) -> Response:
         self.auth.note_refusal("coordinator", request.peer, refusal)
@@ -138,14 +135,21 @@ class CoordinatorServer:
         route = ROUTES.get(request.path)
         if route is None and request.path not in self.extra:
             return _json(404, {"error": "no such endpoint"}, authenticated=True)
-        loop = asyncio.get_running_loop()
-        try:
-            return await loop.run_in_executor(self._pool, self._dispatch, request.path, body)
-        except RuntimeError:  # the pool was shut down: the launcher is stopping
+        if self._stopping:
             return _json(503, {"error": "shutting down"}, close=True)
+        # a daemon thread per authenticated request in flight (at most one per connection):
+        # long polls hold theirs for seconds, and none may delay the launcher's exit
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+
+        def run() -> None:
+            resp = self._dispatch(request.path, body)
+            loop.call_soon_threadsafe(lambda: answer.done() or answer.set_result(resp))
+        threading.Thread(target=run, name="coordinator-request", daemon=True).start()
+        return await answer
 
     def _dispatch(self, path: str, body: bytes) -> Response:
-        """Run an authenticated request's route (on a pool thread)."""
+        """Run an authenticated request's route (on its own thread); never raises."""
         try:
             route = ROUTES.get(path)
             if route is not None:
@@ -159,3 +163,6 @@ class CoordinatorServer:
         except (ValueError, KeyError, TypeError) as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
             return _json(400, {"error": str(msg)}, authenticated=True)
+        except Exception:  # noqa: BLE001 - a bug of ours: answer 500, keep serving
+            log.exception("coordinator: error serving %s", path)
+            return _json(500, {"error": "internal error"}, close=True, authenticated=True)

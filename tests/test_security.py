@@ -274,7 +274,9 @@ def test_connections_past_the_cap_get_a_fast_503_and_the_idle_ones_408(monkeypat
     port = server.start()
     idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
     try:
-        time.sleep(0.2)  # not a wait for an event: lets the loop accept all 20 before the 21st
+        deadline = time.monotonic() + 10
+        while server.http.connections < 20 and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the server holds all 20
         t0 = time.monotonic()
         assert _raw("127.0.0.1", port, b"POST /ctl/status HTTP/1.1\r\n\r\n") \
             == b"HTTP/1.1 503 Service Unavailable"

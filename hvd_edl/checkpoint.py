@@ -180,11 +180,16 @@ class _HashingFile:
         self.f = f
         self.digest = hashlib.sha256()
         self.bytes = 0
+        self.error: Optional[OSError] = None  # torch's writer turns it into a RuntimeError
 
     def write(self, data) -> int:
         self.digest.update(data)
         self.bytes += len(data)
-        return self.f.write(data)
+        try:
+            return self.f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
 
     def flush(self) -> None:
         self.f.flush()
@@ -208,7 +213,12 @@ def write(directory: Path, snapshot: Dict[str, Any], request: int = 0) -> Path:
     try:
         with open(tmp, "wb") as f:
             h = _HashingFile(f)
-            torch.save(snapshot, h)
+            try:
+                torch.save(snapshot, h)
+            except RuntimeError:
+                if h.error is not None:  # a full disk, a quota: say so, as an OSError
+                    raise h.error from None
+                raise
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)

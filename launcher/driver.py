@@ -138,6 +138,12 @@ class Driver:
             except CheckpointDirError as e:
                 print(f"hvd-edl-run: error: {e}", file=sys.stderr)
                 return 2
+            try:  # bad checkpoints are named now, and only bad ones end the job before it starts
+                self.checkpoints.restore_candidates()
+            except CheckpointDirError as e:
+                self.checkpoints.release()
+                print(f"hvd-edl-run: error: {e}", file=sys.stderr)
+                return 1
             self.coord.checkpoints = self.checkpoints
         port = self.server.start()
         try:

@@ -1,0 +1,284 @@
+"""Durable commits (``--checkpoint-dir``): real ``hvd-edl-run`` jobs of the digits example, real
+``kill -9`` of every worker and of the launcher, real files; exactly-once data checked from the
+audit ledger.
+
+How the audit tells the steps redone after a resume from the ones it would call repeats: a ring
+that resumes from a checkpoint at step ``S`` writes a ``sync`` record at step ``S`` (its
+``rt.steps`` after loading), so :func:`hvd_edl.audit.committed` supersedes every record of the
+earlier generations after step ``S``: those steps were lost with the workers and redone.  A
+second job (the launcher killed and the command run again) numbers its generations from 1
+again, so its ledger is merged after the first job's with its generations offset
+(:func:`_merged_ledger`).
+
+Slow: each test but the last two starts one or two multi-process jobs (about 10-30 s each on
+two cores).
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import filelock
+import psutil
+import torch
+
+from conftest import DIGITS, LAUNCHER, VENV_BIN, Job, digits, long_digits, summary
+from hvd_edl import audit, checkpoint
+
+CTL = str(VENV_BIN / "hvd-edl-ctl")
+DIGITS_TRAIN = 1347
+
+
+def _merged_ledger(out: Path, *runs: Path) -> Path:
+    """One ledger directory of several jobs' ledgers, in job order: the k-th job's generations
+    are offset by 1000 k (each job numbers its own from 1)."""
+    out.mkdir()
+    for k, run in enumerate(runs):
+        for path in sorted(run.glob("*.jsonl")):
+            with open(out / f"run{k}-{path.name}", "w") as f:
+                for r in _records(path):
+                    r["gen"] += 1000 * k
+                    f.write(json.dumps(r) + "\n")
+    return out
+
+
+def _records(path: Path):
+    for line in path.read_text().splitlines():
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            continue
+
+
+def _members(ev):
+    return [m.split("@")[0] for m in ev["members"]]
+
+
+def _restored(job, after: int = 0):
+    return job.wait_for("a generation resumed from a checkpoint", lambda: next(
+        (e for e in job.events() if e["generation"] > after and e.get("restored_from")), None),
+        120)
+
+
+def _steps_after(ledger: Path, step: int) -> set:
+    return {(r["gen"], r["step"]) for r in audit.read_records(ledger)
+            if r["kind"] == "step" and r["step"] > step}
+
+
+def test_every_worker_killed_at_once_resumes_from_the_forced_checkpoint(tmp_path, job_factory,
+                                                                       monkeypatch):
+    """``hvd-edl-ctl checkpoint`` forces one (the interval is an hour) and prints its path; both
+    workers are then killed at once: the replacements resume from exactly that checkpoint
+    (not from the initial state), and every sample of every epoch is used once, counting the
+    steps after the checkpoint as redone."""
+    ledger = tmp_path / "ledger"
+    monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
+    ck = tmp_path / "ck"
+    job_file = tmp_path / "job.json"
+    job = job_factory(["-np", "2", "--min-np", "1", "--max-np", "2", "--discovery-interval", "0.2",
+                       "--job-file", str(job_file), "--checkpoint-dir", str(ck),
+                       "--checkpoint-every", "3600"],
+                      long_digits(tmp_path, "--repeat-data", "3"), hosts="localhost:4")
+    job.wait_generation(1)
+    job.wait_for("a progress line", lambda: "sample/s]" in job.output(), 60)
+    r = subprocess.run([CTL, "--job", str(job_file), "checkpoint", "--wait", "60"],
+                       capture_output=True, text=True, timeout=90)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"checkpoint (\S+) \(step (\d+)\)", r.stdout)
+    path, step = m.group(1), int(m.group(2))
+    assert step > 0 and Path(path).parent == ck.resolve()
+    data = checkpoint.load(path)  # verified; plain torch.load gives the same dict
+    assert data["steps"] == step and data["world_size"] == 2
+    assert torch.load(path, weights_only=False)["scalars"] == data["scalars"]
+    assert set(data["model"]) == {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+                                  "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
+
+    pids = [job.wait_for(f"pid of {w}", lambda w=w: job.worker_pid(w), 30) for w in ("w1", "w2")]
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    ev = _restored(job, after=1)
+    assert not {"w1", "w2"} & set(_members(ev)) and ev["kind"] == "failure", ev
+    assert Path(ev["restored_from"]) == Path(path) and ev["restored_step"] == step, ev
+    assert not ev["state_lost"] and ev["step"] == step
+    job.end_training()
+    assert job.finish() == 0, job.output()[-3000:]
+    out = job.output()
+    assert f"resumed from checkpoint {path} (step {step})" in out and "STATE LOST" not in out
+
+    syncs = [r for r in audit.read_records(ledger) if r["kind"] == "sync"
+             and r["gen"] == ev["generation"]]
+    assert syncs and all(r["step"] == step for r in syncs)
+    redone = _steps_after(ledger, step) - {(g, s) for g, s in _steps_after(ledger, step)
+                                           if g >= ev["generation"]}
+    report = audit.check(ledger, DIGITS_TRAIN * 3)
+    assert sum(e.rolled_back_steps for e in report.epochs) == len(redone)
+    assert all(e.complete for e in report.epochs[:-1]) and report.epochs
+    assert (report.repeated, report.missing) == (0, 0), report.to_dict()
+
+
+def test_launcher_killed_and_rerun_resumes_at_another_world_size(tmp_path, job_factory,
+                                                                monkeypatch):
+    """A 2-worker job writing a checkpoint every second; its launcher is killed with
+    ``kill -9`` (its workers die with it); the same command at 3 workers resumes from the newest
+    checkpoint, having lost at most about one interval of work, and finishes with every sample
+    of every epoch used once."""
+    ck = tmp_path / "ck"
+    ledgers = [tmp_path / "ledger1", tmp_path / "ledger2"]
+    monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledgers[0]))
+    every_s = 1.0
+
+    def launcher_args(np_):
+        return ["-np", np_, "--checkpoint-dir", str(ck), "--checkpoint-every", f"{every_s:g}"]
+
+    command = ["--epochs", "4", "--repeat-data", "2", "--step-delay", "0.01"]
+    job1 = job_factory(launcher_args("2"), digits(tmp_path, *command))
+    job1.wait_generation(1)
+    job1.wait_for("a checkpoint after epoch 1 began", lambda: any(
+        checkpoint.read_sidecar(p)["steps"] > 100 for p in checkpoint.complete(ck)), 120)
+    workers = psutil.Process(job1.proc.pid).children()
+    os.kill(job1.proc.pid, signal.SIGKILL)
+    killed_at = time.time()
+    job1.proc.wait(10)
+    gone, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, f"workers outlived their launcher: {alive}"
+    newest = checkpoint.complete(ck)[0]
+    meta = checkpoint.read_sidecar(newest)
+    assert killed_at - meta["time"] <= every_s + 4.0, "more than an interval of work lost"
+
+    monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledgers[1]))
+    run2 = tmp_path / "run2"
+    run2.mkdir()
+    job2 = Job(run2, launcher_args("3"), digits(run2, *command))
+    try:
+        ev = job2.wait_generation(1)
+        assert Path(ev["restored_from"]) == newest.resolve() and ev["world_size"] == 3, ev
+        assert ev["restored_step"] == meta["steps"]
+        assert job2.finish() == 0, job2.output()[-3000:]
+    finally:
+        job2.stop()
+    s = summary(run2)
+    assert s["world_size"] == 3 and s["epochs"] == 4 and s["param_spread"] == 0.0
+
+    merged = _merged_ledger(tmp_path / "merged", *ledgers)
+    report = audit.check(merged, DIGITS_TRAIN * 2)
+    assert [e.epoch for e in report.epochs] == [0, 1, 2, 3] and all(e.complete
+                                                                    for e in report.epochs)
+    # the first job's steps after the checkpoint are the ones superseded, nothing else
+    assert sum(e.rolled_back_steps for e in report.epochs) == len(_steps_after(ledgers[0],
+                                                                               meta["steps"]))
+    assert (report.repeated, report.missing) == (0, 0), report.to_dict()
+
+
+def _digits_snapshot(steps: int, model=None) -> dict:
+    """A checkpoint of the digits example's state at ``steps`` (or of another ``model``)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("train_digits", DIGITS)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = model if model is not None else mod.DigitsCNN()
+    opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    return {"format": checkpoint.FORMAT, "model": model.state_dict(),
+            "optimizer": opt.state_dict(),
+            "samplers": {"train_sampler": {"epoch": 0, "processed_num": 0, "seed": 0,
+                                           "consumed": 0, "batch_size": 16}},
+            "scalars": {"epoch": 0, "step": steps}, "steps": steps, "generation": 1,
+            "world_size": 1, "time": time.time()}
+
+
+def test_truncated_and_corrupted_checkpoints_are_named_and_the_previous_good_one_used(
+        tmp_path, job_factory):
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    good = checkpoint.write(ck, _digits_snapshot(10))
+    corrupt = checkpoint.write(ck, _digits_snapshot(20))
+    truncated = checkpoint.write(ck, _digits_snapshot(30))
+    raw = bytearray(corrupt.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    corrupt.write_bytes(bytes(raw))
+    with open(truncated, "r+b") as f:
+        f.truncate(1000)
+    job = job_factory(["-np", "1", "--checkpoint-dir", str(ck)],
+                      digits(tmp_path, "--epochs", "1", "--train-size", "320"))
+    assert job.finish() == 0, job.output()[-3000:]
+    out = job.output()
+    assert f"checkpoint {truncated}: truncated or changed: 1000 bytes" in out
+    assert f"checkpoint {corrupt}: wrong checksum" in out
+    ev = job.events()[0]
+    assert Path(ev["restored_from"]) == good and ev["restored_step"] == 10, ev
+    assert summary(tmp_path)["steps"] == 10 + 20  # 320 samples, 16 a step, after step 10
+
+
+def test_a_checkpoint_of_another_model_ends_the_job_with_one_clear_error(tmp_path, job_factory):
+    """Every rank ends with the same error naming the file and the mismatch; no generation is
+    formed again (no crash loop), even with free slots for replacements."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    other = checkpoint.write(ck, _digits_snapshot(5, model=torch.nn.Linear(64, 10)))
+    job = job_factory(["-np", "2", "--min-np", "1", "--max-np", "2", "--checkpoint-dir",
+                       str(ck)], digits(tmp_path, "--epochs", "1"), hosts="localhost:4")
+    code = job.finish()
+    out = job.output()
+    assert code == 1, out[-3000:]
+    assert f"checkpoint {other} does not fit this job's model or optimizer" in out, out[-3000:]
+    assert [e["generation"] for e in job.events()] == [1]
+    assert "hvd-edl-run: error: rank" in out and "CheckpointError" in out
+
+
+def _launch(args, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([LAUNCHER, *args, sys.executable, "-c", "pass"], capture_output=True,
+                          text=True, timeout=60, cwd=str(cwd))
+
+
+def test_refused_directories_and_only_bad_checkpoints_fail_at_start_with_one_line(tmp_path):
+    """A directory another job holds, one that cannot be created or written, and one whose only
+    checkpoint is bad: one clear line each, and no worker is started."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    with filelock.FileLock(str(ck / checkpoint.LOCK_NAME)):
+        r = _launch(["-np", "1", "--checkpoint-dir", str(ck)], tmp_path)
+    assert r.returncode == 2 and "is in use by another job" in r.stderr, r.stderr
+    assert "worker w1 started" not in r.stdout
+
+    (tmp_path / "file").write_text("")
+    r = _launch(["-np", "1", "--checkpoint-dir", str(tmp_path / "file" / "ck")], tmp_path)
+    assert r.returncode == 2 and "is not writable" in r.stderr, r.stderr
+
+    bad = checkpoint.write(ck, {"format": checkpoint.FORMAT, "steps": 7, "model": {}})
+    bad.write_bytes(bad.read_bytes()[:-10])
+    r = _launch(["-np", "1", "--checkpoint-dir", str(ck)], tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert f"checkpoint {bad}: truncated" in r.stderr
+    assert "no good checkpoint in --checkpoint-dir" in r.stderr and "not starting from scratch" \
+        in r.stderr
+    assert "worker w1 started" not in r.stdout
+
+
+def test_a_full_disk_during_a_write_loses_nothing_written(tmp_path):
+    """A write that runs out of space (here: a file size limit, EFBIG like ENOSPC) raises
+    OSError, leaves no partial file, and the earlier checkpoint stays good."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    first = checkpoint.write(ck, {"format": checkpoint.FORMAT, "steps": 1,
+                                  "model": {"w": torch.zeros(10)}})
+    script = (
+        "import resource, signal, sys, torch\n"
+        "from hvd_edl import checkpoint\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))\n"
+        "try:\n"
+        f"    checkpoint.write({str(ck)!r}, {{'format': checkpoint.FORMAT, 'steps': 2,\n"
+        "                     'model': {'w': torch.zeros(1_000_000)}})\n"
+        "except OSError as e:\n"
+        "    print('OSError', e.errno)\n"
+        "    sys.exit(0)\n"
+        "sys.exit(1)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "OSError" in r.stdout, r.stdout + r.stderr
+    assert sorted(p.name for p in ck.iterdir()) == sorted([first.name,
+                                                          checkpoint.sidecar_of(first).name])
+    checkpoint.verify(first)

@@ -34,6 +34,10 @@ endforeach()
 # Our patches to Horovod's sources: cmake/patches/NNNN-short-name.patch, unified diffs against the
 # unpacked sdist (-p1), applied in name order.  One that does not apply stops the build, naming it.
 # cmake/horovod_matches.py hashes the patch set, so adding or changing a patch triggers a rebuild.
+# the patch set's hash as it is now, before applying: stamped after the build (a patch added
+# meanwhile must not be stamped as built)
+execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} --patches-sha256
+                OUTPUT_VARIABLE patches_sha256 OUTPUT_STRIP_TRAILING_WHITESPACE)
 file(GLOB patches "${CMAKE_CURRENT_LIST_DIR}/patches/*.patch")
 list(SORT patches)
 foreach(p IN LISTS patches)
@@ -60,7 +64,7 @@ execute_process(
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "building Horovod ${HOROVOD_VERSION} failed (see the compiler output above)")
 endif()
-execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} --write-stamp)
+execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} --write-stamp ${patches_sha256})
 execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} RESULT_VARIABLE matches)
 if(NOT matches EQUAL 0)
   message(FATAL_ERROR "Horovod ${HOROVOD_VERSION} installed but horovod.torch does not load")

@@ -1,6 +1,10 @@
 """Exit 0 when the installed Horovod matches what the build would produce, 1 otherwise.
 
-Usage: python horovod_matches.py VERSION [--write-stamp]
+Usage: python horovod_matches.py VERSION [--write-stamp [PATCHES_SHA256] | --patches-sha256]
+
+``--patches-sha256`` prints the patch set's hash; the build takes it *before* it applies the
+patches and stamps that value after the build (``--write-stamp HASH``), so a patch added while
+a build runs is not stamped as built.
 
 A match is: ``horovod.__version__ == VERSION``, ``horovod.torch`` imports (its extension loads
 against this torch), Gloo is built, and the stamp written after our last build names the torch
@@ -29,6 +33,9 @@ def patches_sha256() -> str:
 
 def main() -> int:
     version = sys.argv[1]
+    if "--patches-sha256" in sys.argv:
+        print(patches_sha256())
+        return 0
     try:
         import torch
         import horovod
@@ -37,6 +44,9 @@ def main() -> int:
     stamp = os.path.join(os.path.dirname(horovod.__file__), ".hvd_edl_built_against_torch")
     want = {"torch": torch.__version__, "patches_sha256": patches_sha256()}
     if "--write-stamp" in sys.argv:
+        i = sys.argv.index("--write-stamp")
+        if len(sys.argv) > i + 1:  # the hash of the patches this build applied
+            want["patches_sha256"] = sys.argv[i + 1]
         with open(stamp, "w") as f:
             json.dump(want, f)
         return 0

@@ -145,10 +145,19 @@ class Driver:
                 print(f"hvd-edl-run: error: {e}", file=sys.stderr)
                 return 1
             self.coord.checkpoints = self.checkpoints
+        if self.checkpoints is not None:
+            try:  # one job per directory, for the job's life (released when it ends or dies)
+                self.checkpoints.acquire()
+            except CheckpointDirError as e:
+                print(f"hvd-edl-run: error: {e}", file=sys.stderr)
+                return 2
+            self.coord.checkpoints = self.checkpoints
         port = self.server.start()
         try:
             return self._run_started(port, initial)
         finally:
+            if self.checkpoints is not None:
+                self.checkpoints.release()
             if self.checkpoints is not None:
                 self.checkpoints.release()
             self.coord.stopping = True
@@ -330,6 +339,11 @@ class Driver:
                 return self._fail_worker(failed[0], failed[0].exit_code)
             return 0
         if live:
+            return None
+        if self.checkpoints is not None and self.spec.elastic \
+                and self.below_min_since is not None:
+            # every worker gone, no slot to respawn them: hosts may come back within
+            # --elastic-timeout, and new workers resume from the checkpoint
             return None
         if self.first_failure is not None:
             rec, code = self.first_failure

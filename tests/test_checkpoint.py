@@ -74,14 +74,15 @@ def test_every_worker_killed_at_once_resumes_from_the_forced_checkpoint(tmp_path
     """``hvd-edl-ctl checkpoint`` forces one (the interval is an hour) and prints its path; both
     workers are then killed at once: the replacements resume from exactly that checkpoint
     (not from the initial state), and every sample of every epoch is used once, counting the
-    steps after the checkpoint as redone."""
+    steps after the checkpoint as redone.  Then every host goes: the job ends after
+    ``--elastic-timeout`` with a message naming the checkpoint."""
     ledger = tmp_path / "ledger"
     monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
     ck = tmp_path / "ck"
     job_file = tmp_path / "job.json"
     job = job_factory(["-np", "2", "--min-np", "1", "--max-np", "2", "--discovery-interval", "0.2",
                        "--job-file", str(job_file), "--checkpoint-dir", str(ck),
-                       "--checkpoint-every", "3600"],
+                       "--checkpoint-every", "3600", "--elastic-timeout", "3"],
                       long_digits(tmp_path, "--repeat-data", "3"), hosts="localhost:4")
     job.wait_generation(1)
     job.wait_for("a progress line", lambda: "sample/s]" in job.output(), 60)
@@ -104,10 +105,17 @@ def test_every_worker_killed_at_once_resumes_from_the_forced_checkpoint(tmp_path
     assert not {"w1", "w2"} & set(_members(ev)) and ev["kind"] == "failure", ev
     assert Path(ev["restored_from"]) == Path(path) and ev["restored_step"] == step, ev
     assert not ev["state_lost"] and ev["step"] == step
-    job.end_training()
-    assert job.finish() == 0, job.output()[-3000:]
     out = job.output()
     assert f"resumed from checkpoint {path} (step {step})" in out and "STATE LOST" not in out
+
+    # then every host goes and the last workers die: after --elastic-timeout the job ends,
+    # naming the checkpoint the same command would resume from
+    job.set_hosts("")
+    for w in _members(ev):
+        job.kill_worker(w, signal.SIGKILL)
+    assert job.finish() == 1, job.output()[-3000:]
+    assert f"the last checkpoint is {path} (step {step}): run the same command again" \
+        in job.output()
 
     syncs = [r for r in audit.read_records(ledger) if r["kind"] == "sync"
              and r["gen"] == ev["generation"]]
@@ -116,7 +124,7 @@ def test_every_worker_killed_at_once_resumes_from_the_forced_checkpoint(tmp_path
                                            if g >= ev["generation"]}
     report = audit.check(ledger, DIGITS_TRAIN * 3)
     assert sum(e.rolled_back_steps for e in report.epochs) == len(redone)
-    assert all(e.complete for e in report.epochs[:-1]) and report.epochs
+    assert report.epochs and all(e.complete for e in report.epochs[:-1])  # the last: cut off
     assert (report.repeated, report.missing) == (0, 0), report.to_dict()
 
 

@@ -72,6 +72,7 @@ class WorkerProcess:
         self.remote_pid: Optional[int] = None    # the worker's pid on its host, once started
         self._remote_code: Optional[int] = None
         self._ssh_lines: List[str] = []          # ssh's messages before the worker started
+        self._last_line = ""                     # the last stderr line after it started
         self._threads = [threading.Thread(target=self._pump, args=(popen.stdout, "stdout"),
                                           daemon=True),
                          threading.Thread(target=self._pump, args=(popen.stderr, "stderr"),
@@ -126,12 +127,15 @@ class WorkerProcess:
                 what, _, value = marker.partition(" ")
                 if what == "started" and value.isdigit():
                     self.remote_pid = int(value)
+                    out.extend(self._ssh_lines)  # ssh's warnings, if any: shown after all
+                    self._ssh_lines = []
                 elif what == "exit" and re.fullmatch(r"-?\d+", value):
                     self._remote_code = int(value)
             elif self.remote_pid is None and self._remote_code is None:
                 self._ssh_lines = (self._ssh_lines + [line])[-20:]
             else:
                 out.append(line)
+                self._last_line = line
         return out
 
     def _wait(self) -> None:
@@ -153,7 +157,7 @@ class WorkerProcess:
             _say(f"ssh to host {self.host} failed (exit {ssh_code}): {said.strip()}")
         elif ssh_code == SSH_FAILED:
             _say(f"ssh session to host {self.host} lost (exit {ssh_code}) while "
-                 f"{self._label()} ran: {said.strip()}")
+                 f"{self._label()} ran; its last line: {self._last_line.strip() or '-'}")
         elif self.remote_pid is None and ssh_code != 0:  # e.g. 127: no python3 on that host
             _say(f"worker on host {self.host} did not start (exit {ssh_code}): {said.strip()}")
         return ssh_code

@@ -83,7 +83,7 @@ def test_every_worker_killed_at_once_resumes_from_the_forced_checkpoint(tmp_path
     job = job_factory(["-np", "2", "--min-np", "1", "--max-np", "2", "--discovery-interval", "0.2",
                        "--job-file", str(job_file), "--checkpoint-dir", str(ck),
                        "--checkpoint-every", "3600", "--elastic-timeout", "3"],
-                      long_digits(tmp_path, "--repeat-data", "3"), hosts="localhost:4")
+                      long_digits(tmp_path, "--repeat-data", "2"), hosts="localhost:4")
     job.wait_generation(1)
     job.wait_for("a progress line", lambda: "sample/s]" in job.output(), 60)
     r = subprocess.run([CTL, "--job", str(job_file), "checkpoint", "--wait", "60"],
@@ -108,12 +108,12 @@ def test_every_worker_killed_at_once_resumes_from_the_forced_checkpoint(tmp_path
     out = job.output()
     assert f"resumed from checkpoint {path} (step {step})" in out and "STATE LOST" not in out
 
-    # then every host goes and the last workers die: after --elastic-timeout the job ends,
-    # naming the checkpoint the same command would resume from
-    job.set_hosts("")
-    for w in _members(ev):
-        job.kill_worker(w, signal.SIGKILL)
-    assert job.finish() == 1, job.output()[-3000:]
+    # then the hosts offer only the two slots resting after the kills, and every worker dies:
+    # after --elastic-timeout the job ends, naming the checkpoint the same command resumes from
+    job.set_hosts("localhost:2")
+    for p in psutil.Process(job.proc.pid).children():
+        p.kill()
+    assert job.finish(timeout_s=90) == 1, job.output()[-3000:]
     assert f"the last checkpoint is {path} (step {step}): run the same command again" \
         in job.output()
 
@@ -122,7 +122,7 @@ def test_every_worker_killed_at_once_resumes_from_the_forced_checkpoint(tmp_path
     assert syncs and all(r["step"] == step for r in syncs)
     redone = _steps_after(ledger, step) - {(g, s) for g, s in _steps_after(ledger, step)
                                            if g >= ev["generation"]}
-    report = audit.check(ledger, DIGITS_TRAIN * 3)
+    report = audit.check(ledger, DIGITS_TRAIN * 2)
     assert sum(e.rolled_back_steps for e in report.epochs) == len(redone)
     assert report.epochs and all(e.complete for e in report.epochs[:-1])  # the last: cut off
     assert (report.repeated, report.missing) == (0, 0), report.to_dict()
@@ -142,11 +142,11 @@ def test_launcher_killed_and_rerun_resumes_at_another_world_size(tmp_path, job_f
     def launcher_args(np_):
         return ["-np", np_, "--checkpoint-dir", str(ck), "--checkpoint-every", f"{every_s:g}"]
 
-    command = ["--epochs", "4", "--repeat-data", "2", "--step-delay", "0.01"]
+    command = ["--epochs", "3", "--step-delay", "0.01"]
     job1 = job_factory(launcher_args("2"), digits(tmp_path, *command))
     job1.wait_generation(1)
     job1.wait_for("a checkpoint after epoch 1 began", lambda: any(
-        checkpoint.read_sidecar(p)["steps"] > 100 for p in checkpoint.complete(ck)), 120)
+        checkpoint.read_sidecar(p)["steps"] > 50 for p in checkpoint.complete(ck)), 120)
     workers = psutil.Process(job1.proc.pid).children()
     os.kill(job1.proc.pid, signal.SIGKILL)
     killed_at = time.time()
@@ -169,11 +169,11 @@ def test_launcher_killed_and_rerun_resumes_at_another_world_size(tmp_path, job_f
     finally:
         job2.stop()
     s = summary(run2)
-    assert s["world_size"] == 3 and s["epochs"] == 4 and s["param_spread"] == 0.0
+    assert s["world_size"] == 3 and s["epochs"] == 3 and s["param_spread"] == 0.0
 
     merged = _merged_ledger(tmp_path / "merged", *ledgers)
-    report = audit.check(merged, DIGITS_TRAIN * 2)
-    assert [e.epoch for e in report.epochs] == [0, 1, 2, 3] and all(e.complete
+    report = audit.check(merged, DIGITS_TRAIN)
+    assert [e.epoch for e in report.epochs] == [0, 1, 2] and all(e.complete
                                                                     for e in report.epochs)
     # the first job's steps after the checkpoint are the ones superseded, nothing else
     assert sum(e.rolled_back_steps for e in report.epochs) == len(_steps_after(ledgers[0],

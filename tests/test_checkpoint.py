@@ -107,6 +107,9 @@ def test_every_worker_killed_at_once_resumes_from_the_forced_checkpoint(tmp_path
     assert not ev["state_lost"] and ev["step"] == step
     out = job.output()
     assert f"resumed from checkpoint {path} (step {step})" in out and "STATE LOST" not in out
+    job.wait_for("a step of the resumed ring", lambda: any(
+        r["kind"] == "step" and r["gen"] == ev["generation"]
+        for r in audit.read_records(ledger)), 60)
 
     # then the hosts offer only the two slots resting after the kills, and every worker dies:
     # after --elastic-timeout the job ends, naming the checkpoint the same command resumes from
@@ -290,3 +293,55 @@ def test_a_full_disk_during_a_write_loses_nothing_written(tmp_path):
     assert sorted(p.name for p in ck.iterdir()) == sorted([first.name,
                                                           checkpoint.sidecar_of(first).name])
     checkpoint.verify(first)
+
+
+def test_a_commit_during_a_write_never_changes_what_is_written(tmp_path, monkeypatch):
+    """In one process (rank 0 of a stand-in runtime): a commit made while the writer still
+    reads the previous commit's buffers copies into fresh buffers, so the checkpoint holds the
+    state of its own commit; once the write is done, commits reuse their buffers again.
+    Without ``HVD_EDL_CHECKPOINT_DIR`` there is no writer at all."""
+    import threading
+    from types import SimpleNamespace
+
+    from hvd_edl import runtime
+    from hvd_edl.torch.elastic import TorchState
+
+    monkeypatch.delenv(checkpoint.ENV_DIR, raising=False)
+    monkeypatch.setattr(checkpoint, "_writer", None)
+    assert checkpoint.writer() is None
+
+    gate = threading.Event()
+    real_write = checkpoint.write
+
+    def slow_write(directory, snapshot, request=0):
+        assert gate.wait(30)
+        return real_write(directory, snapshot, request)
+
+    monkeypatch.setattr(checkpoint, "write", slow_write)
+    monkeypatch.setenv(checkpoint.ENV_DIR, str(tmp_path))
+    monkeypatch.setenv(checkpoint.ENV_EVERY_S, "3600")
+    rt = SimpleNamespace(assignment=SimpleNamespace(rank=0, size=1, restore_paths=[]),
+                         generation=1, steps=5, checkpoint_request=1, elastic=False,
+                         joined=False, progress=None)
+    monkeypatch.setattr(runtime, "_runtime", rt)
+
+    model = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        model.weight.fill_(1.0)
+    state = TorchState(model, torch.optim.SGD(model.parameters(), lr=0.1), epoch=3)
+    writer = checkpoint.writer()
+    assert writer.busy() and writer.holds(state._saved_model)  # the request: handed over
+    held = state._saved_model["weight"]
+    with torch.no_grad():
+        model.weight.fill_(2.0)
+    rt.steps = 6
+    state.commit()  # during the write
+    assert state._saved_model["weight"] is not held and float(held[0, 0]) == 1.0
+    gate.set()
+    assert writer.wait(30) and writer.written is not None
+    data = checkpoint.load(writer.written)
+    assert data["steps"] == 5 and data["scalars"] == {"epoch": 3}
+    assert torch.equal(data["model"]["weight"], torch.ones(4, 4))
+    ptr = state._saved_model["weight"].data_ptr()
+    state.commit()  # no write in flight: the buffers are reused
+    assert state._saved_model["weight"].data_ptr() == ptr

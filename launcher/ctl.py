@@ -14,7 +14,8 @@ it), else ``$HVD_EDL_JOB``, else the only running job's file in the default dire
 (:mod:`launcher.control`).  Exit codes: 0 done, 1 the job refused the request (the reason is
 printed, the job is unchanged), 2 bad usage, 3 no job found, an unsafe job file or the job
 cannot be reached, 4 ``scale --wait S`` ran out: the new target stays in force (the job grows or
-shrinks when it can) but no generation of that size formed within S seconds.
+shrinks when it can) but no generation of that size formed within S seconds; or ``checkpoint
+--wait S`` ran out before the checkpoint was written.
 """
 from __future__ import annotations
 
@@ -39,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="hvd-edl-ctl", description="Inspect and resize a running hvd-edl-run job.",
         epilog="exit codes: 0 done; 1 refused (the reason is printed, the job is unchanged); "
                "2 bad usage; 3 no job found, an unsafe job file, or the job cannot be reached; "
-               "4 scale --wait ran out (the new target stays in force)")
+               "4 scale --wait ran out (the new target stays in force), or checkpoint --wait "
+               "did (the request stays: rank 0 writes one at a later commit)")
     p.add_argument("--job", metavar="FILE|PID",
                    help="the job file hvd-edl-run printed at start, or its pid (default "
                         "$HVD_EDL_JOB, else the only running job)")

@@ -432,7 +432,8 @@ def restore_into(state) -> Optional[str]:
         log.warning("resumed from checkpoint %s (step %d, written at world size %s)", path,
                     rt.steps, data.get("world_size"))
         return None
-    return ("no checkpoint in the checkpoint directory can be used: " + "; ".join(problems)
+    return ("no checkpoint in the checkpoint directory can be used: "
+            + "; ".join(p.rstrip(".") for p in problems)
             + ". Remove them (or use another --checkpoint-dir) to start from scratch")
 
 
@@ -453,9 +454,9 @@ def _apply(state, data: Dict[str, Any], path) -> None:
             if k in data.get("samplers", {}):
                 s.load_state_dict(data["samplers"][k])
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
-        first = str(e).strip().splitlines()
+        why = " ".join(str(e).split()).rstrip(".")  # torch's message, on one line
         raise CheckpointError(f"checkpoint {path} does not fit this job's model or optimizer "
-                              f"(another model?): {' '.join(first[:3])[:400]}") from None
+                              f"(another model?): {why[:400]}") from None
     scalars = data.get("scalars", {})
     for k in state._saved_state:
         if k in scalars:

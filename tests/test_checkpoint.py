@@ -297,8 +297,9 @@ def test_a_full_disk_during_a_write_loses_nothing_written(tmp_path):
 
 def test_a_commit_during_a_write_never_changes_what_is_written(tmp_path, monkeypatch):
     """In one process (rank 0 of a stand-in runtime): a commit made while the writer still
-    reads the previous commit's buffers copies into fresh buffers, so the checkpoint holds the
-    state of its own commit; once the write is done, commits reuse their buffers again.
+    reads the previous commit's buffers copies into a second set, so the checkpoint holds the
+    state of its own commit; once the write is done, commits reuse their buffers again, and
+    the next write's commits reuse the first write's buffers (two sets, allocated once).
     Without ``HVD_EDL_CHECKPOINT_DIR`` there is no writer at all."""
     import threading
     from types import SimpleNamespace
@@ -345,3 +346,11 @@ def test_a_commit_during_a_write_never_changes_what_is_written(tmp_path, monkeyp
     ptr = state._saved_model["weight"].data_ptr()
     state.commit()  # no write in flight: the buffers are reused
     assert state._saved_model["weight"].data_ptr() == ptr
+    gate.clear()
+    rt.checkpoint_request = 2
+    state.commit()  # hands these buffers to a second write
+    assert writer.busy() and writer.holds(state._saved_model)
+    state.commit()  # into the second set: the first write's buffers, no allocation
+    assert state._saved_model["weight"].data_ptr() == held.data_ptr() != ptr
+    gate.set()
+    assert writer.wait(30)

@@ -136,24 +136,28 @@ class TorchState(ObjectState):
         self._saved_model = None
         self._saved_optimizer = None
         self._saved_samplers: Dict[str, Dict] = {}
+        self._spare_model = self._spare_optimizer = None  # the second set (checkpoints only)
         self.save()
 
     def save(self) -> None:
         super().save()
         pending: list = []
         copies: list = []
-        # --checkpoint-dir: buffers a background write still reads are not reused (see
-        # hvd_edl.checkpoint); without it, writer is None and nothing else changes
+        # --checkpoint-dir: while a background write reads the last commit's buffers, this
+        # commit copies into a second set, kept for the next time (see hvd_edl.checkpoint);
+        # without it, writer is None and nothing else changes
         writer = checkpoint.writer()
         held = writer.holds if writer is not None else _held_by_nobody
         if self.model is not None:
-            self._saved_model = _to_host(self.model.state_dict(),
-                                         None if held(self._saved_model) else self._saved_model,
-                                         pending, copies)
+            into = self._saved_model
+            if held(into):
+                into, self._spare_model = self._spare_model, into
+            self._saved_model = _to_host(self.model.state_dict(), into, pending, copies)
         if self.optimizer is not None:
-            self._saved_optimizer = _to_host(
-                self.optimizer.state_dict(),
-                None if held(self._saved_optimizer) else self._saved_optimizer, pending, copies)
+            into = self._saved_optimizer
+            if held(into):
+                into, self._spare_optimizer = self._spare_optimizer, into
+            self._saved_optimizer = _to_host(self.optimizer.state_dict(), into, pending, copies)
         _copy_all(copies)
         for device in set(pending):  # the asynchronous device-to-host copies are done here
             torch.cuda.synchronize(device)

@@ -145,19 +145,10 @@ class Driver:
                 print(f"hvd-edl-run: error: {e}", file=sys.stderr)
                 return 1
             self.coord.checkpoints = self.checkpoints
-        if self.checkpoints is not None:
-            try:  # one job per directory, for the job's life (released when it ends or dies)
-                self.checkpoints.acquire()
-            except CheckpointDirError as e:
-                print(f"hvd-edl-run: error: {e}", file=sys.stderr)
-                return 2
-            self.coord.checkpoints = self.checkpoints
         port = self.server.start()
         try:
             return self._run_started(port, initial)
         finally:
-            if self.checkpoints is not None:
-                self.checkpoints.release()
             if self.checkpoints is not None:
                 self.checkpoints.release()
             self.coord.stopping = True

@@ -359,3 +359,144 @@ def test_a_command_missing_on_the_remote_host_is_one_clear_line(cluster, cluster
     assert job.finish(60) == 127, job.output()
     assert "hvd-edl-run: worker on host h1 did not start (exit 127): hvd-edl-run: cannot start " \
            "'/etc/ssh/only-on-the-launcher'" in job.output(), job.output()
+
+
+# ---- silent peers on the cluster (launcher/liveness.py) ----------------------------------------
+
+def _ring_without(job: Job, worker_id: str, after: int, timeout_s: float = 60.0) -> dict:
+    """The first generation after ``after`` whose members do not include ``worker_id``."""
+    return job.wait_for(f"a ring without {worker_id}", lambda: next(
+        (e for e in job.events() if e["generation"] > after
+         and all(not m.startswith(f"{worker_id}@") for m in e["members"])), None), timeout_s)
+
+
+def _wait_gone(job: ClusterJob, host: str, worker_id: str, timeout_s: float) -> float:
+    """Seconds until ``worker_id``'s training process no longer runs on ``host``."""
+    t0 = time.monotonic()
+    job.wait_for(f"{worker_id} gone from {host}",
+                 lambda: job.remote_pid(host, worker_id) is None, timeout_s)
+    return time.monotonic() - t0
+
+
+def _never_again(job: Job, worker_id: str, after: int) -> None:
+    """No split brain: a fenced worker is in no generation after ``after``."""
+    later = [e for e in job.events() if e["generation"] > after
+             and any(m.startswith(f"{worker_id}@") for m in e["members"])]
+    assert not later, f"fenced {worker_id} is a member again: {later}"
+
+
+def _trained_in(ledger: Path, generation: int, steps: int = 10) -> bool:
+    """The ring of ``generation`` (or a later one) trained ``steps`` steps (audit ledger)."""
+    return len({r["step"] for r in audit.read_records(ledger)
+                if r["kind"] == "step" and r["gen"] >= generation}) >= steps
+
+
+def _audit_ok(ledger: Path, train_size: int) -> None:
+    report = audit.check(ledger, train_size)
+    assert report.epochs and all(e.complete for e in report.epochs), report.to_dict()
+    assert (report.repeated, report.missing) == (0, 0), report.to_dict()
+
+
+@pytest.mark.timeout(240)
+def test_vanished_and_frozen_hosts_are_fenced_and_the_others_train_on(cluster, cluster_job,
+                                                                      tmp_path, monkeypatch):
+    """h3 cut off the bridge (no FIN, no reset), then every process of h2 SIGSTOPped: each time
+    the others form a failure generation without that host's worker from their committed state
+    (not state_lost); once the host is back, its fenced worker is gone; the job ends with exit 0
+    and every sample of every epoch was used exactly once."""
+    ledger = tmp_path / "ledger"
+    monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
+    job = cluster_job(["-np", "3", "--min-np", "1", "--max-np", "3", "--discovery-interval",
+                       "0.2"],
+                      long_digits(tmp_path, "--train-size", "640", "--step-delay", "0.02"),
+                      hosts="h1:1\nh2:1\nh3:1")
+    job.wait_generation(1)
+    assert _worker_host(job, "w3") == "h3" and _worker_host(job, "w2") == "h2"
+    job.wait_for("w3 training", lambda: job.remote_pid("h3", "w3"), 60)
+    job.wait_for("the ring of 3 training", lambda: _trained_in(ledger, 1), 90)
+    cut_at = time.time()
+    cluster.cut("h3")
+    try:
+        vanish = _ring_without(job, "w3", 1)
+    finally:
+        cluster.reconnect("h3")
+    assert vanish["kind"] == "failure" and not vanish["state_lost"], vanish
+    assert vanish["world_size"] == 2, vanish
+    assert "w3@h3:0 fell silent" in job.output(), job.output()[-3000:]
+    gone_s = _wait_gone(job, "h3", "w3", 60)
+    print(f"vanished host: new ring {vanish['time'] - cut_at:.2f} s after the cut, survivors' "
+          f"stall {vanish['stall_s']:.2f} s, {vanish['rolled_back_steps']} steps rolled back; "
+          f"fenced worker gone {gone_s:.1f} s after the reconnect")
+
+    job.wait_for("the ring of 2 training", lambda: _trained_in(ledger, vanish["generation"]), 60)
+    frozen_at = time.time()
+    assert cluster.freeze("h2") >= 1
+    try:
+        frozen = _ring_without(job, "w2", vanish["generation"])
+    finally:
+        cluster.thaw("h2")
+    assert frozen["kind"] == "failure" and not frozen["state_lost"], frozen
+    assert frozen["world_size"] == 1, frozen
+    gone_s = _wait_gone(job, "h2", "w2", 60)
+    print(f"frozen host: new ring {frozen['time'] - frozen_at:.2f} s after the SIGSTOP, "
+          f"survivor's stall {frozen['stall_s']:.2f} s, {frozen['rolled_back_steps']} steps "
+          f"rolled back; fenced worker gone {gone_s:.1f} s after the thaw")
+
+    job.end_training()
+    assert job.finish(120) == 0, job.output()[-3000:]
+    _never_again(job, "w3", vanish["generation"] - 1)
+    _never_again(job, "w2", frozen["generation"] - 1)
+    assert "STATE LOST" not in job.output()
+    _audit_ok(ledger, 640)
+
+
+@pytest.mark.timeout(240)
+def test_death_in_ring_set_up_and_a_launcher_partition_on_the_cluster(cluster, cluster_job,
+                                                                      tmp_path, monkeypatch):
+    """A joiner on a new host (h3) stops right before its ``hvd.init()`` (fault injection,
+    carried to the remote worker in the launcher's environment): it is fenced and the members
+    form the next ring without it from their committed state.  Then the launcher loses h2 (a
+    partition; h2 still reaches h1): h2's worker is fenced, h1's trains on alone, the fenced
+    worker is in no later generation and exits while the partition lasts (its ssh session
+    times out, its supervisor kills it).  Exit 0 and the exactly-once audit at the end."""
+    ledger = tmp_path / "ledger"
+    monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
+    monkeypatch.setenv("HVD_EDL_TEST_STOP_BEFORE_INIT", "w3")
+    job = cluster_job(["-np", "2", "--min-np", "1", "--max-np", "3", "--discovery-interval",
+                       "0.2"],
+                      long_digits(tmp_path, "--train-size", "640", "--step-delay", "0.02"),
+                      hosts="h1:1\nh2:1")
+    job.wait_generation(1)
+    job.set_hosts("h1:1\nh2:1\nh3:1")
+    job.wait_for("w3 fenced", lambda: "w3@h3:0 fell silent" in job.output(), 120)
+    fenced_at = time.time()
+    setup = _ring_without(job, "w3", 2)
+    assert setup["kind"] == "failure" and not setup["state_lost"], setup
+    assert setup["world_size"] == 2, setup
+    assert "hvd.init() for generation 2 failed" in job.output(), job.output()[-3000:]
+    print(f"death in ring set-up on the cluster: ring without the joiner "
+          f"{setup['time'] - fenced_at:+.2f} s after the fence line, survivors' stall "
+          f"{setup['stall_s']:.2f} s")
+    _wait_gone(job, "h3", "w3", 30)
+
+    job.wait_for("the ring of 2 training", lambda: _trained_in(ledger, setup["generation"]), 60)
+    cut_at = time.time()
+    cluster.partition("h2")
+    try:
+        part = _ring_without(job, "w2", setup["generation"])
+        assert part["kind"] == "failure" and not part["state_lost"], part
+        assert part["members"] == [m for m in setup["members"] if m.startswith("w1@")], part
+        assert "w2@h2:0 fell silent" in job.output(), job.output()[-3000:]
+        gone_s = _wait_gone(job, "h2", "w2", 60)
+    finally:
+        cluster.heal("h2")
+    print(f"launcher-h2 partition: ring without h2 {part['time'] - cut_at:.2f} s after the "
+          f"partition, survivor's stall {part['stall_s']:.2f} s; the fenced worker exited "
+          f"{gone_s:.1f} s after the fence, partition still up")
+    job.wait_for("w1 training on", lambda: _trained_in(ledger, part["generation"]), 60)
+    job.end_training()
+    assert job.finish(120) == 0, job.output()[-3000:]
+    _never_again(job, "w2", setup["generation"])
+    _never_again(job, "w3", 1)
+    assert "STATE LOST" not in job.output()
+    _audit_ok(ledger, 640)

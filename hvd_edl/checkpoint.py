@@ -134,9 +134,10 @@ def verify(path: Path) -> dict:
                 digest.update(chunk)
     except OSError as e:
         raise CheckpointError(f"checkpoint {path}: cannot read it: {e}") from None
-    if digest.hexdigest() != meta["sha256"]:
-        raise CheckpointError(f"checkpoint {path}: wrong checksum (SHA-256 {digest.hexdigest()[:16]}"
-                              f"..., its sidecar says {meta['sha256'][:16]}...): corrupted")
+    got = digest.hexdigest()
+    if got != meta["sha256"]:
+        raise CheckpointError(f"checkpoint {path}: wrong checksum (SHA-256 {got[:16]}..., its "
+                              f"sidecar says {meta['sha256'][:16]}...): corrupted")
     return meta
 
 

@@ -111,6 +111,11 @@ def format_status(s: dict) -> str:
         "hosts:      " + (", ".join(f"{h}:{n}" for h, n in s["hosts"].items()) or "none"),
         "drained:    " + (", ".join(s["drained"]) or "none"),
     ]
+    if "checkpoint" in s:  # --checkpoint-dir jobs
+        c = s["checkpoint"]
+        lines.append("checkpoint: " + ("none written yet" if c is None else
+                                       f"{c['path']} (step {c['step']}, "
+                                       f"{_duration(c['age_s'])} ago)"))
     if s.get("blacklisted"):
         lines.append("blacklisted: " + ", ".join(s["blacklisted"]))
     lines.append("workers:")

@@ -361,6 +361,11 @@ class Driver:
         now = time.monotonic()
         out = self.coord.snapshot()
         out["usable_slots"] = self._capacity()  # up to the target world size
+        if self.checkpoints is not None:  # the newest complete one (sidecar read, not verified)
+            newest = self.checkpoints.newest()
+            out["checkpoint"] = None if newest is None else {
+                "path": str(newest[0]), "step": newest[1].get("steps"),
+                "age_s": round(time.time() - (newest[1].get("time") or time.time()), 1)}
         with self._lock:
             out.update(target_np=self.target_np, min_np=self.spec.min_np,
                        max_np=self.spec.max_np, elastic=self.spec.elastic,

@@ -92,6 +92,9 @@ def test_every_worker_killed_at_once_resumes_from_the_forced_checkpoint(tmp_path
     m = re.search(r"checkpoint (\S+) \(step (\d+)\)", r.stdout)
     path, step = m.group(1), int(m.group(2))
     assert step > 0 and Path(path).parent == ck.resolve()
+    st = subprocess.run([CTL, "--job", str(job_file), "status"], capture_output=True, text=True,
+                        timeout=60)
+    assert f"checkpoint: {path} (step {step}, " in st.stdout, st.stdout + st.stderr
     data = checkpoint.load(path)  # verified; plain torch.load gives the same dict
     assert data["steps"] == step and data["world_size"] == 2
     assert torch.load(path, weights_only=False)["scalars"] == data["scalars"]

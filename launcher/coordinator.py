@@ -32,7 +32,8 @@ from launcher.rendezvous import GenerationRendezvous
 log = logging.getLogger(__name__)
 
 EVENT_REPORT_TIMEOUT_S = 30.0
-STATE_LOST_LIMIT = 3  # generations a job may start from the initial state after a failure
+STATE_LOST_LIMIT = 3  # generations in a row a job may start without any holder of the state
+                      # (from the initial state, or the same checkpoint again) after a failure
 
 
 @dataclass
@@ -94,7 +95,8 @@ class Coordinator:
         self.failure: Optional[str] = None
         self.failed_worker: Optional[str] = None  # whose exit code the job ends with
         self.first_script_error: Optional[str] = None  # first member to exit with status > 0
-        self.state_lost_restarts = 0
+        self.state_lost_restarts = 0  # in a row, without a newer checkpoint to resume from
+        self.last_restore = ""  # the checkpoint the last resumed generation started from
         self.liveness = LivenessMonitor()
         self.released: set = set()  # generations a member of which was declared dead or died
         self.on_fence: Callable[[WorkerRecord, float], None] = lambda rec, silent_s: None
@@ -526,7 +528,8 @@ class Coordinator:
         if self.current is not None and not any(w in self.current.members for w in staying) \
                 and self.state_lost_restarts >= STATE_LOST_LIMIT:
             self.failure = (f"every holder of the committed state died {STATE_LOST_LIMIT + 1} "
-                            f"times: not restarting the script from its initial state again")
+                            f"times in a row with no newer checkpoint to resume from: not "
+                            f"restarting the script again")
             self.cond.notify_all()
             return
         self._form(participants, previous)
@@ -598,11 +601,15 @@ class Coordinator:
         state_lost = self.current is not None and kind == "failure" and not continuing
         if state_lost:  # every holder of the state died: the joiners start from scratch
             rolled_back = max(rolled_back, self.current.step)
-            self.state_lost_restarts += 1
+            if restore and str(restore[0][0]) != self.last_restore:
+                self.state_lost_restarts = 0  # a newer checkpoint: progress since the last one
+            else:
+                self.state_lost_restarts += 1
             if restore:  # ... or from a checkpoint: the steps since it are redone
                 rolled_back = max(0, self._last_reported_step() - restore[0][1]["steps"])
         if restore:
             step = restore[0][1]["steps"]
+            self.last_restore = str(restore[0][0])
         self.first_script_error = None
         now = time.monotonic()
         for w in participants:

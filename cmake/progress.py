@@ -32,7 +32,7 @@ SHOWN = [
     (re.compile(r"^-- (Horovod .* nothing to do)"), "{0}"),
     (re.compile(r"^(?:.*\s)?(ERROR|error): (.+)$"), "{0}: {1}"),
 ]
-BUILD = re.compile(r"^\[\s*(\d+)%\]\s+(?:Building \S+ object \S*?([^/\s]+)\.o|(.*))")
+BUILD = re.compile(r"^\s*\[\s*(\d+)%\]\s+(?:Building \S+ object \S*?([^/\s]+)\.o|(.*))")
 MIN_GAP_S = 1.0
 TAIL_LINES = 40
 

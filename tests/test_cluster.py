@@ -2,8 +2,9 @@
 real Horovod over Gloo between namespaces, the launcher in a namespace of its own.  Skipped with
 the reason where the cluster cannot be built (not root, no network namespaces, no sshd).
 
-Slow-ish multi-process tests (about 2 minutes together on 2 cores): one 3-host cluster for the
-module, a 2-host loopback-hostname cluster for one test."""
+Slow-ish multi-process tests (about 3 minutes together on 2 cores; the silent-peer tests at the
+end, vanish / freeze / death in ring set-up / launcher partition, about 50 s of it): one 3-host
+cluster for the module, a 2-host loopback-hostname cluster for one test."""
 from __future__ import annotations
 
 import json
@@ -457,8 +458,8 @@ def test_death_in_ring_set_up_and_a_launcher_partition_on_the_cluster(cluster, c
     carried to the remote worker in the launcher's environment): it is fenced and the members
     form the next ring without it from their committed state.  Then the launcher loses h2 (a
     partition; h2 still reaches h1): h2's worker is fenced, h1's trains on alone, the fenced
-    worker is in no later generation and exits while the partition lasts (its ssh session
-    times out, its supervisor kills it).  Exit 0 and the exactly-once audit at the end."""
+    worker is in no later generation and exits once healed.  Exit 0 and the exactly-once audit
+    at the end."""
     ledger = tmp_path / "ledger"
     monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
     monkeypatch.setenv("HVD_EDL_TEST_STOP_BEFORE_INIT", "w3")
@@ -487,13 +488,15 @@ def test_death_in_ring_set_up_and_a_launcher_partition_on_the_cluster(cluster, c
         assert part["kind"] == "failure" and not part["state_lost"], part
         assert part["members"] == [m for m in setup["members"] if m.startswith("w1@")], part
         assert "w2@h2:0 fell silent" in job.output(), job.output()[-3000:]
-        gone_s = _wait_gone(job, "h2", "w2", 60)
+        # the ring without h2 trains while h2's fenced worker still runs (it exited about 48 s
+        # after the fence when the partition lasted, twice: not waited for here)
+        job.wait_for("w1 training on", lambda: _trained_in(ledger, part["generation"]), 60)
     finally:
         cluster.heal("h2")
+    gone_s = _wait_gone(job, "h2", "w2", 60)   # healed: its next beat is answered "fenced"
     print(f"launcher-h2 partition: ring without h2 {part['time'] - cut_at:.2f} s after the "
           f"partition, survivor's stall {part['stall_s']:.2f} s; the fenced worker exited "
-          f"{gone_s:.1f} s after the fence, partition still up")
-    job.wait_for("w1 training on", lambda: _trained_in(ledger, part["generation"]), 60)
+          f"{gone_s:.1f} s after the heal")
     job.end_training()
     assert job.finish(120) == 0, job.output()[-3000:]
     _never_again(job, "w2", setup["generation"])

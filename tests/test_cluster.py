@@ -488,8 +488,8 @@ def test_death_in_ring_set_up_and_a_launcher_partition_on_the_cluster(cluster, c
         assert part["kind"] == "failure" and not part["state_lost"], part
         assert part["members"] == [m for m in setup["members"] if m.startswith("w1@")], part
         assert "w2@h2:0 fell silent" in job.output(), job.output()[-3000:]
-        # the ring without h2 trains while h2's fenced worker still runs (it exited about 48 s
-        # after the fence when the partition lasted, twice: not waited for here)
+        # the ring without h2 trains while h2's fenced worker may still run (how long it lasts
+        # behind a lasting partition is not asserted here)
         job.wait_for("w1 training on", lambda: _trained_in(ledger, part["generation"]), 60)
     finally:
         cluster.heal("h2")

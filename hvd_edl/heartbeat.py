@@ -64,8 +64,8 @@ class Heartbeat:
                     self.rt.fenced()
                     return
                 if reply.release and generation and generation not in self._released:
-                    self._released.add(generation)
-                    self.rt.release_ring(generation)
+                    if self.rt.release_ring(generation):  # else: asked again at the next beat
+                        self._released.add(generation)
             next_at = max(next_at + self.period_s, time.monotonic())
             time.sleep(max(0.0, next_at - time.monotonic()))
 

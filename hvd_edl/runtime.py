@@ -87,12 +87,14 @@ class WorkerRuntime:
         # the ring being set up (hvd.init() in progress): its generation, the sockets that
         # existed before, the ports not to release (coordinator, its rendezvous)
         self.joining_generation = 0
+        self._ring_generation = 0  # the generation whose sockets _ring holds
         self._init_before: Optional[Dict[int, str]] = None
         self._joining_ports: Tuple[int, ...] = ()
         self._ring_lock = threading.Lock()
         self._leaving = False
         self._ready_reported = False
         self._install_sigterm()
+        self._install_excepthook()
         Heartbeat(self, CoordinatorClient(env[messages.ENV_COORD_ADDR],
                                           int(env[messages.ENV_COORD_PORT]),
                                           env[messages.ENV_SECRET], retry_s=0.0)).start()
@@ -103,7 +105,7 @@ class WorkerRuntime:
         """The generation a heartbeat speaks for: the ring being set up, else the current one."""
         return self.joining_generation or self.generation
 
-    def release_ring(self, generation: int) -> None:
+    def release_ring(self, generation: int) -> bool:
         """The coordinator says a member of ``generation`` is gone: shut down this process's
         sockets of that ring (or of the ring ``hvd.init()`` is setting up), so that a collective
         or set-up blocked on it fails now (see :func:`_release_ring`).  Called by the heartbeat
@@ -113,13 +115,14 @@ class WorkerRuntime:
                 sockets = {fd: ino for fd, ino in _socket_fds().items()
                            if self._init_before.get(fd) != ino}
                 exclude = self._joining_ports
-            elif generation == self.generation and self._ring:
+            elif generation in (self.generation, self._ring_generation) and self._ring:
                 sockets, exclude = dict(self._ring), self._service_ports()
             else:
-                return
+                return False  # not (yet, or no longer) in that ring: the heartbeat asks again
         log.warning("worker %s: a member of generation %d is gone: releasing its ring",
                     self.worker_id, generation)
         _release_ring(sockets, exclude_ports=exclude)
+        return True
 
     def fenced(self) -> None:
         """The coordinator declared this worker dead: exit without touching a ring again."""
@@ -274,6 +277,7 @@ class WorkerRuntime:
             return
         with self._ring_lock:
             self._ring = {fd: ino for fd, ino in _socket_fds().items() if before.get(fd) != ino}
+            self._ring_generation = a.generation  # before self.generation is set, below
             self.joining_generation, self._init_before = 0, None
         self._init_done = time.monotonic()
         self._phases["init_s"] = self._init_done - t1
@@ -295,6 +299,35 @@ class WorkerRuntime:
         self.pending_agreement = None
         self.agree_now = False
         self.last_commit_at = time.monotonic()
+
+    # ---- the script's own error: exit at once ------------------------------------------------
+
+    def _install_excepthook(self) -> None:
+        """An exception that ends the script ends the worker at once, after its traceback, with
+        Python's exit status (1; 130 for KeyboardInterrupt, without a traceback): the
+        interpreter's normal teardown runs Horovod's shutdown, which can block on peers that
+        wait in a collective with this process, and a worker that hangs there stops beating
+        and would be taken for a silent (frozen) one.  The launcher and the peers then see
+        the script's error within milliseconds.  Scripts lose their ``atexit`` handlers in
+        that case."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        previous = sys.excepthook
+
+        def hook(etype, value, tb):
+            if issubclass(etype, KeyboardInterrupt):
+                print(f"worker {self.worker_id}: interrupted", file=sys.stderr)
+                _die(signal.SIGINT)
+            try:
+                previous(etype, value, tb)
+            finally:
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                finally:
+                    os._exit(1)
+
+        sys.excepthook = hook
 
     # ---- SIGTERM: leave gracefully ------------------------------------------------------------
 

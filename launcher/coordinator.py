@@ -94,7 +94,7 @@ class Coordinator:
         self.stopping = False  # the launcher is terminating every worker (SIGTERM means die)
         self.failure: Optional[str] = None
         self.failed_worker: Optional[str] = None  # whose exit code the job ends with
-        self.first_script_error: Optional[str] = None  # first member to exit with status > 0
+        self.first_loss: Optional[str] = None  # the current generation's first member lost
         self.state_lost_restarts = 0  # in a row, without a newer checkpoint to resume from
         self.last_restore = ""  # the checkpoint the last resumed generation started from
         self.liveness = LivenessMonitor()
@@ -150,6 +150,8 @@ class Coordinator:
         next heartbeat answer says so) and its rendezvous refuses further requests, so that a
         ring set-up waiting on it fails in seconds (see launcher/liveness.py)."""
         g = self.current
+        if g is not None and rec.worker_id in g.members and self.first_loss is None:
+            self.first_loss = rec.worker_id
         if g is not None and rec.worker_id in g.members and g.number not in self.released:
             self.released.add(g.number)
             self.rendezvous.abort(g.number)
@@ -196,14 +198,13 @@ class Coordinator:
         g = self.current
         if g is None or not self.elastic or rec.worker_id not in g.members:
             return
-        if rec.exit_code is not None and rec.exit_code > 0 and self.first_script_error is None:
-            self.first_script_error = rec.worker_id
         members = [self.workers[w] for w in g.members]
         if any(w.state.alive for w in members):
             return
-        culprit = next((w for w in members if w.worker_id == self.first_script_error), None) \
-            or next((w for w in members if (w.exit_code or 0) > 0), None)
-        if culprit is None:
+        # the generation's first loss decides: an error of the script (exit status > 0), not
+        # a member killed or fenced first whose peers then failed in its wake
+        culprit = self.workers.get(self.first_loss or "")
+        if culprit is None or culprit.fenced or (culprit.exit_code or 0) <= 0:
             return
         self.failed_worker = culprit.worker_id
         self.failure = (f"every worker of generation {g.number} failed, the first with exit "
@@ -610,7 +611,7 @@ class Coordinator:
         if restore:
             step = restore[0][1]["steps"]
             self.last_restore = str(restore[0][0])
-        self.first_script_error = None
+        self.first_loss = None
         now = time.monotonic()
         for w in participants:
             self.liveness.expect(w, now)

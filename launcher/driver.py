@@ -324,8 +324,14 @@ class Driver:
             if stragglers:
                 terminate_all(stragglers, grace_s=5.0)
                 return None
-            failed = [self.coord.workers[m] for m in members
-                      if self.coord.workers[m].exit_code not in (0, None)]
+            # a member's script finished: a peer killed by a signal after that (a preemption
+            # in the job's last seconds) did not fail the training; an error of the script did
+            ended = [self.coord.workers[m] for m in members]
+            for w in ended:
+                if (w.exit_code or 0) < 0:
+                    print(f"hvd-edl-run: {w.label} ended by signal {-w.exit_code} after the "
+                          f"training finished: not a failure of the job", file=sys.stderr)
+            failed = [w for w in ended if (w.exit_code or 0) > 0]
             if failed:
                 return self._fail_worker(failed[0], failed[0].exit_code)
             return 0

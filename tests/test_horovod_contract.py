@@ -109,3 +109,27 @@ def test_horovod_counting_of_record_batch_keeps_exactly_once(tmp_path, job_facto
     assert epoch0.complete and epoch0.distinct == DATASET
     print(f"record_batch({record_index}): generations resumed in epochs {syncs}; "
           f"{len(report.epochs)} epochs audited, 0 repeated, 0 missing")
+
+
+def test_top_level_broadcasts_of_a_static_script_do_not_hang_a_joiner(tmp_path, job_factory):
+    """A Horovod script that broadcasts its initial weights at the top level
+    (``hvd.broadcast_parameters``, ``hvd.broadcast_optimizer_state``): a joiner runs that code
+    alone, while the members train.  Before joining an elastic ring those broadcasts do
+    nothing (``state.sync()`` hands the joiner rank 0's state); before, the joiner waited in its
+    broadcast for the members forever and the job hung at the scale-out."""
+    job = job_factory(["-np", "2", "--min-np", "1", "--max-np", "3", "--discovery-interval",
+                       "0.2"],
+                      [sys.executable, str(HOROVOD_STYLE / "elastic_main.py"), "--logfile",
+                       str(tmp_path / "log"), "--epochs", "0", "--stop-file",
+                       str(tmp_path / "stop"), "--step-delay", "0.02", "--broadcast-at-start"],
+                      hosts="localhost:2")
+    job.wait_generation(1)
+    job.set_hosts("localhost:3")
+    assert job.wait_generation(2)["kind"] == "scale_out"
+    steps = job.wait_generation(2)["step"]
+    job.wait_for("the ring of 3 training", lambda: any(
+        json.loads(x)["size"] == 3 for x in (tmp_path / "log").read_text().splitlines())
+        if (tmp_path / "log").exists() else False, 90)
+    (tmp_path / "stop").touch()
+    assert job.finish() == 0, job.output()[-3000:]
+    assert steps >= 0

@@ -85,8 +85,16 @@ def _run(tmp: Path, schedule=None, hosts=None, exit_schedule=None, exit_mode="ex
     if exit_schedule:
         cmd += ["--exit-schedule", json.dumps(exit_schedule), "--exit-mode", exit_mode]
     env = dict(os.environ, HVD_EDL_QUIET="1")
-    p = subprocess.run(cmd, cwd=str(tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=JOB_TIMEOUT_S, env=env)
+    proc = subprocess.Popen(cmd, cwd=str(tmp), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    try:
+        out, _ = proc.communicate(timeout=JOB_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+        pytest.fail(f"job not done within {JOB_TIMEOUT_S} s:\n"
+                    + "\n".join(x for x in out.splitlines() if "rendezvous" not in x)[-5000:])
+    p = subprocess.CompletedProcess(cmd, proc.returncode, out)
     records = [json.loads(x) for x in logfile.read_text().splitlines()] if logfile.exists() else []
     return p.returncode, p.stdout, records
 
@@ -125,6 +133,9 @@ def test_single_rank_failure(tmp_path, exit_mode, fixed_hosts):
     for r in results[1:]:
         assert (r["start_rank"], r["size"], r["rendezvous"]) == (1, 3, 2), results
     assert "STATE LOST" not in out
+    # the raising worker exits at once with Python's status, never taken for a silent one
+    assert "fell silent" not in out
+    assert exit_mode != "exception" or "w1@localhost:0 failed (exit code 1)" in out, out[-3000:]
 
 
 def test_all_ranks_failure_ends_the_job_with_the_scripts_error(tmp_path):

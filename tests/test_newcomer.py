@@ -361,7 +361,9 @@ def test_mpirun_runs_a_static_horovod_job(tmp_path):
     r = subprocess.run([str(mpirun), "-np", "2", PY, str(script)], capture_output=True,
                        text=True, timeout=180, env=env, cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
-    lines = sorted(x for x in r.stdout.splitlines() if x.startswith("RESULT"))
+    # mpirun merges the two ranks' stdout; a line may hold both ranks' results
+    lines = sorted(re.findall(r"RESULT rank=\d+ size=\d+ sum=[\d.]+ mpi=(?:True|False)",
+                                r.stdout))
     assert lines == ["RESULT rank=0 size=2 sum=3.0 mpi=True",
                      "RESULT rank=1 size=2 sum=3.0 mpi=True"], r.stdout + r.stderr
     assert "not started by hvd-edl-run" not in r.stderr  # mpirun is a launcher

@@ -28,7 +28,8 @@ from hvd_edl import runtime as _runtime
 
 # Names the elastic versions below replace (also patched into horovod.torch by hvd_edl.init()).
 ELASTIC_NAMES = ("init", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
-                 "is_initialized", "DistributedOptimizer")
+                 "is_initialized", "DistributedOptimizer", "broadcast_parameters",
+                 "broadcast_optimizer_state", "broadcast_object")
 
 _COLLECTIVES = [n for n in dir(_hvd) if not n.startswith("_") and n.split("_")[0] in (
     "allreduce", "allgather", "broadcast", "alltoall", "reducescatter", "grouped", "barrier",
@@ -157,6 +158,35 @@ for _name in _COLLECTIVES:
     globals()[_name] = _joining(getattr(_hvd, _name))
 
 
+def _before_elastic_join() -> bool:
+    """True in an elastic job before this worker joined a ring: then ``hvd.elastic.run``'s
+    ``state.sync()`` will hand it rank 0's state, and a broadcast of the script's own would
+    run in the new worker alone (the members do not run the script's top level again) and wait
+    for them forever."""
+    rt = _runtime.get()
+    return rt is not None and rt.elastic and not rt.joined
+
+
+def broadcast_parameters(params, root_rank):
+    """``horovod.torch.broadcast_parameters``; in an elastic job, before the worker joined a
+    ring (the top of a Horovod script, "broadcast the initial weights"), it does nothing:
+    ``hvd.elastic.run`` syncs the model from rank 0 when the worker joins (Horovod's elastic
+    docs: the state's ``sync()`` does this)."""
+    if _before_elastic_join():
+        return None
+    _ensure_joined()
+    return _hvd.broadcast_parameters(params, root_rank)
+
+
+def broadcast_optimizer_state(optimizer, root_rank, model=None):
+    """``horovod.torch.broadcast_optimizer_state``; like :func:`broadcast_parameters`, nothing
+    before an elastic worker joined (the elastic state syncs the optimizer)."""
+    if _before_elastic_join():
+        return None
+    _ensure_joined()
+    return _hvd.broadcast_optimizer_state(optimizer, root_rank, model=model)
+
+
 def broadcast_object(obj, root_rank=0, name=None, process_set=_hvd.global_process_set):
     """``horovod.torch.broadcast_object`` (same signature and result): pickles ``obj`` on
     ``root_rank`` and returns it unpickled on every rank, in two broadcasts (an int64 size, then
@@ -170,6 +200,8 @@ def broadcast_object(obj, root_rank=0, name=None, process_set=_hvd.global_proces
         HorovodInternalError: a member failed during the broadcasts.
     """
     import cloudpickle
+    if _before_elastic_join():  # as broadcast_parameters: the elastic state syncs later
+        return obj
     _ensure_joined()
     if name is None:
         name = type(obj).__name__

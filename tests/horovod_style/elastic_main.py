@@ -46,6 +46,9 @@ parser.add_argument("--dataset-size", type=int, default=0)
 parser.add_argument("--batch-size", type=int, default=8)
 parser.add_argument("--record-index", default="enumerate", choices=["enumerate", "zero", "global"])
 parser.add_argument("--env-file", default=None)
+parser.add_argument("--broadcast-at-start", action="store_true",
+                    help="hvd.broadcast_parameters / broadcast_optimizer_state at the top level, "
+                         "as static Horovod scripts do")
 parser.add_argument("--commit-log", default=None,
                     help="rank 0 appends the wall-clock time of each commit here")
 parser.add_argument("--stop-file", default=None,
@@ -76,6 +79,10 @@ lr = 0.001
 model = torch.nn.Sequential(torch.nn.Linear(2, 2))
 optimizer = torch.optim.SGD(model.parameters(), lr=lr * hvd.size())
 optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+
+if args.broadcast_at_start:
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
 hostname = os.environ.get("HOROVOD_HOSTNAME")
 start_rank = int(os.environ.get("HOROVOD_RANK", 0))

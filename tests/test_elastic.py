@@ -99,10 +99,6 @@ def test_kill_rank_0_leaves_the_others_training(tmp_path, job_factory):
     _kill_one_of_three(tmp_path, job_factory, victim=0)
 
 
-def test_kill_rank_2_leaves_the_others_training(tmp_path, job_factory):
-    _kill_one_of_three(tmp_path, job_factory, victim=2)
-
-
 def test_joiner_that_dies_before_ready_does_not_disturb_the_ring(tmp_path, job_factory):
     job = job_factory(ELASTIC, long_digits(tmp_path, "--build-delay", "3"), hosts="localhost:2")
     job.wait_generation(1)

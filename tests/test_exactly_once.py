@@ -23,10 +23,10 @@ def test_scale_out_scale_in_and_kill_in_one_epoch_use_each_sample_once(tmp_path,
                                                                        monkeypatch):
     ledger = tmp_path / "ledger"
     monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
-    # 24 copies of the training set: an epoch long enough for three membership changes;
-    # 32,328 samples do not divide by 2 x 16 or 3 x 16
+    # 16 copies of the training set: an epoch long enough for three membership changes;
+    # 21,552 samples do not divide by 2 x 16 or 3 x 16
     job = job_factory(["-np", "2", "--min-np", "1", "--max-np", "3", "--discovery-interval", "0.2"],
-                      long_digits(tmp_path, "--repeat-data", "24", "--step-delay", "0.03"),
+                      long_digits(tmp_path, "--repeat-data", "16", "--step-delay", "0.03"),
                       hosts="localhost:2")
     job.wait_generation(1)
     job.set_hosts("localhost:3")
@@ -39,7 +39,7 @@ def test_scale_out_scale_in_and_kill_in_one_epoch_use_each_sample_once(tmp_path,
     assert job.finish() == 0, job.output()[-3000:]
     assert _kinds(job) == ["start", "scale_out", "scale_in", "failure"]
 
-    n = DIGITS_TRAIN * 24
+    n = DIGITS_TRAIN * 16
     assert set(_generation_epochs(ledger).values()) == {0}, "all changes inside epoch 0"
     report = audit.check(ledger, n)
     epoch0 = report.epochs[0]

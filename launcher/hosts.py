@@ -104,3 +104,15 @@ def is_local(host: str) -> bool:
     if host in ("localhost", socket.gethostname(), socket.getfqdn()):
         return True
     return host.startswith("127.") or host == "::1"
+
+
+def parse_ip(addr: str):
+    """``addr`` as an ``ipaddress`` address (a ``%zone`` dropped, an IPv4-mapped IPv6 address
+    turned into IPv4), or None when it is not an IP address."""
+    try:
+        ip = ipaddress.ip_address(addr.split("%")[0])
+    except ValueError:
+        return None
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip

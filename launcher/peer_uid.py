@@ -19,6 +19,8 @@ import socket
 import struct
 from typing import Iterator, Optional, Tuple
 
+from launcher.hosts import parse_ip
+
 log = logging.getLogger(__name__)
 
 PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
@@ -124,12 +126,9 @@ def peer_uid(peer: Tuple[str, int], local: Tuple[str, int]) -> Optional[int]:
 def is_local_peer(addr: str, local_addresses) -> bool:
     """Whether ``addr`` (an IP address) is loopback or one of ``local_addresses`` (this machine's
     own addresses), i.e. the kernel here knows the peer's socket."""
-    try:
-        ip = ipaddress.ip_address(addr.split("%")[0])
-    except ValueError:
+    ip = parse_ip(addr)
+    if ip is None:
         return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
     return ip.is_loopback or str(ip) in local_addresses
 
 

@@ -65,7 +65,7 @@ import psutil
 
 from launcher.bounded_http import (BodyReader, BoundedHTTPServer, HttpError, Limits, Request,
                                    Response, connection_cap, listen_socket)
-from launcher.hosts import is_local
+from launcher.hosts import is_local, parse_ip
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +86,10 @@ ENV_TOKEN = "HOROVOD_GLOO_RENDEZVOUS_TOKEN"   # where the patched HTTPStore read
 
 
 def _normalise(addr: str) -> str:
-    """An IP address in canonical text, IPv4-mapped IPv6 turned into IPv4."""
-    try:
-        ip = ipaddress.ip_address(addr.split("%")[0])
-    except ValueError:
-        return addr
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return str(ip)
+    """An IP address in canonical text, IPv4-mapped IPv6 turned into IPv4 (``addr`` itself when
+    it is not an IP address)."""
+    ip = parse_ip(addr)
+    return addr if ip is None else str(ip)
 
 
 @functools.lru_cache(maxsize=1)

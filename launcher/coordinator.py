@@ -32,6 +32,7 @@ from launcher.rendezvous import GenerationRendezvous
 log = logging.getLogger(__name__)
 
 EVENT_REPORT_TIMEOUT_S = 30.0
+SILENCE_CHECK_S = 0.1  # the members' silence is checked at most this often (on a beat)
 STATE_LOST_LIMIT = 3  # generations in a row a job may start without any holder of the state
                       # (from the initial state, or the same checkpoint again) after a failure
 
@@ -98,6 +99,7 @@ class Coordinator:
         self.state_lost_restarts = 0  # in a row, without a newer checkpoint to resume from
         self.last_restore = ""  # the checkpoint the last resumed generation started from
         self.liveness = LivenessMonitor()
+        self._silence_checked_at = float("-inf")
         self.released: set = set()  # generations a member of which was declared dead or died
         self.on_fence: Callable[[WorkerRecord, float], None] = lambda rec, silent_s: None
         self.progress = ProgressBoard()  # steps / epoch / samples the watchers report
@@ -168,7 +170,11 @@ class Coordinator:
                 return messages.BeatReply(fenced=True)
             self.liveness.beat(rec.worker_id, now)
             g = self.current
-            if g is not None and self.elastic and not self.finishing and not self.stopping:
+            if g is not None and self.elastic and not self.finishing and not self.stopping \
+                    and now - self._silence_checked_at >= SILENCE_CHECK_S:
+                # one scan of the members per SILENCE_CHECK_S, not one per beat (N beats
+                # each scanning N members would grow as N^2 with the job)
+                self._silence_checked_at = now
                 live = [w for w in g.members if self.workers[w].state.alive]
                 for w in self.liveness.silent(live, now):
                     silent.append((self._fence(self.workers[w]), now))

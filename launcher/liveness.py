@@ -16,7 +16,7 @@ blocked collective or ring set-up into the failure Horovod already recovers from
 Bounds, and how detection time trades against false alarms (defaults):
 
 * ``BEAT_S`` = 0.3 s between beats; ``SILENT_AFTER_S`` = 1.5 s of silence (5 missed beats).
-  A member that stops is declared dead 1.2-1.8 s later; the survivors train again about half a
+  A member that stops is declared dead 1.2-1.9 s later; the survivors train again about half a
   second after that (shutdown, the next ring's set-up, sync), within the 3 s goal.
 * A false alarm needs a worker process whose heartbeat thread cannot run for 1.5 s: the Python
   GIL held that long (cloudpickle of a 100 MB state takes a fraction of a second) or a machine so

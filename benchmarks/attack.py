@@ -95,7 +95,8 @@ class Job:
     def events(self) -> List[dict]:
         if not self.events_path.exists():
             return []
-        return [json.loads(x) for x in self.events_path.read_text().splitlines() if x]
+        lines = [json.loads(x) for x in self.events_path.read_text().splitlines() if x]
+        return [e for e in lines if "generation" in e]  # not EventLog.note lines
 
     def signed_status(self) -> requests.Response:
         path = "/ctl/status"

@@ -158,7 +158,8 @@ class Job:
     def events(self) -> List[dict]:
         if not self.events_path.exists():
             return []
-        return [json.loads(x) for x in self.events_path.read_text().splitlines() if x]
+        lines = [json.loads(x) for x in self.events_path.read_text().splitlines() if x]
+        return [e for e in lines if "generation" in e]  # not EventLog.note lines
 
     def finish(self, timeout_s: float = 30.0) -> None:
         """Ask the workers to stop (stop file), wait, then end whatever is left of the job."""

@@ -169,7 +169,8 @@ class ClusterChaosJob:
     def generations(self) -> List[dict]:
         if not self.events.exists():
             return []
-        return [json.loads(x) for x in self.events.read_text().splitlines() if x.strip()]
+        lines = [json.loads(x) for x in self.events.read_text().splitlines() if x.strip()]
+        return [e for e in lines if "generation" in e]  # not EventLog.note lines
 
     def output(self) -> str:
         self.out.flush()

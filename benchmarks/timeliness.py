@@ -47,7 +47,8 @@ PATTERNS = {
 def _events(path: Path):
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [e for e in lines if "generation" in e]  # not EventLog.note lines
 
 
 def _wait(pred, timeout_s: float, what: str):

@@ -28,7 +28,9 @@ def read_events(path):
         with open(path) as f:
             for line in f:
                 try:
-                    out.append(json.loads(line))
+                    rec = json.loads(line)
+                    if "generation" in rec:  # decisions (EventLog.note) are not generations
+                        out.append(rec)
                 except ValueError:
                     pass
     except OSError:

@@ -5,6 +5,7 @@ import json
 import logging
 import sys
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Dict, List, Optional
 
@@ -48,7 +49,12 @@ class GenerationEvent:
 
 
 class EventLog:
-    """Appends :class:`GenerationEvent` lines to ``path`` (if given) and prints a human line."""
+    """Appends :class:`GenerationEvent` lines to ``path`` (if given) and prints a human line.
+
+    Decisions that are not generations (a straggler found, a migration asked for, an autoscale
+    decision, a profile) go to the same file through :meth:`note`: their lines carry ``"event"``
+    (the kind) instead of ``"generation"``, so ``[e for e in lines if "generation" in e]`` (see
+    :func:`is_generation`) keeps only the generations."""
 
     def __init__(self, path: Optional[str], out=sys.stdout):
         self.path = path
@@ -78,3 +84,20 @@ class EventLog:
             if ev.restored_from:
                 text += f" -- resumed from checkpoint {ev.restored_from} (step {ev.restored_step})"
             print(f"hvd-edl-run: {text}", file=self.out, flush=True)
+
+    def note(self, kind: str, text: str, **fields) -> dict:
+        """Log one decision: ``{"event": kind, "time": unix seconds, **fields}`` to the file and
+        ``hvd-edl-run: <kind>: <text>`` to the output.  ``kind`` is e.g. "straggler",
+        "eviction", "migration", "autoscale", "profile".  Returns the record written."""
+        rec = {"event": kind, "time": time.time(), **fields}
+        with self._lock:
+            if self.path:
+                with open(self.path, "a") as f:
+                    f.write(json.dumps(rec, default=str) + "\n")
+            print(f"hvd-edl-run: {kind}: {text}", file=self.out, flush=True)
+        return rec
+
+
+def is_generation(record: dict) -> bool:
+    """True for an event-log line that is a :class:`GenerationEvent` (not a :meth:`EventLog.note`)."""
+    return "generation" in record

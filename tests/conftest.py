@@ -50,7 +50,8 @@ class Job:
     def events(self) -> List[dict]:
         if not self.events_path.exists():
             return []
-        return [json.loads(line) for line in self.events_path.read_text().splitlines() if line]
+        lines = [json.loads(line) for line in self.events_path.read_text().splitlines() if line]
+        return [e for e in lines if "generation" in e]  # EventLog.note lines are not generations
 
     def wait_for(self, what: str, pred: Callable[[], object], timeout_s: float = 90.0):
         deadline = time.monotonic() + timeout_s

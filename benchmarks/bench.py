@@ -66,10 +66,11 @@ SLICE_SKIP_S = 0.3  # seconds of each throughput slice left out (the job resumin
 
 
 class Job:
-    """One launcher process running the workload, with its hosts file and timeline directory."""
+    """One launcher process running the workload, with its hosts file and timeline directory
+    (``max_np``: the elastic launchers' ``--max-np``, workers)."""
 
     def __init__(self, system: str, tmp: Path, np: int, *, step_delay: float = 0.0,
-                 model_mb: float = 0.0):
+                 model_mb: float = 0.0, max_np: int = 4):
         self.system = system
         self.tmp = tmp
         self.timeline_dir = tmp / "timelines"
@@ -91,11 +92,11 @@ class Job:
                     "--joiner-build-delay-file", str(self.delay_path),
                     "--model-mb", str(model_mb)]
         if system == "hvd_edl":
-            cmd = [str(BIN / "hvd-edl-run"), "-np", str(np), "--min-np", "1", "--max-np", "4",
+            cmd = [str(BIN / "hvd-edl-run"), "-np", str(np), "--min-np", "1", "--max-np", str(max_np),
                    "--event-log", str(self.events_path), "--host-discovery-script", str(discover)]
         elif system == "horovod_elastic":
             cmd = [str(BIN / "horovodrun"), "--gloo", "--network-interface", "lo", "-np", str(np),
-                   "--min-np", "1", "--max-np", "4", "--host-discovery-script", str(discover)]
+                   "--min-np", "1", "--max-np", str(max_np), "--host-discovery-script", str(discover)]
         else:  # static Horovod
             cmd = [str(BIN / "horovodrun"), "--gloo", "--network-interface", "lo", "-np", str(np),
                    "-H", f"localhost:{np}"]

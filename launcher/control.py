@@ -14,6 +14,12 @@ path                body             effect
 ``/ctl/undrain``    ``{"host": H}``  H may be used again
 ``/ctl/checkpoint`` ``{"wait": S}``  rank 0 writes a checkpoint at its next commit; answers
                                      ``{"path", "step"}`` once written (``path`` null after S s)
+``/ctl/profile``    ``{"sizes": [N],  walk through those world sizes stop-free, measure each
+                    "seconds": S,    (``launcher.profiler``); answers at once; ``{"status":
+                    "out": DIR}``    true}`` answers the running or last profile instead
+``/ctl/migrate``    ``{"from": A,    the workers on A move to B in one stop-free switch (new
+                    "to": B,         ones build first); A is drained; answers the migration
+                    "wait": S}``     (``phase`` "done", "abandoned", or still running after S s)
 ==================  ===============  ==========================================================
 
 A refused call answers 400 with ``{"error": "..."}`` and changes nothing.
@@ -245,8 +251,25 @@ def routes(driver) -> Dict[str, Callable[[dict], dict]]:
             raise ValueError(f"'host' must be a host name, got {v!r}")
         return v
 
+    def _wait(data: dict, default: float) -> float:
+        v = data.get("wait", default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ValueError(f"'wait' must be a number of seconds, got {v!r}")
+        return float(v)
+
+    def _named(data: dict, key: str) -> str:
+        v = data.get(key)
+        if not isinstance(v, str) or not v:
+            raise ValueError(f"{key!r} must be a host name, got {v!r}")
+        return v
+
     return {
+        PREFIX + "migrate": lambda data: driver.migrate(_named(data, "from"), _named(data, "to"),
+                                                        _wait(data, 120.0)),
         PREFIX + "status": lambda data: driver.status(),
+        PREFIX + "profile": lambda data: driver.profiler.status() if data.get("status") else
+        driver.profiler.start(data.get("sizes"), data.get("seconds", 10.0),
+                              data.get("out", "."), data.get("settle", 2.0)),
         PREFIX + "scale": lambda data: driver.set_target_np(_int(data, "np")),
         PREFIX + "drain": lambda data: driver.drain(_host(data), True),
         PREFIX + "undrain": lambda data: driver.drain(_host(data), False),

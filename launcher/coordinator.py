@@ -28,6 +28,7 @@ from launcher.events import EventLog, GenerationEvent
 from launcher.liveness import LivenessMonitor
 from launcher.registry import WorkerRecord, WorkerState
 from launcher.rendezvous import GenerationRendezvous
+from launcher.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -103,16 +104,22 @@ class Coordinator:
         self.released: set = set()  # generations a member of which was declared dead or died
         self.on_fence: Callable[[WorkerRecord, float], None] = lambda rec, silent_s: None
         self.progress = ProgressBoard()  # steps / epoch / samples the watchers report
+        self.telemetry = Telemetry()  # step / compute / wait times the heartbeats carry
         # --checkpoint-dir (a launcher.checkpoint_dir.CheckpointDir; None: no checkpoints) and
         # how many checkpoints hvd-edl-ctl asked for (the watchers' replies carry it)
         self.checkpoints = None
         self.checkpoint_request = 0
+        # workers held back from joining (a migration's or a straggler replacement's new
+        # workers, launcher/migration.py): pending or ready, not counted as ready until
+        # swap() releases them in the same switch as the workers they replace
+        self.reserved: set = set()
 
     # ---- driver side ---------------------------------------------------------------------------
 
     def add_worker(self, rec: WorkerRecord) -> None:
         with self.cond:
             self.workers[rec.worker_id] = rec
+        self.telemetry.add_worker(rec.worker_id, rec.host, rec.slot)
 
     def live_workers(self) -> List[WorkerRecord]:
         with self.lock:
@@ -146,6 +153,7 @@ class Coordinator:
                     self._check_script_failure(rec)
             self._try_form()
             self.cond.notify_all()
+        self.telemetry.forget(worker_id)
 
     def _member_lost(self, rec: WorkerRecord) -> None:
         """A member of the current generation is gone (lock held): its peers are released (their
@@ -179,6 +187,8 @@ class Coordinator:
                 for w in self.liveness.silent(live, now):
                     silent.append((self._fence(self.workers[w]), now))
             reply = messages.BeatReply(release=msg.generation in self.released)
+        self.telemetry.observe(msg.worker_id, msg.generation, now, msg.steps_done,
+                               msg.compute_s, msg.wait_s, msg.samples)
         for fenced_rec, at in silent:
             self.on_fence(fenced_rec, self.liveness.silent_after_s)
         return reply
@@ -223,17 +233,49 @@ class Coordinator:
         boundary; a worker not yet in a ring is told to exit at once.  Returns True when the
         worker is not a member (the driver may terminate it right away)."""
         with self.cond:
-            rec = self.workers[worker_id]
-            if rec.state not in (WorkerState.PENDING, WorkerState.READY, WorkerState.MEMBER):
-                return False
-            is_member = self.current is not None and worker_id in self.current.members
-            rec.move(WorkerState.LEAVING)
-            if not is_member:
-                self.assignments[worker_id] = messages.Assignment(action="exit",
-                                                                  reason="scaled in")
+            not_member = self._leave_locked(worker_id)
             self._try_form()
             self.cond.notify_all()
-            return not is_member
+            return not_member
+
+    def _leave_locked(self, worker_id: str) -> bool:
+        """:meth:`request_leave` without forming (lock held)."""
+        rec = self.workers[worker_id]
+        if rec.state not in (WorkerState.PENDING, WorkerState.READY, WorkerState.MEMBER):
+            return False
+        is_member = self.current is not None and worker_id in self.current.members
+        rec.move(WorkerState.LEAVING)
+        if not is_member:
+            self.assignments[worker_id] = messages.Assignment(action="exit",
+                                                              reason="scaled in")
+        return not is_member
+
+    def reserve(self, worker_id: str) -> None:
+        """Hold ``worker_id`` back: it builds and reports ready, but no generation takes it in
+        until :meth:`swap` (or :meth:`unreserve`) releases it.  Call before the process starts."""
+        with self.cond:
+            self.reserved.add(worker_id)
+
+    def unreserve(self, worker_id: str) -> None:
+        """Release a reserved worker as an ordinary joiner (or forget a gone one)."""
+        with self.cond:
+            self.reserved.discard(worker_id)
+            self._try_form()
+            self.cond.notify_all()
+
+    def swap(self, leavers: List[str], joiners: List[str]) -> List[str]:
+        """One stop-free switch in which ``leavers`` leave and the reserved ``joiners`` join
+        (EDL's job migration and straggler replacement, arXiv 1909.11985 section 5): under one
+        lock hold, the leavers are asked to leave (members at the next step boundary) and the
+        joiners released, so the coordinator forms a single generation with both changes
+        (kind "replace" when as many join as leave).  Returns the leavers that were not
+        members (the driver terminates them)."""
+        with self.cond:
+            gone = [w for w in leavers if self._leave_locked(w)]
+            self.reserved.difference_update(joiners)
+            self._try_form()
+            self.cond.notify_all()
+            return gone
 
     def leave(self, msg: messages.Leave) -> messages.Assignment:
         """A worker asks to leave on its own (it got SIGTERM after reporting ready).  Answers
@@ -464,8 +506,8 @@ class Coordinator:
             WorkerState.MEMBER, WorkerState.LEAVING)]
 
     def _ready(self) -> List[WorkerRecord]:
-        return sorted((w for w in self.workers.values() if w.state == WorkerState.READY),
-                      key=lambda w: w.order)
+        return sorted((w for w in self.workers.values() if w.state == WorkerState.READY
+                       and w.worker_id not in self.reserved), key=lambda w: w.order)
 
     def _change_wanted(self) -> bool:
         if self.current is None or self.finishing or self.failure or not self.elastic:
@@ -489,7 +531,7 @@ class Coordinator:
         first = min(ready, key=lambda w: w.ready_at or 0.0)
         if first.ready_at is None or time.monotonic() - first.ready_at >= JOIN_BATCH_S:
             return False
-        return any(w.state == WorkerState.PENDING
+        return any(w.state == WorkerState.PENDING and w.worker_id not in self.reserved
                    and abs(w.spawned_at - first.spawned_at) < JOIN_BATCH_S
                    for w in self.workers.values())
 
@@ -627,6 +669,7 @@ class Coordinator:
                          restored_step=restore[0][1]["steps"] if restore else -1)
         self.current = gen
         self.history.append(gen)
+        self.telemetry.on_members(number, participants)
         self.reports = {}
         self.first_report_at = None
         if kind == "start" or not continuing:
@@ -654,7 +697,7 @@ class Coordinator:
         g.logged = True
         stall = max((g.stalls.get(w, 0.0) for w in g.continuing), default=0.0)
         slowest = max(g.continuing, key=lambda w: g.stalls.get(w, -1.0), default=None)
-        self.events.write(GenerationEvent(
+        ev = GenerationEvent(
             generation=g.number, kind=g.kind, world_size=len(g.members),
             members=list(g.member_labels), step=g.step,
             stall_s=round(stall if g.kind != "start" else 0.0, 4),
@@ -662,7 +705,9 @@ class Coordinator:
             previous_world_size=g.previous_size,
             phases=dict(g.phases.get(slowest, {})) if g.kind != "start" else {},
             state_lost=g.state_lost, restored_from=g.restored_from,
-            restored_step=g.restored_step, **self._membership_change(g)))
+            restored_step=g.restored_step, **self._membership_change(g))
+        self.events.write(ev)
+        self.telemetry.on_generation(ev)
 
     def _membership_change(self, g: Generation) -> Dict[str, List[str]]:
         """Who left and who joined between the generation before ``g`` and ``g`` (labels)."""

@@ -8,12 +8,18 @@
     hvd-edl-ctl undrain HOST              HOST may be used again
     hvd-edl-ctl checkpoint [--wait S]     rank 0 writes a checkpoint at its next commit; prints
                                           its path once written (--checkpoint-dir jobs)
+    hvd-edl-ctl profile --sizes 1,2,4 [--seconds S] [--out DIR]
+                                          walk through those world sizes stop-free, measure
+                                          samples/s at each, return; profile.json/.png in DIR
+    hvd-edl-ctl migrate --from A --to B [--wait S]
+                                          the workers on A move to B in one stop-free switch
+                                          (the new ones build first); A stays drained
 
 The job is found through ``--job FILE`` or ``--job PID`` (the launcher's pid, as ``list`` shows
 it), else ``$HVD_EDL_JOB``, else the only running job's file in the default directory
 (:mod:`launcher.control`).  Exit codes: 0 done, 1 the job refused the request (the reason is
 printed, the job is unchanged), 2 bad usage, 3 no job found, an unsafe job file or the job
-cannot be reached, 4 ``scale --wait S`` ran out: the new target stays in force (the job grows or
+cannot be reached, 4 ``scale --wait S`` or ``migrate --wait S`` ran out (a migration goes on): the new target stays in force (the job grows or
 shrinks when it can) but no generation of that size formed within S seconds; or ``checkpoint
 --wait S`` ran out before the checkpoint was written.
 """
@@ -64,7 +70,101 @@ def build_parser() -> argparse.ArgumentParser:
                         "its path (exit 4 if none was written within --wait)")
     ck.add_argument("--wait", type=float, default=60.0, metavar="S",
                     help="seconds to wait for it (default 60)")
+    pr = sub.add_parser("profile", help="walk the job through world sizes stop-free, measure "
+                        "its throughput at each and return (profile.json, profile.png)")
+    pr.add_argument("--sizes", type=_sizes, required=True, metavar="N,N,...",
+                    help="world sizes to measure, in this order, e.g. 1,2,4")
+    pr.add_argument("--seconds", type=float, default=10.0, metavar="S",
+                    help="seconds of measurement per size (default 10)")
+    pr.add_argument("--settle", type=float, default=2.0, metavar="S",
+                    help="seconds of training at a new size before measuring (default 2)")
+    pr.add_argument("--out", default=".", metavar="DIR",
+                    help="folder for profile.json and profile.png (default .)")
+    pr.add_argument("--wait", type=float, default=None, metavar="S",
+                    help="seconds to wait for the profile (default: a bound from the sizes; "
+                         "exit 4 when it ran out: the profile goes on)")
+    mg = sub.add_parser("migrate", help="move the workers on one host to another in one "
+                        "stop-free switch; the source host stays drained")
+    mg.add_argument("--from", dest="source", required=True, metavar="HOST")
+    mg.add_argument("--to", dest="target", required=True, metavar="HOST")
+    mg.add_argument("--wait", type=float, default=120.0, metavar="S",
+                    help="seconds to wait for the move to end (default 120; exit 4 if it has "
+                         "not: it goes on)")
     return p
+
+
+def _sizes(text: str) -> List[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (argparse type of ``profile --sizes``)."""
+    try:
+        sizes = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected world sizes like 1,2,4, got {text!r}") \
+            from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive world sizes like 1,2,4, got "
+                                         f"{text!r}")
+    return sizes
+
+
+def format_profile(r: dict) -> str:
+    """A finished profile (``/ctl/profile`` status) as a table: one line per world size."""
+    lines = [f"{'np':>3}  {'samples/s':>10}  {'efficiency':>10}  {'step ms':>8}  "
+             f"{'compute ms':>10}  {'wait ms':>8}  {'LOSO err %':>10}"]
+    mape = r.get("mape") or {}
+
+    def ms(v):
+        return f"{v * 1000:.1f}" if isinstance(v, (int, float)) else "-"
+    for p in r.get("points", []):
+        err = mape.get(str(p["world_size"]))
+        lines.append(f"{p['world_size']:>3}  {p['samples_per_s']:>10.1f}  "
+                     f"{p.get('efficiency', 0):>10.3f}  {ms(p.get('step_s')):>8}  "
+                     f"{ms(p.get('compute_s')):>10}  {ms(p.get('wait_s')):>8}  "
+                     f"{'-' if err is None else f'{err:.1f}':>10}")
+    for key in ("json", "png"):
+        if r.get(key):
+            lines.append(f"{key}: {r[key]}")
+    return "\n".join(lines)
+
+
+def _run_profile(client: ControlClient, a) -> int:
+    """``profile``: start it, wait (bounded) and print the table; returns the exit code."""
+    import os
+    if not 0 < a.seconds <= 600 or not 0 <= a.settle <= 600:
+        print("hvd-edl-ctl: error: --seconds must lie within (0, 600] and --settle within "
+              "[0, 600]", file=sys.stderr)
+        return 2
+    try:
+        client.call("profile", sizes=a.sizes, seconds=a.seconds, settle=a.settle,
+                    out=os.path.abspath(a.out))
+    except ControlError as e:
+        if e.status is not None and 400 <= e.status < 500:
+            print(f"hvd-edl-ctl: error: {e}", file=sys.stderr)
+            return 2  # a size outside the bounds or the slots: nothing changed
+        raise
+    wait_s = a.wait if a.wait is not None else \
+        len(a.sizes) * (a.seconds + max(a.settle, 5.0) + 180.0) + 180.0
+    deadline = time.monotonic() + wait_s
+    shown = 0
+    while True:
+        r = client.call("profile", status=True)
+        for p in r.get("points", [])[shown:]:
+            print(f"hvd-edl-ctl: {p['world_size']} workers: {p['samples_per_s']:.1f} "
+                  f"samples/s", flush=True)
+        shown = len(r.get("points", []))
+        if r["state"] in ("done", "aborted"):
+            break
+        if time.monotonic() > deadline:
+            print(f"hvd-edl-ctl: the profile is still {r['state']} after {wait_s:g} s: it goes "
+                  f"on (hvd-edl-ctl status shows it)",
+                  file=sys.stderr)
+            return EXIT_WAIT_TIMEOUT
+        time.sleep(WAIT_POLL_S)
+    print(format_profile(r))
+    if r["state"] == "aborted":
+        print(f"hvd-edl-ctl: profile aborted: {r.get('error')} (the job returned to its size)",
+              file=sys.stderr)
+        return EXIT_REFUSED
+    return 0
 
 
 def _duration(seconds: float) -> str:
@@ -148,6 +248,26 @@ def _usable_slots(s: dict) -> int:
     return sum(n for h, n in s.get("hosts", {}).items() if h not in skip)
 
 
+def _print_migration(r: dict, wait_s: float) -> int:
+    """``migrate``'s output; returns the exit code (0 done, 1 abandoned, 4 still running)."""
+    moved = f"{', '.join(r['leavers'])} on {r['from']}"
+    if r["phase"] == "done":
+        gens = ", ".join(f"generation {g['generation']} ({g['kind']}, stall "
+                         f"{g['stall_s']:.3f} s, rolled back {g['rolled_back_steps']} steps)"
+                         for g in r["generations"])
+        print(f"hvd-edl-ctl: migrated {moved} to {r['to']} as {', '.join(r['joiners'])} in "
+              f"{r['seconds']:.1f} s: {gens}")
+        print(f"hvd-edl-ctl: {r['from']} stays drained (hvd-edl-ctl undrain {r['from']} to "
+              f"use it again)")
+        return 0
+    if r["phase"] == "abandoned":
+        print(f"hvd-edl-ctl: migration abandoned: {r['reason']}", file=sys.stderr)
+        return EXIT_REFUSED
+    print(f"hvd-edl-ctl: migration of {moved} to {r['to']} still {r['phase']} after "
+          f"{wait_s:g} s: it goes on (hvd-edl-ctl status shows it)", file=sys.stderr)
+    return EXIT_WAIT_TIMEOUT
+
+
 def list_jobs(timeout_s: float) -> List[str]:
     """``list``: one line per running job in the default directory (a job that does not answer
     is listed with what its file says)."""
@@ -206,6 +326,16 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"hvd-edl-ctl: {r.get('warning')}", file=sys.stderr)
                 return EXIT_WAIT_TIMEOUT
             print(f"hvd-edl-ctl: checkpoint {r['path']} (step {r['step']})")
+        elif a.cmd == "profile":
+            return _run_profile(client, a)
+        elif a.cmd == "migrate":
+            if not 0 <= a.wait <= 600:
+                print("hvd-edl-ctl: error: --wait must lie within [0, 600] seconds",
+                      file=sys.stderr)
+                return 2
+            client.timeout_s = max(client.timeout_s, a.wait + 10.0)
+            r = client.call("migrate", **{"from": a.source, "to": a.target, "wait": a.wait})
+            return _print_migration(r, a.wait)
         else:
             r = client.call(a.cmd, host=a.host)
             print(f"hvd-edl-ctl: drained hosts: {', '.join(r['drained']) or 'none'}")

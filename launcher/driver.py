@@ -25,6 +25,8 @@ from launcher.checkpoint_dir import CheckpointDir, CheckpointDirError
 from launcher.coordinator import Coordinator, CoordinatorServer
 from launcher.discovery import DiscoveryError
 from launcher.events import EventLog
+from launcher.profiler import Profiler
+from launcher import migration as migration_
 from launcher.registry import WorkerRecord, WorkerState
 from launcher.rendezvous import GenerationRendezvous
 from launcher.spawn import WorkerProcess, WorkerSpec, spawn, terminate_all
@@ -111,6 +113,8 @@ class Driver:
         self._initial_np = 0
         self._lock = threading.Lock()
         self._drain_lock = threading.Lock()
+        self.profiler = Profiler(self)  # hvd-edl-ctl profile (EDL's profiling)
+        self.migration: Optional[migration_.Migration] = None  # running or last (hvd-edl-ctl)
 
     # ---- the loop ------------------------------------------------------------------------------
 
@@ -222,6 +226,8 @@ class Driver:
                 return self._fail_worker(culprit, culprit.exit_code)  # the script's own code
             return 1
         if self.spec.elastic:
+            if self.migration is not None and self.migration.active:
+                self.migration.advance(self, now)
             self._reconcile(now)
             self._enforce_timeouts(now)
             if self.below_min_since is not None and \
@@ -237,13 +243,13 @@ class Driver:
 
     # ---- decisions -----------------------------------------------------------------------------
 
-    def _usable_slots(self, now: float,
-                      drained: Optional[Set[str]] = None) -> Dict[str, List[int]]:
+    def _usable_slots(self, now: float, drained: Optional[Set[str]] = None,
+                      budget: Optional[int] = None) -> Dict[str, List[int]]:
         """Slots per host that may run a worker now (blacklist, drained hosts -- ``drained``, by
-        default the current set -- and slot cooldowns applied), capped to the target world size
-        in discovery order."""
+        default the current set -- and slot cooldowns applied), capped to ``budget`` (default
+        the target world size) in discovery order."""
         out: Dict[str, List[int]] = {}
-        budget = self._target()
+        budget = self._target() if budget is None else budget
         drained = self._drained() if drained is None else drained
         for host, slots in self.hosts.items():
             if self.host_blacklist.get(host, 0) > now or host in drained:
@@ -255,6 +261,10 @@ class Driver:
 
     def _capacity(self) -> int:
         return sum(len(v) for v in self._usable_slots(time.monotonic()).values())
+
+    def usable_slot_count(self, budget: int) -> int:
+        """Slots usable now (blacklist, drains and cooldowns applied), at most ``budget``."""
+        return sum(len(v) for v in self._usable_slots(time.monotonic(), budget=budget).values())
 
     def _target(self) -> int:
         with self._lock:
@@ -279,8 +289,10 @@ class Driver:
         members = set(self.coord.current.members) if self.coord.current else set()
         # scale-in to the target: workers not yet in a ring first, then the youngest members
         # (the highest ranks: the others keep their ranks, rank 0 keeps the state)
-        excess = sorted(active, key=lambda w: (w.worker_id in members, -w.order))
-        for w in excess[:max(0, len(active) - self._target())]:
+        # (workers reserved for a migration's swap replace others: not counted)
+        excess = sorted((w for w in active if w.worker_id not in self.coord.reserved),
+                        key=lambda w: (w.worker_id in members, -w.order))
+        for w in excess[:max(0, len(excess) - self._target())]:
             self._ask_to_leave(w, f"scale: above the target world size {self._target()}")
         active = [w for w in self.coord.live_workers() if w.state != WorkerState.LEAVING]
         want = sum(len(v) for v in usable.values())
@@ -358,6 +370,18 @@ class Driver:
 
     # ---- control API (HTTP threads; the loop acts on the next pass) ------------------------------
 
+    def telemetry_snapshot(self) -> dict:
+        """The heartbeats' figures (``launcher.telemetry``), JSON-ready: ``job`` (world size,
+        generation, target world size, steps/s, samples/s, mean step / compute / wait seconds,
+        last stall), ``workers`` (one row per worker: step / compute / wait seconds per step,
+        rates; members first by rank) and ``counters`` (failures, evictions, stragglers,
+        migrations, autoscale decisions)."""
+        tel = self.coord.telemetry
+        job = tel.job()
+        job["target_world_size"] = self._capacity()  # usable slots up to the target
+        return {"job": job, "workers": [w.as_dict() for w in tel.workers()],
+                "counters": tel.counters(), "window_s": tel.window_s}
+
     def status(self) -> dict:
         """The job as ``hvd-edl-ctl status`` shows it (see :meth:`Coordinator.snapshot`), plus
         the target world size, bounds, hosts, drained and blacklisted hosts, and the training
@@ -367,6 +391,7 @@ class Driver:
         now = time.monotonic()
         out = self.coord.snapshot()
         out["usable_slots"] = self._capacity()  # up to the target world size
+        out["telemetry"] = self.telemetry_snapshot()
         if self.checkpoints is not None:  # the newest complete one (sidecar read, not verified)
             newest = self.checkpoints.newest()
             out["checkpoint"] = None if newest is None else {
@@ -378,6 +403,9 @@ class Driver:
                        hosts=dict(self.hosts), drained=sorted(self.drained),
                        blacklisted=sorted(h for h, t in self.host_blacklist.items() if t > now),
                        command=list(self.spec.command))
+        out["profile"] = {k: v for k, v in self.profiler.status().items()
+                          if k in ("state", "sizes", "size", "error", "json")}
+        out["migration"] = migration_.status(self.migration)
         return out
 
     def set_target_np(self, np_: int) -> dict:
@@ -403,6 +431,15 @@ class Driver:
                 "usable_slots": capacity,
                 "warning": None if capacity >= np_ else
                 f"only {capacity} usable slots now: the job grows when discovery offers more"}
+
+    def restore_target_np(self, target: Optional[int]) -> None:
+        """Set the target world size back to ``target`` (None: every usable slot up to
+        ``max_np``), as a profile does when it ends; the loop resizes stop-free."""
+        with self._lock:
+            self.target_np = target
+        print(f"hvd-edl-run: control: target world size back to "
+              f"{target if target is not None else 'every usable slot'}", flush=True)
+        self.wake.set()
 
     def request_checkpoint(self, wait_s: float = 60.0) -> dict:
         """``hvd-edl-ctl checkpoint``: rank 0 writes a checkpoint at its next commit; waits up
@@ -464,6 +501,32 @@ class Driver:
         self.wake.set()
         return {"drained": sorted(after), "usable_slots": self._capacity()}
 
+    def migrate(self, source: str, target: str, wait_s: float = 120.0) -> dict:
+        """``hvd-edl-ctl migrate``: move every worker on ``source`` to ``target`` in one
+        stop-free switch (:mod:`launcher.migration`); waits up to ``wait_s`` seconds (at most
+        600) for it to end.  Returns :meth:`Migration.result` (``phase`` "building" or
+        "swapping" when the wait ran out: the migration goes on).
+
+        Raises:
+            ValueError (:class:`MigrationError`): refused, see :func:`migration.plan`; the job
+                is unchanged.
+        """
+        with self._drain_lock:
+            m = migration_.plan(self, source, target, time.monotonic())
+            self.migration = m
+        self.events.note("migration", f"{len(m.leavers)} worker"
+                         f"{'s' if len(m.leavers) != 1 else ''} ({', '.join(m.leavers)}) move "
+                         f"from {source} to {target}: starting their replacements",
+                         phase="start", source=source, target=target, leavers=m.leavers)
+        telemetry = getattr(self.coord, "telemetry", None)
+        if telemetry is not None:
+            telemetry.count("migration")
+        self.wake.set()
+        deadline = time.monotonic() + min(max(wait_s, 0.0), 600.0)
+        while m.active and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return m.result()
+
     # ---- actions -------------------------------------------------------------------------------
 
     def _ask_to_leave(self, w: WorkerRecord, reason: str) -> None:
@@ -500,11 +563,16 @@ class Driver:
                     return True
         return False
 
-    def _start_worker(self, host: str, slot: int, initial: bool) -> None:
+    def _start_worker(self, host: str, slot: int, initial: bool,
+                      reserve: bool = False) -> WorkerRecord:
+        """Start one worker on ``host``:``slot``; ``reserve``: held back from joining until a
+        swap releases it (:meth:`Coordinator.reserve`, :mod:`launcher.migration`)."""
         self._seq += 1
         worker_id = f"w{self._seq}"
         rec = WorkerRecord(worker_id, host, slot, self._seq, time.monotonic(), initial=initial)
         self.coord.add_worker(rec)
+        if reserve:
+            self.coord.reserve(worker_id)
         env = {messages.ENV_WORKER_ID: worker_id, messages.ENV_HOST: host,
                messages.ENV_SLOT: str(slot)}
         env.update(self._horovod_env(rec))
@@ -517,7 +585,10 @@ class Driver:
 
         self.procs[worker_id] = spawn(self.worker_spec, host, env, label, on_exit,
                                       output_dir=self.spec.output_dir)
-        print(f"hvd-edl-run: worker {worker_id} started on {host} slot {slot}", flush=True)
+        print(f"hvd-edl-run: worker {worker_id} started on {host} slot {slot}"
+              + (" (reserved: it builds, then replaces a worker in one switch)" if reserve
+                 else ""), flush=True)
+        return rec
 
     def _on_fence(self, rec: WorkerRecord, silent_s: float) -> None:
         """The coordinator declared ``rec`` dead (no heartbeat for ``silent_s`` while its peers

@@ -33,7 +33,7 @@ class Heartbeat:
     """Beats for ``rt`` (a :class:`hvd_edl.runtime.WorkerRuntime`) until the process ends.
 
     Args:
-        rt: the runtime: its ``worker_id``, ``beat_generation()``, ``steps``,
+        rt: the runtime: its ``worker_id``, ``beat_generation()``, ``steps``, ``timer``,
             ``release_ring(generation)`` and ``fenced()`` are used.
         client: a client of the coordinator (one attempt per request: ``retry_s`` 0).
         period_s: seconds between beats.
@@ -53,13 +53,16 @@ class Heartbeat:
         next_at = time.monotonic()
         while True:
             generation = self.rt.beat_generation()
+            mark, (steps, compute_s, wait_s, samples) = self.rt.timer.take()
             try:
                 reply = self.client.post(
-                    "/beat", messages.Beat(self.rt.worker_id, generation, self.rt.steps),
+                    "/beat", messages.Beat(self.rt.worker_id, generation, self.rt.steps,
+                                           steps, compute_s, wait_s, samples),
                     messages.BeatReply, timeout_s=max(1.0, 4 * self.period_s))
             except (CoordinatorUnreachable, RuntimeError) as e:
                 log.debug("heartbeat of %s not answered: %s", self.rt.worker_id, e)
             else:
+                self.rt.timer.sent(mark)
                 if reply.fenced:
                     self.rt.fenced()
                     return

@@ -221,10 +221,17 @@ class Beat:
     the training thread: a worker blocked in a collective or computing a long step still
     beats; a frozen process, a vanished host or a partition from the launcher does not).
     ``generation``: the ring the worker is in or is joining (0: none yet); ``step`` its
-    optimizer steps."""
+    optimizer steps.  Telemetry (``hvd_edl.telemetry``), sums since the previous answered
+    beat: ``steps_done`` timed optimizer steps, ``compute_s`` and ``wait_s`` their seconds
+    computing and blocked in collectives, ``samples`` this rank's samples (0 from old
+    senders)."""
     worker_id: str
     generation: int
     step: int = -1
+    steps_done: int = 0
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    samples: int = 0
 
 
 @dataclass

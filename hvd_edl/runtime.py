@@ -30,6 +30,7 @@ from typing import Dict, Optional, Tuple
 from hvd_edl import messages
 from hvd_edl.client import CoordinatorClient, CoordinatorUnreachable
 from hvd_edl.heartbeat import Heartbeat, die_fenced
+from hvd_edl.telemetry import StepTimer
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ class WorkerRuntime:
         assignment: the :class:`messages.Assignment` of that generation.
         steps: optimizer steps taken (counted by the DistributedOptimizer wrapper, committed and
             restored with the state); ``last_step_end`` their monotonic end time (seconds).
+        timer: the :class:`hvd_edl.telemetry.StepTimer` of the steps' compute and wait seconds.
     """
 
     def __init__(self, env=os.environ):
@@ -67,6 +69,7 @@ class WorkerRuntime:
         self.assignment: Optional[messages.Assignment] = None
         self.steps = 0
         self.last_step_end: Optional[float] = None
+        self.timer = StepTimer()  # per-step compute / wait seconds (the heartbeat sends them)
         self.progress = (-1, -1)  # (epoch, samples) as of the last commit (TorchState.save)
         self.checkpoint_request = 0  # checkpoints asked for (hvd-edl-ctl checkpoint; watcher)
         self._change = threading.Event()  # the coordinator wants a switch after this generation
@@ -427,6 +430,7 @@ class WorkerRuntime:
 
     def mark_first_step(self) -> None:
         """Called when the user's function is (re-)entered after a switch: reports ``stall_s``."""
+        self.timer.restart()  # the switch is no step's time
         if self._switch_started is None:
             return
         now = time.monotonic()
@@ -449,6 +453,7 @@ class WorkerRuntime:
     def on_step_end(self) -> None:
         self.steps += 1
         self.last_step_end = time.monotonic()
+        self.timer.step_end()
 
 
 def _die(signum: int) -> None:

@@ -34,6 +34,7 @@ import torch.utils.data
 
 from hvd_edl import audit
 from hvd_edl.permutation import FeistelPermutation
+from hvd_edl.telemetry import note_samples
 
 _CHUNK = 4096  # positions mapped per vectorised call while iterating
 
@@ -115,11 +116,16 @@ class ElasticSampler(torch.utils.data.Sampler):
         if self._block:
             self._recorded += 1
             done = self._recorded * self._block
+            start = self._base + done - self._block
+            share = self._share(start, min(self._block, self._end() - start))[1] \
+                if start < self._end() else 0
         else:
             if self.batch_size is None:
                 self.batch_size = int(batch_size)
-            self._local_processed += int(batch_size)
+            share = int(batch_size)
+            self._local_processed += share
             done = self._local_processed * self.world_size
+        note_samples(share)
         self._advance(done)
 
     def record_indices(self, indices) -> None:
@@ -132,6 +138,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         else:
             self._local_processed += len(indices)
             done = self._local_processed * self.world_size
+        note_samples(len(indices))
         self._advance(done)
 
     @property

@@ -12,7 +12,8 @@ invisible to a Horovod script outside ``hvd-edl-run``:
 * :func:`local_rank` is the process's slot on its host for its whole life, so a device pinned
   with it stays right across generations.
 * :class:`DistributedOptimizer` counts optimizer steps (``step``), which the elastic state commits,
-  restores and reports to the launcher's event log.
+  restores and reports to the launcher's event log, and times them: compute and wait seconds
+  (its ``synchronize`` and the blocking collectives below; :mod:`hvd_edl.telemetry`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import horovod.torch as _hvd
 from horovod.torch import mpi_ops as _mpi_ops
 
 from hvd_edl import runtime as _runtime
+from hvd_edl.telemetry import timed_wait as _timed_wait
 
 # Names the elastic versions below replace (also patched into horovod.torch by hvd_edl.init()).
 ELASTIC_NAMES = ("init", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
@@ -155,7 +157,10 @@ def _joining(fn):
 
 
 for _name in _COLLECTIVES:
-    globals()[_name] = _joining(getattr(_hvd, _name))
+    # blocking collectives count as the step's wait (hvd_edl.telemetry); *_async return at once
+    _fn = getattr(_hvd, _name)
+    globals()[_name] = _joining(_fn if "async" in _name else _timed_wait(_fn))
+synchronize = _timed_wait(_hvd.synchronize)
 
 
 def _before_elastic_join() -> bool:
@@ -235,6 +240,9 @@ def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's 
     else:
         opt = _hvd.DistributedOptimizer(optimizer, *args, **kwargs)
     inner_step = opt.step
+    if rt is not None:
+        # Horovod's step() calls self.synchronize(): the wait for the gradients' allreduces
+        opt.synchronize = _timed_wait(opt.synchronize)
 
     @functools.wraps(inner_step)
     def step(*a, **kw):

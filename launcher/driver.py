@@ -637,6 +637,7 @@ class Driver:
         self.wake.set()
 
     def _record_failure(self, rec: WorkerRecord, code: int) -> None:
+        self.coord.telemetry.count("failure")  # a crash or a fence (metrics, status)
         now = time.monotonic()
         if code in ECHO_CODES and now - self.last_failure_at < COLLATERAL_WINDOW_S:
             # A peer's crash can abort a healthy process inside Horovod's Gloo loop

@@ -67,10 +67,11 @@ SLICE_SKIP_S = 0.3  # seconds of each throughput slice left out (the job resumin
 
 class Job:
     """One launcher process running the workload, with its hosts file and timeline directory
-    (``max_np``: the elastic launchers' ``--max-np``, workers)."""
+    (``max_np``: the elastic launchers' ``--max-np``, workers; ``launcher_args``: more flags for
+    the launcher)."""
 
     def __init__(self, system: str, tmp: Path, np: int, *, step_delay: float = 0.0,
-                 model_mb: float = 0.0, max_np: int = 4):
+                 model_mb: float = 0.0, max_np: int = 4, launcher_args: tuple = ()):
         self.system = system
         self.tmp = tmp
         self.timeline_dir = tmp / "timelines"
@@ -101,7 +102,7 @@ class Job:
             cmd = [str(BIN / "horovodrun"), "--gloo", "--network-interface", "lo", "-np", str(np),
                    "-H", f"localhost:{np}"]
         self.out = open(self.out_path, "w")
-        self.proc = subprocess.Popen(cmd + workload, stdout=self.out, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(cmd + list(launcher_args) + workload, stdout=self.out, stderr=subprocess.STDOUT,
                                      cwd=str(ROOT), start_new_session=True)
         self.started = time.time()
 

@@ -32,7 +32,7 @@ def test_migrate_moves_a_hosts_workers_in_one_replace_generation_rolling_back_no
     # localhost and 127.0.0.1 are two hosts for the launcher (and for Horovod's cross ranks)
     job = job_factory(["-np", "3", "--min-np", "1", "--max-np", "3", "--discovery-interval",
                        "0.2", "--job-file", str(job_file)],
-                      long_digits(tmp_path, "--repeat-data", "8"),
+                      long_digits(tmp_path, "--step-delay", "0.03"),
                       hosts="localhost:2\n127.0.0.1:3")
     ev = job.wait_generation(1)
     assert [m.split("@")[1] for m in ev["members"]] == ["localhost:0", "localhost:1",
@@ -74,7 +74,7 @@ def test_migrate_moves_a_hosts_workers_in_one_replace_generation_rolling_back_no
     job.end_training()
     assert job.finish() == 0, job.output()[-3000:]
     assert [e["kind"] for e in job.events()] == ["start", "replace"]  # nothing moved back
-    report = audit.check(ledger, DIGITS_TRAIN * 8)
+    report = audit.check(ledger, DIGITS_TRAIN)
     assert (report.repeated, report.missing) == (0, 0), report.to_dict()
 
 

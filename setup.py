@@ -10,7 +10,7 @@ setup(
     description="Elastic training for Horovod/PyTorch: stop-free scale-out, graceful scale-in",
     packages=find_packages(include=["hvd_edl", "hvd_edl.*", "launcher", "launcher.*"]),
     python_requires=">=3.9",
-    install_requires=["requests", "filelock", "psutil", "numpy"],
+    install_requires=["requests", "filelock", "psutil", "numpy", "prometheus-client", "rich"],
     entry_points={"console_scripts": ["hvd-edl-run = launcher.cli:main",
                                     "hvd-edl-ctl = launcher.ctl:main"]},
 )

@@ -78,6 +78,18 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _tcp_port(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port from 0 to 65535, got {text!r}") \
+            from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port from 0 to 65535 (0: any free "
+                                         f"one), got {v}")
+    return v
+
+
 def interface_address(nic: str) -> Optional[str]:
     """The first IPv4 address of network interface ``nic`` (the first listed when a comma
     separated list is given, as horovodrun accepts), or None when it has none."""
@@ -147,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "costs (default 60)")
     p.add_argument("--checkpoint-keep", metavar="K", type=_positive_int, default=3,
                    help="checkpoints kept, the newest K (default 3)")
+    p.add_argument("--metrics-port", metavar="PORT", type=_tcp_port, default=None,
+                   help="serve Prometheus metrics at http://BIND:PORT/metrics (world size, "
+                        "generation, stalls, steps/s, samples/s, per-worker step, compute and "
+                        "wait seconds, failures...) on the --bind-address; 0 picks a free port "
+                        "and prints it (default: no metrics)")
     p.add_argument("--verbose", action="store_true",
                    help="horovodrun's meaning: extra messages (here: the coordinator's and the "
                         "rendezvous' requests, host set changes)")
@@ -253,7 +270,7 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                    ssh_port=a.ssh_port, ssh_identity_file=a.ssh_identity_file,
                    output_dir=a.output_filename,
                    checkpoint_dir=a.checkpoint_dir, checkpoint_every_s=a.checkpoint_every,
-                   checkpoint_keep=a.checkpoint_keep)
+                   checkpoint_keep=a.checkpoint_keep, metrics_port=a.metrics_port)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

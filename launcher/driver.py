@@ -77,6 +77,7 @@ class JobSpec:
     checkpoint_dir: Optional[str] = None     # --checkpoint-dir (None: no checkpoints)
     checkpoint_every_s: float = 60.0         # --checkpoint-every
     checkpoint_keep: int = 3                 # --checkpoint-keep
+    metrics_port: Optional[int] = None       # --metrics-port (None: no metrics; 0: any free)
 
 
 class Driver:
@@ -98,6 +99,7 @@ class Driver:
         self.target_np = spec.target_np   # None: every usable slot up to max_np
         self.drained: Set[str] = set()
         self.job_path = None
+        self.metrics = None  # launcher.metrics.MetricsServer (--metrics-port)
         self.wake = threading.Event()
         self.procs: Dict[str, WorkerProcess] = {}
         self.hosts: Dict[str, int] = {}
@@ -151,8 +153,12 @@ class Driver:
             self.coord.checkpoints = self.checkpoints
         port = self.server.start()
         try:
+            if self.spec.metrics_port is not None and not self._start_metrics():
+                return 2
             return self._run_started(port, initial)
         finally:
+            if self.metrics is not None:
+                self.metrics.stop()
             if self.checkpoints is not None:
                 self.checkpoints.release()
             self.coord.stopping = True
@@ -164,6 +170,21 @@ class Driver:
                     self.job_path.unlink()
                 except OSError:
                     pass
+
+    def _start_metrics(self) -> bool:
+        """Serve ``/metrics`` on the bind address and --metrics-port (``launcher.metrics``);
+        False (and one error line) when the port cannot be bound."""
+        from launcher.metrics import JobCollector, MetricsServer
+        try:
+            self.metrics = MetricsServer(JobCollector(self.coord.telemetry, self._capacity),
+                                         self.spec.bind_addr, self.spec.metrics_port)
+        except OSError as e:
+            print(f"hvd-edl-run: error: --metrics-port {self.spec.metrics_port}: cannot listen "
+                  f"on {self.spec.bind_addr}:{self.spec.metrics_port}: {e.strerror or e}",
+                  file=sys.stderr)
+            return False
+        print(f"hvd-edl-run: metrics: {self.metrics.url(self.spec.bind_addr)}", flush=True)
+        return True
 
     def _run_started(self, port: int, initial: int) -> int:
         """:meth:`run` once the coordinator listens; whatever happens here, ``run`` stops the

@@ -188,7 +188,7 @@ class Coordinator:
                     silent.append((self._fence(self.workers[w]), now))
             reply = messages.BeatReply(release=msg.generation in self.released)
         self.telemetry.observe(msg.worker_id, msg.generation, now, msg.steps_done,
-                               msg.compute_s, msg.wait_s, msg.samples)
+                               msg.compute_s, msg.wait_s, msg.samples, step=msg.step)
         for fenced_rec, at in silent:
             self.on_fence(fenced_rec, self.liveness.silent_after_s)
         return reply

@@ -33,7 +33,8 @@ class WorkerStats:
     nan until a timed step was reported; when the window holds no step, the last window that
     did).  ``steps_per_s``, ``samples_per_s``: rates over the window.  ``steps``: timed
     optimizer steps reported in all.  ``updated_at``: ``time.monotonic()`` of the last beat that
-    carried steps (nan before any).
+    carried steps (nan before any).  ``step``: the worker's optimizer step count (committed
+    and restored with its state) as of its last beat (-1 unknown).
     """
     worker_id: str
     host: str
@@ -46,6 +47,7 @@ class WorkerStats:
     samples_per_s: float = 0.0
     steps: int = 0
     updated_at: float = math.nan
+    step: int = -1
 
     def as_dict(self) -> dict:
         """JSON-ready (nan as None)."""
@@ -72,6 +74,7 @@ class _Worker:
     steps: int = 0
     updated_at: float = math.nan
     means: Tuple[float, float, float] = (math.nan, math.nan, math.nan)  # last known
+    step: int = -1
 
 
 class Telemetry:
@@ -126,10 +129,11 @@ class Telemetry:
             self._stalls.append((int(event.generation), str(event.kind), float(event.stall_s)))
 
     def observe(self, worker_id: str, generation: int, now: float, steps_done: int,
-                compute_s: float, wait_s: float, samples: int) -> None:
+                compute_s: float, wait_s: float, samples: int, step: int = -1) -> None:
         """One heartbeat of ``worker_id`` arrived at ``now`` (monotonic seconds) with the sums
         since its previous one: ``steps_done`` timed steps of ``compute_s`` + ``wait_s``
-        seconds, ``samples`` samples.  Negative or non-finite figures are taken as 0."""
+        seconds, ``samples`` samples; ``step`` its optimizer step count.  Negative or
+        non-finite figures are taken as 0."""
         steps_done = max(int(steps_done), 0)
         compute_s = _clean(compute_s)
         wait_s = _clean(wait_s)
@@ -137,6 +141,7 @@ class Telemetry:
         with self._lock:
             w = self._worker(worker_id)
             w.beats.append(_Beat(now, steps_done, compute_s, wait_s, samples))
+            w.step = int(step)
             while len(w.beats) > 2 and w.beats[1].at <= now - self.window_s:
                 w.beats.popleft()
             if steps_done:
@@ -189,7 +194,8 @@ class Telemetry:
         """The job's figures: ``world_size`` and ``generation`` (the current generation),
         ``steps_per_s`` (mean over the members: each takes every step), ``samples_per_s``
         (sum over the workers), ``step_s`` / ``compute_s`` / ``wait_s`` (means over the
-        members that reported; None unknown), ``steps`` (most steps a member reported),
+        members that reported; None unknown), ``steps`` (most timed steps a member reported),
+        ``step`` (the highest optimizer step count a member beat with; -1 unknown),
         ``changes`` (generation changes so far) and ``last_stall_s`` (None before any)."""
         rows = self.workers()
         with self._lock:
@@ -210,6 +216,7 @@ class Telemetry:
                 "step_s": mean("step_s"), "compute_s": mean("compute_s"),
                 "wait_s": mean("wait_s"),
                 "steps": max((r.steps for r in in_ring), default=0),
+                "step": max((r.step for r in in_ring), default=-1),
                 "changes": changes, "last_stall_s": last}
 
     def throughput(self, since: float, until: float) -> float:
@@ -245,7 +252,7 @@ class Telemetry:
         beats = list(w.beats)
         rank = self._members.index(w.worker_id) if w.worker_id in self._members else -1
         stats = WorkerStats(w.worker_id, w.host, w.slot, rank, steps=w.steps,
-                            updated_at=w.updated_at)
+                            updated_at=w.updated_at, step=w.step)
         if len(beats) >= 2:
             base, window = beats[0], beats[1:]
             span = window[-1].at - base.at

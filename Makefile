@@ -15,6 +15,7 @@ setup: $(STAMP)
 	  --log build/horovod-build.log -- cmake --build build
 	@$(VENV)/bin/horovodrun --check-build > build/check-build.txt 2>&1; grep -q '\[X\] PyTorch' build/check-build.txt || (cat build/check-build.txt; echo "Horovod lacks PyTorch"; exit 1)
 	@echo "set-up ok: $$($(PY) -c 'import torch, horovod; print("torch", torch.__version__, "horovod", horovod.__version__)')"
+	@$(PY) cmake/detect_gpu.py --built
 
 $(STAMP): requirements.txt setup.py
 	@test -x $(PY) || (echo "set-up: creating $(VENV) ($(PYTHON_BOOT) -m venv)" && $(PYTHON_BOOT) -m venv $(VENV))

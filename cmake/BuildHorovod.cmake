@@ -1,7 +1,19 @@
 # cmake -P script: build and install Horovod ${HOROVOD_VERSION} from its PyPI sdist into ${PYTHON}'s
 # environment, with C++17 instead of upstream's C++14 and our patches (cmake/patches/*.patch).
 # Inputs: PYTHON, HOROVOD_VERSION, WORK_DIR, CHECK_SCRIPT.  Idempotent: returns at once when the installed build already matches.
-execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} RESULT_VARIABLE matches)
+# With NCCL for GPU operations where cmake/detect_gpu.py finds nvcc, NCCL and a CUDA torch.
+# GPU operations: NCCL where nvcc, NCCL and a CUDA torch are found (cmake/detect_gpu.py), else
+# CPU only.  The choice is taken once here and handed to every check and to the stamp, so a
+# build is stamped with what it built.
+execute_process(COMMAND ${PYTHON} ${CMAKE_CURRENT_LIST_DIR}/detect_gpu.py --choice
+                OUTPUT_VARIABLE gpu_choice OUTPUT_STRIP_TRAILING_WHITESPACE
+                ERROR_VARIABLE gpu_line ERROR_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT gpu_choice MATCHES "^(NCCL|none)$")
+  message(FATAL_ERROR "cmake/detect_gpu.py --choice failed: '${gpu_choice}' ${gpu_line}")
+endif()
+message(STATUS "${gpu_line}")
+execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} --gpu ${gpu_choice}
+                RESULT_VARIABLE matches)
 if(matches EQUAL 0)
   message(STATUS "Horovod ${HOROVOD_VERSION} already built against this torch: nothing to do")
   return()
@@ -36,10 +48,17 @@ endforeach()
 # cmake/horovod_matches.py hashes the patch set, so adding or changing a patch triggers a rebuild.
 # the patch set's hash as it is now, before applying: stamped after the build (a patch added
 # meanwhile must not be stamped as built)
-execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} --patches-sha256
+execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} --gpu ${gpu_choice}
+                        --patches-sha256
                 OUTPUT_VARIABLE patches_sha256 OUTPUT_STRIP_TRAILING_WHITESPACE)
 file(GLOB patches "${CMAKE_CURRENT_LIST_DIR}/patches/*.patch")
 list(SORT patches)
+# NCCL builds also get cmake/patches/nccl/*.patch, after the others (they touch GPU code only)
+if(gpu_choice STREQUAL "NCCL")
+  file(GLOB nccl_patches "${CMAKE_CURRENT_LIST_DIR}/patches/nccl/*.patch")
+  list(SORT nccl_patches)
+  list(APPEND patches ${nccl_patches})
+endif()
 foreach(p IN LISTS patches)
   get_filename_component(name ${p} NAME)
   execute_process(COMMAND patch -p1 --forward --batch -i ${p}
@@ -51,11 +70,23 @@ foreach(p IN LISTS patches)
   message(STATUS "applied Horovod patch ${name}")
 endforeach()
 
-# CPU torch here: no GPU operations unless the caller asks for them (HOROVOD_GPU_OPERATIONS=NCCL).
+# NCCL builds: HOROVOD_GPU_OPERATIONS=NCCL, HOROVOD_CUDA_HOME, HOROVOD_NCCL_INCLUDE/LIB/LINK,
+# CUDA_HOME (detect_gpu.py --cmake-env, KEY=VALUE;...); CPU-only builds: nothing.
+set(gpu_env "")
+if(gpu_choice STREQUAL "NCCL")
+  execute_process(COMMAND ${PYTHON} ${CMAKE_CURRENT_LIST_DIR}/detect_gpu.py --cmake-env
+                          --link-dir ${WORK_DIR}/nccl-lib
+                  OUTPUT_VARIABLE gpu_env OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
+  if(NOT rc EQUAL 0 OR gpu_env STREQUAL "")
+    message(FATAL_ERROR "cmake/detect_gpu.py --cmake-env failed")
+  endif()
+  message(STATUS "GPU build environment: ${gpu_env}")
+endif()
 get_filename_component(venv_bin ${PYTHON} DIRECTORY)
 execute_process(
   COMMAND ${CMAKE_COMMAND} -E env
           "PATH=${venv_bin}:$ENV{PATH}"
+          ${gpu_env}
           HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1
           HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
           CMAKE_BUILD_PARALLEL_LEVEL=2 MAKEFLAGS=-j2
@@ -64,8 +95,11 @@ execute_process(
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "building Horovod ${HOROVOD_VERSION} failed (see the compiler output above)")
 endif()
-execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} --write-stamp ${patches_sha256})
-execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} RESULT_VARIABLE matches)
+execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} --gpu ${gpu_choice}
+                        --write-stamp ${patches_sha256})
+execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} --gpu ${gpu_choice}
+                RESULT_VARIABLE matches)
 if(NOT matches EQUAL 0)
-  message(FATAL_ERROR "Horovod ${HOROVOD_VERSION} installed but horovod.torch does not load")
+  message(FATAL_ERROR "Horovod ${HOROVOD_VERSION} installed but horovod.torch does not load "
+                      "(or lacks NCCL although GPU operations were asked for: ${gpu_choice})")
 endif()

@@ -37,6 +37,13 @@ log = logging.getLogger(__name__)
 ENV_STOP_BEFORE_INIT = "HVD_EDL_TEST_STOP_BEFORE_INIT"
 """Fault injection for tests: the worker with this id stops itself (SIGSTOP) right before its
 ``hvd.init()`` for a ring, so that ring's set-up waits on a silent member."""
+ENV_NCCL_ELASTIC = "HVD_EDL_NCCL_ELASTIC"
+"""Set to 1 before every ``hvd.init()`` of an elastic worker.  Read only by a Horovod built with
+NCCL (cmake/patches/nccl/0001): its NCCL communicators are then aborted at shutdown, never
+destroyed (``ncclCommDestroy`` waits for operations in flight: forever when a peer is gone), and a
+NCCL error while a GPU operation completes fails that operation (``HorovodInternalError``), as
+under Horovod Elastic's ``HOROVOD_ELASTIC=1``, which we cannot set (it makes the Gloo set-up ask
+Horovod's own rendezvous for rank and size)."""
 LEAVER_WAIT_S = 10.0  # longest a scaled-in worker waits for the next generation to train (s)
 
 
@@ -252,6 +259,10 @@ class WorkerRuntime:
         env["HOROVOD_GLOO_RENDEZVOUS_TOKEN"] = a.rendezvous_token  # patched HTTPStore sends it
         env.setdefault("HOROVOD_CONTROLLER", "gloo")
         env.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
+        # NCCL communicators belong to one ring: shutdown aborts them, and the next ring's first
+        # GPU collective creates its own (ncclUniqueId sent over that ring's Gloo controller)
+        if self.elastic:
+            env[ENV_NCCL_ELASTIC] = "1"
         with self._ring_lock:
             before = _socket_fds()
             self._init_before = before

@@ -82,9 +82,21 @@ def _say_no_launcher(comm) -> None:
 
 
 def _prebuild_cuda_context(local_rank: int) -> None:
+    """Pin this process to GPU ``local_rank % device_count`` (``torch.cuda.set_device``) and
+    create its CUDA context now, while the ring trains, not at the switch (about 0.3-1 s per
+    process).  ``local_rank`` is the slot, stable for the process's life, so the device stays
+    the same in every generation; Horovod's GPU operations run on the tensors' device.  Nothing
+    on a machine without CUDA.  More processes than GPUs on a host share devices: NCCL refuses two
+    ranks of one communicator on one device ("Duplicate GPU detected") unless each process has
+    its own ``NCCL_HOSTID`` (benchmarks/gpu_check.sh does that on a 1-GPU machine)."""
     import torch
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
-        device = local_rank % torch.cuda.device_count()
+        count = torch.cuda.device_count()
+        device = local_rank % count
+        if local_rank >= count:
+            import logging
+            logging.getLogger(__name__).warning(
+                "slot %d shares cuda:%d (%d GPUs on this host)", local_rank, device, count)
         torch.cuda.set_device(device)
         torch.zeros(1, device=f"cuda:{device}")  # forces context creation now, not at the switch
 

@@ -44,7 +44,8 @@ def _to_host(obj: Any, into: Any, pending: list, copies: list) -> Any:
     if isinstance(obj, torch.Tensor):
         src = obj.detach()
         if (isinstance(into, torch.Tensor) and into.device.type == "cpu"
-                and into.shape == src.shape and into.dtype == src.dtype):
+                and into.shape == src.shape and into.dtype == src.dtype
+                and (not src.is_cuda or into.is_pinned())):  # CUDA: into pinned memory only
             buf = into
         elif src.is_cuda:
             buf = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)

@@ -9,6 +9,7 @@ call is ``POST`` with a JSON object and answers a JSON object:
 path                body             effect
 ==================  ===============  ==========================================================
 ``/ctl/status``     ``{}``           generation, world size, workers, step, last stall, target
+``/ctl/telemetry``  ``{}``           the heartbeats' figures only (``hvd-edl-ctl top``; cheap)
 ``/ctl/scale``      ``{"np": N}``    target world size N in [min-np, max-np]
 ``/ctl/drain``      ``{"host": H}``  workers on H leave at the next commit; none placed there
 ``/ctl/undrain``    ``{"host": H}``  H may be used again
@@ -267,6 +268,7 @@ def routes(driver) -> Dict[str, Callable[[dict], dict]]:
         PREFIX + "migrate": lambda data: driver.migrate(_named(data, "from"), _named(data, "to"),
                                                         _wait(data, 120.0)),
         PREFIX + "status": lambda data: driver.status(),
+        PREFIX + "telemetry": lambda data: driver.telemetry_snapshot(),
         PREFIX + "profile": lambda data: driver.profiler.status() if data.get("status") else
         driver.profiler.start(data.get("sizes"), data.get("seconds", 10.0),
                               data.get("out", "."), data.get("settle", 2.0)),

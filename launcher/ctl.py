@@ -2,6 +2,8 @@
 
     hvd-edl-ctl status [--json]           generation, world size, step, epoch, samples/s,
                                           time since the last change, workers, last stall
+    hvd-edl-ctl top [--interval S] [--once]  live view: steps/s, samples/s, per-worker step,
+                                          compute and wait ms (Ctrl-C ends it)
     hvd-edl-ctl list                      running jobs: pid, command, hosts, world size, started
     hvd-edl-ctl scale --np N [--wait S]   target world size N within [--min-np, --max-np]
     hvd-edl-ctl drain HOST                workers on HOST leave gracefully; none placed there
@@ -56,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="generation and its age, world size, current step and "
                         "epoch, samples/s, workers, last stall")
     st.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    tp = sub.add_parser("top", help="live view of the job's telemetry: steps/s, samples/s, "
+                        "per-worker step / compute / wait ms (Ctrl-C ends it)")
+    tp.add_argument("--interval", type=_positive_seconds, default=1.0, metavar="S",
+                    help="seconds between refreshes (default 1)")
+    tp.add_argument("--once", action="store_true", help="print one frame and exit")
     sub.add_parser("list", help="running jobs: pid, command, hosts, world size, started")
     sc = sub.add_parser("scale", help="set the target world size")
     sc.add_argument("--np", type=int, required=True, help="target number of workers")
@@ -167,6 +174,17 @@ def _run_profile(client: ControlClient, a) -> int:
     return 0
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds (a positive number), got "
+                                         f"{text!r}") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds (a positive number), got {text}")
+    return v
+
+
 def _duration(seconds: float) -> str:
     """``75.0`` -> ``"1 min 15 s"``."""
     seconds = int(round(seconds))
@@ -218,11 +236,28 @@ def format_status(s: dict) -> str:
                                        f"{_duration(c['age_s'])} ago)"))
     if s.get("blacklisted"):
         lines.append("blacklisted: " + ", ".join(s["blacklisted"]))
-    lines.append("workers:")
+    tel = s.get("telemetry")
+    rows = {}
+    if tel:  # the heartbeats' figures (launcher.telemetry)
+        from launcher.top import job_lines
+        speed, counts = job_lines(tel)[1:]
+        lines += ["telemetry:  " + speed, "counted:    " + counts]
+        rows = {w["worker_id"]: w for w in tel["workers"]}
+    lines.append("workers:" + ("                            step ms = compute + wait   samples/s"
+                               if rows else ""))
     for w in s["workers"]:
         rank = f"rank {w['rank']}" if w["rank"] is not None else "no rank"
-        lines.append(f"  {w['worker_id']:<6} {rank:<8} {w['host']}:{w['slot']:<3} {w['state']}")
+        line = f"  {w['worker_id']:<6} {rank:<8} {w['host']}:{w['slot']:<3} {w['state']}"
+        t = rows.get(w["worker_id"])
+        if t is not None and t.get("step_s") is not None:
+            line = (f"{line:<36} {_ms(t['step_s']):>7} = {_ms(t['compute_s']):>7} + "
+                    f"{_ms(t['wait_s']):>6} {t['samples_per_s']:>11.1f}")
+        lines.append(line)
     return "\n".join(lines)
+
+
+def _ms(seconds: float) -> str:
+    return f"{1000 * seconds:.1f}"
 
 
 def _wait_for_size(client: ControlClient, np_: int, wait_s: float) -> Optional[dict]:
@@ -305,6 +340,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print("\n".join(lines))
             return 0
         client = ControlClient(find_job_file(a.job), timeout_s=a.timeout)
+        if a.cmd == "top":
+            from launcher import top
+            return top.run(client, a.interval, a.once)
         if a.cmd == "status":
             s = client.call("status")
             print(json.dumps(s, indent=2) if a.json else format_status(s))

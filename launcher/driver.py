@@ -394,14 +394,19 @@ class Driver:
     def telemetry_snapshot(self) -> dict:
         """The heartbeats' figures (``launcher.telemetry``), JSON-ready: ``job`` (world size,
         generation, target world size, steps/s, samples/s, mean step / compute / wait seconds,
-        last stall), ``workers`` (one row per worker: step / compute / wait seconds per step,
-        rates; members first by rank) and ``counters`` (failures, evictions, stragglers,
-        migrations, autoscale decisions)."""
+        last stall, whether the job is finishing), ``workers`` (one row per worker: step /
+        compute / wait seconds per step, rates, state; members first by rank) and ``counters``
+        (failures, evictions, stragglers, migrations, autoscale decisions).  Cheap: asks the
+        workers nothing (``hvd-edl-ctl top`` polls it)."""
         tel = self.coord.telemetry
         job = tel.job()
         job["target_world_size"] = self._capacity()  # usable slots up to the target
-        return {"job": job, "workers": [w.as_dict() for w in tel.workers()],
-                "counters": tel.counters(), "window_s": tel.window_s}
+        with self.coord.lock:
+            states = {w.worker_id: w.state.value for w in self.coord.workers.values()}
+            job["finishing"] = self.coord.finishing
+        return {"job": job, "counters": tel.counters(), "window_s": tel.window_s,
+                "workers": [dict(w.as_dict(), state=states.get(w.worker_id, "unknown"))
+                            for w in tel.workers()]}
 
     def status(self) -> dict:
         """The job as ``hvd-edl-ctl status`` shows it (see :meth:`Coordinator.snapshot`), plus

@@ -44,6 +44,10 @@ def parse_args():
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="extra seconds per step (stands for a heavier model)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: train on GPU (local rank %% GPUs on the host, the one hvd_edl "
+                   "pinned at init); each worker then prints a 'device-check' line at the first "
+                   "step of every generation it trains in")
     p.add_argument("--stop-file", help="end training at the next epoch boundary once this file "
                    "exists (all ranks agree through one allreduce)")
     p.add_argument("--summary", help="write a JSON summary here (rank 0)")
@@ -65,6 +69,31 @@ class DigitsCNN(nn.Module):
         x = F.relu(self.conv1(x))
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def _device(kind: str) -> torch.device:
+    """``--device``: the CPU, or this worker's GPU (local rank modulo the host's GPUs, as
+    ``hvd_edl.torch.init`` pinned it).  Exits with status 2 when CUDA is asked for and absent."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        print(f"train_digits.py: --device cuda, but torch {torch.__version__} sees no CUDA GPU",
+              file=sys.stderr)
+        sys.exit(2)
+    device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def _device_check(model, first_step_s: float) -> None:
+    """One line (``--device cuda``) at a generation's first step: slot, current CUDA device,
+    the model's device, and that first step's seconds (it creates the ring's NCCL
+    communicators), for benchmarks/gpu_check.sh."""
+    print(f"device-check rank={hvd.rank()} size={hvd.size()} local_rank={hvd.local_rank()} "
+          f"current_device={torch.cuda.current_device()} "
+          f"param_device={next(model.parameters()).device} "
+          f"device_count={torch.cuda.device_count()} first_step_s={first_step_s:.4f}",
+          flush=True)
 
 
 def load_data(seed: int, train_size=None, repeat: int = 1):
@@ -94,7 +123,8 @@ def main():
     torch.manual_seed(args.seed)
     train_ds, test_ds = load_data(args.seed, args.train_size, args.repeat_data)
 
-    model = DigitsCNN()
+    device = _device(args.device)
+    model = DigitsCNN().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     if args.global_batch_size:
@@ -114,6 +144,7 @@ def main():
 
     @hvd.elastic.run
     def train(state):
+        entered = time.monotonic() if device.type == "cuda" else None
         bar = tqdm(total=args.epochs * len(train_ds), initial=state.epoch * len(train_ds)
                    + sampler.consumed, disable=hvd.rank() != 0, unit="sample",
                    mininterval=3.0, file=sys.stderr, ascii=True, desc=f"size {hvd.size()}")
@@ -122,11 +153,14 @@ def main():
             for batch_idx, (x, y) in enumerate(loader):
                 before = sampler.consumed
                 optimizer.zero_grad()
-                loss = F.cross_entropy(model(x), y)
+                loss = F.cross_entropy(model(x.to(device)), y.to(device))
                 if weight is not None:  # fixed global batch: the rank's share of the mean
                     loss = loss * weight(batch_idx)
                 loss.backward()
                 optimizer.step()
+                if entered is not None:  # this generation's first step: where it ran
+                    _device_check(model, time.monotonic() - entered)
+                    entered = None
                 sampler.record_batch(batch_idx, len(x))
                 state.step += 1
                 bar.update(sampler.consumed - before)
@@ -148,7 +182,7 @@ def main():
     with torch.no_grad():
         xs, ys = test_ds.tensors
         shard = slice(hvd.rank(), None, hvd.size())
-        correct = (model(xs[shard]).argmax(1) == ys[shard]).sum().float()
+        correct = (model(xs[shard].to(device)).argmax(1).cpu() == ys[shard]).sum().float()
     totals = hvd.allreduce(torch.stack([correct, torch.tensor(float(len(ys[shard])))]),
                            op=hvd.Sum, name="test_accuracy")
     accuracy = float(totals[0] / totals[1])

@@ -2,8 +2,8 @@
 
 One frame: the generation, world size (and the target), optimizer step, the job's steps/s and
 samples/s, mean step / compute / wait milliseconds, the last stall, the decision counters, and
-one table row per worker (rank, host:slot, state, step, step / compute / wait ms, steps/s,
-samples/s).  The figures are the heartbeats' (``launcher.telemetry``, ``/ctl/telemetry``),
+one table row per worker (rank, host:slot, state, step, step / compute / wait ms per step,
+steps/s, samples/s).  The figures are the heartbeats' (``launcher.telemetry``, ``/ctl/telemetry``),
 which asks the workers nothing, so watching costs the training nothing.
 
 On a terminal the frame is redrawn in place (``rich.live.Live``) until Ctrl-C or the job's end;
@@ -57,8 +57,8 @@ def job_lines(t: dict) -> list:
 def render(t: dict) -> Group:
     """One frame (a rich renderable) of a ``/ctl/telemetry`` answer."""
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for name in ("worker", "rank", "host:slot", "state", "step", "step ms", "compute ms",
-                 "wait ms", "steps/s", "samples/s"):
+    for name in ("worker", "rank", "host:slot", "state", "step", "step ms", "comp ms",
+                 "wait ms", "steps/s", "samples/s"):  # fits 80 columns
         table.add_column(name, justify="left" if name in ("worker", "host:slot", "state")
                          else "right")
     for w in t["workers"]:

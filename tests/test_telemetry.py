@@ -89,3 +89,121 @@ def test_telemetry_windows_means_throughput_and_counters():
     # an old sender's beat (no telemetry fields) and garbage are harmless
     tel.observe("w1", 1, 115.0, 0, float("nan"), -1.0, 0)
     assert tel.worker("w1").steps == 108
+
+
+# ---- a real job: /metrics, status, top ------------------------------------------------------
+
+def _scrape(url: str) -> dict:
+    """{(sample name, frozenset(labels)): value} of a /metrics page, parsed by prometheus-client."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+    text = requests.get(url, timeout=10).text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def _per_worker(samples: dict, name: str) -> dict:
+    return {dict(labels)["worker"]: (dict(labels), v) for (n, labels), v in samples.items()
+            if n == name}
+
+
+def _read_pty(fd: int, until, timeout_s: float) -> str:
+    """Read a pseudo-terminal until ``until(text)`` holds or ``timeout_s`` passes."""
+    import os
+    import select
+    import time
+    text, deadline = "", time.monotonic() + timeout_s
+    while not until(text) and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            text += chunk.decode(errors="replace")
+    return text
+
+
+def test_metrics_status_and_top_of_a_running_elastic_job(tmp_path, job_factory):
+    import fcntl
+    import os
+    import pty
+    import re
+    import struct
+    import termios
+    import signal
+    import subprocess
+    import time
+    from conftest import VENV_BIN, long_digits
+    ctl = str(VENV_BIN / "hvd-edl-ctl")
+    job_file = tmp_path / "job.json"
+    job = job_factory(["-np", "2", "--min-np", "1", "--max-np", "2", "--metrics-port", "0",
+                       "--job-file", str(job_file)], long_digits(tmp_path), hosts="localhost:2")
+    url = job.wait_for("the metrics URL", lambda: next(iter(re.findall(
+        r"hvd-edl-run: metrics: (http://\S+/metrics)", job.output())), None), 60)
+    job.wait_generation(1)
+
+    def both_timed():
+        s = _scrape(url)
+        return s if len(_per_worker(s, "hvd_edl_worker_compute_seconds")) == 2 else None
+
+    m = job.wait_for("both workers' step times in /metrics", both_timed, 60)
+    assert m[("hvd_edl_world_size", frozenset())] == 2
+    assert m[("hvd_edl_target_world_size", frozenset())] == 2
+    assert m[("hvd_edl_generation", frozenset())] == 1
+    assert m[("hvd_edl_stall_seconds_count", frozenset())] == 0  # no change yet
+    assert m[("hvd_edl_failures_total", frozenset())] == 0
+    assert m[("hvd_edl_samples_per_second", frozenset())] > 0
+    step = _per_worker(m, "hvd_edl_worker_step_seconds")
+    compute = _per_worker(m, "hvd_edl_worker_compute_seconds")
+    wait = _per_worker(m, "hvd_edl_worker_wait_seconds")
+    for w, rank in (("w1", "0"), ("w2", "1")):
+        labels, step_s = step[w]
+        assert labels == {"worker": w, "host": "localhost", "rank": rank}
+        # a digits step with --step-delay 0.01 on loaded cores: above 10 ms, well below 2 s
+        assert 0.01 < step_s < 2.0, step_s
+        assert compute[w][1] > 0 and wait[w][1] > 0  # two ranks: each waits in the allreduce
+        assert compute[w][1] + wait[w][1] == pytest.approx(step_s, rel=1e-6)
+        assert _per_worker(m, "hvd_edl_worker_samples_per_second")[w][1] > 0
+
+    status = subprocess.run([ctl, "--job", str(job_file), "status"], capture_output=True,
+                            text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    assert re.search(r"telemetry:  [0-9.]+ steps/s, [0-9.]+ samples/s", status.stdout)
+    assert re.search(r"w1 +rank 0 +localhost:0 +member +[0-9.]+ = +[0-9.]+ \+ +[0-9.]+",
+                     status.stdout), status.stdout
+
+    # top on a terminal: it redraws with new step counts; Ctrl-C ends it with status 0
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: hvd-edl-ctl top on the pseudo-terminal
+        os.execv(ctl, [ctl, "--job", str(job_file), "top", "--interval", "0.5"])
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
+    frame = re.compile(r"generation 1, world size 2 \(target 2\), step (\d+)")
+    done = (0, 0)
+    try:
+        text = _read_pty(fd, lambda t: len(set(frame.findall(t))) >= 2, 30)
+        assert len(set(frame.findall(text))) >= 2, text[-2000:]
+        assert "comp ms" in text and "\x1b[" in text  # the live (terminal) view
+        os.kill(pid, signal.SIGINT)
+        _read_pty(fd, lambda t: False, 5)  # drain until the child closes the terminal
+        deadline = time.monotonic() + 10
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        if done[0] != pid:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        os.close(fd)
+
+    # piped: one plain frame per interval, and a last line when the job ends
+    piped = subprocess.Popen([ctl, "--job", str(job_file), "top", "--interval", "0.5"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    job.end_training()
+    assert job.finish() == 0, job.output()[-3000:]
+    out, _ = piped.communicate(timeout=30)
+    assert piped.returncode == 0, out
+    assert "\x1b[" not in out and "worker  rank  host:slot" in out
+    assert out.rstrip().splitlines()[-1].startswith("hvd-edl-ctl: the job ended")

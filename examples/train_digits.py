@@ -43,6 +43,12 @@ def parse_args():
                    help="seconds to sleep between init() and entering run (a slow model build)")
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="extra seconds per step (stands for a heavier model)")
+    p.add_argument("--slow-worker", metavar="HOST:SLOT:FACTOR[:AFTER_S]", type=_slow_worker,
+                   help="the worker on HOST (HOROVOD_HOSTNAME) in SLOT (its local rank) computes "
+                   "FACTOR times slower, from AFTER_S seconds after its first step (default 0): "
+                   "it sleeps (FACTOR-1) x its measured compute each step.  The slowness "
+                   "belongs to the slot, not the rank: a replacement elsewhere is fast "
+                   "(a straggler for --straggler-policy)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: train on GPU (local rank %% GPUs on the host, the one hvd_edl "
@@ -53,6 +59,28 @@ def parse_args():
     p.add_argument("--summary", help="write a JSON summary here (rank 0)")
     p.add_argument("--save-params", help="save the final parameters here (rank 0, torch.save)")
     return p.parse_args()
+
+
+def _slow_worker(text: str):
+    """``HOST:SLOT:FACTOR[:AFTER_S]`` -> (host, slot, factor, after_s)."""
+    parts = text.rsplit(":", 3) if text.count(":") >= 3 else text.rsplit(":", 2)
+    try:
+        host, slot, factor = parts[0], int(parts[1]), float(parts[2])
+        after = float(parts[3]) if len(parts) > 3 else 0.0
+    except (IndexError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected HOST:SLOT:FACTOR[:AFTER_S], got {text!r}")
+    if not host or slot < 0 or factor < 1 or after < 0:
+        raise argparse.ArgumentTypeError(f"need a host, SLOT >= 0, FACTOR >= 1 and AFTER_S >= 0, "
+                                         f"got {text!r}")
+    return host, slot, factor, after
+
+
+def _is_slow_slot(spec) -> bool:
+    """True when this process runs on the slot ``--slow-worker`` names (launcher's variables,
+    set before the script starts and stable for the worker's life)."""
+    import os
+    return spec is not None and os.environ.get("HOROVOD_HOSTNAME") == spec[0] \
+        and os.environ.get("HOROVOD_LOCAL_RANK") == str(spec[1])
 
 
 class DigitsCNN(nn.Module):
@@ -141,6 +169,8 @@ def main():
     if args.build_delay:
         time.sleep(args.build_delay)
     state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, epoch=0, step=0)
+    slow = args.slow_worker if _is_slow_slot(args.slow_worker) else None
+    slow_from = []  # monotonic time the slowness starts (set at the first step)
 
     @hvd.elastic.run
     def train(state):
@@ -152,11 +182,13 @@ def main():
             model.train()
             for batch_idx, (x, y) in enumerate(loader):
                 before = sampler.consumed
+                t_compute = time.perf_counter()
                 optimizer.zero_grad()
                 loss = F.cross_entropy(model(x.to(device)), y.to(device))
                 if weight is not None:  # fixed global batch: the rank's share of the mean
                     loss = loss * weight(batch_idx)
                 loss.backward()
+                compute_s = time.perf_counter() - t_compute  # forward + backward, no waiting
                 optimizer.step()
                 if entered is not None:  # this generation's first step: where it ran
                     _device_check(model, time.monotonic() - entered)
@@ -166,6 +198,11 @@ def main():
                 bar.update(sampler.consumed - before)
                 if args.step_delay:
                     time.sleep(args.step_delay)
+                if slow is not None:
+                    if not slow_from:
+                        slow_from.append(time.monotonic() + slow[3])
+                    if time.monotonic() >= slow_from[0]:
+                        time.sleep((slow[2] - 1.0) * (compute_s + args.step_delay))
                 if state.step % args.commit_every == 0:
                     state.commit()
             state.epoch += 1

@@ -164,6 +164,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "generation, stalls, steps/s, samples/s, per-worker step, compute and "
                         "wait seconds, failures...) on the --bind-address; 0 picks a free port "
                         "and prints it (default: no metrics)")
+    p.add_argument("--straggler-policy", choices=("off", "report", "evict", "replace"),
+                   default="report",
+                   help="a member whose compute time per step stays above --straggler-ratio x "
+                        "the other members' median for --straggler-window seconds: report it "
+                        "(event log and a line), evict it (scale-in, its slot rests), or "
+                        "replace it by a worker built on a free slot elsewhere, in one "
+                        "stop-free switch (default report; evict/replace: elastic jobs)")
+    p.add_argument("--straggler-ratio", type=_positive_float, default=1.5, metavar="R",
+                   help="a straggler computes more than R x the others' median (default 1.5)")
+    p.add_argument("--straggler-window", type=_positive_float, default=5.0, metavar="SECONDS",
+                   help="... for this many seconds in a row (default 5)")
     p.add_argument("--verbose", action="store_true",
                    help="horovodrun's meaning: extra messages (here: the coordinator's and the "
                         "rendezvous' requests, host set changes)")
@@ -241,6 +252,11 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
     if a.target_np is not None and not (elastic and min_np <= a.target_np <= max_np):
         parser.error(f"--target-np {a.target_np} needs an elastic job and must lie within "
                      f"[--min-np {min_np}, --max-np {max_np}]")
+    if a.straggler_ratio <= 1.0:
+        parser.error(f"--straggler-ratio must be > 1, got {a.straggler_ratio:g}")
+    if a.straggler_policy in ("evict", "replace") and not elastic:
+        parser.error(f"--straggler-policy {a.straggler_policy} needs an elastic job "
+                     f"(--min-np/--max-np or a host discovery script)")
     command = a.command[1:] if a.command[0] == "--" else a.command
     if not command:
         parser.error("no training command given after -- (e.g. -- python train.py)")
@@ -270,7 +286,9 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                    ssh_port=a.ssh_port, ssh_identity_file=a.ssh_identity_file,
                    output_dir=a.output_filename,
                    checkpoint_dir=a.checkpoint_dir, checkpoint_every_s=a.checkpoint_every,
-                   checkpoint_keep=a.checkpoint_keep, metrics_port=a.metrics_port)
+                   checkpoint_keep=a.checkpoint_keep, metrics_port=a.metrics_port,
+                   straggler_policy=a.straggler_policy, straggler_ratio=a.straggler_ratio,
+                   straggler_window_s=a.straggler_window)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

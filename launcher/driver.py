@@ -27,6 +27,7 @@ from launcher.discovery import DiscoveryError
 from launcher.events import EventLog
 from launcher.profiler import Profiler
 from launcher import migration as migration_
+from launcher import straggler as straggler_
 from launcher.registry import WorkerRecord, WorkerState
 from launcher.rendezvous import GenerationRendezvous
 from launcher.spawn import WorkerProcess, WorkerSpec, spawn, terminate_all
@@ -77,6 +78,9 @@ class JobSpec:
     checkpoint_dir: Optional[str] = None     # --checkpoint-dir (None: no checkpoints)
     checkpoint_every_s: float = 60.0         # --checkpoint-every
     checkpoint_keep: int = 3                 # --checkpoint-keep
+    straggler_policy: str = "report"         # --straggler-policy (launcher/straggler.py)
+    straggler_ratio: float = 1.5             # --straggler-ratio
+    straggler_window_s: float = 5.0          # --straggler-window
     metrics_port: Optional[int] = None       # --metrics-port (None: no metrics; 0: any free)
 
 
@@ -117,6 +121,8 @@ class Driver:
         self._drain_lock = threading.Lock()
         self.profiler = Profiler(self)  # hvd-edl-ctl profile (EDL's profiling)
         self.migration: Optional[migration_.Migration] = None  # running or last (hvd-edl-ctl)
+        self.stragglers = straggler_.StragglerDetector(straggler_.StragglerPolicy(
+            spec.straggler_policy, spec.straggler_ratio, spec.straggler_window_s))
 
     # ---- the loop ------------------------------------------------------------------------------
 
@@ -259,6 +265,7 @@ class Driver:
                       + (f"; {self.checkpoints.describe_newest()}: run the same command again "
                          f"to resume" if self.checkpoints is not None else ""), file=sys.stderr)
                 return 1
+        straggler_.mitigate(self, self.stragglers, now)
         self.coord.tick(now)
         return self._exit_code_if_done()
 

@@ -134,9 +134,14 @@ class Migration:
             self.phase = Phase.DONE
             kinds = ", ".join(f"{f['kind']} (generation {f['generation']})" for f in figures)
             stall = sum(f["stall_s"] for f in figures)
-            text = (f"{len(self.leavers)} worker{'s' if len(self.leavers) != 1 else ''} moved "
-                    f"from {self.source} to {self.target} in {len(figures)} switch"
-                    f"{'es' if len(figures) != 1 else ''}: {kinds}, stall {stall:.3f} s")
+            if self.purpose == "straggler":
+                text = (f"{', '.join(self.leavers)} replaced by {', '.join(self.joiners)} on "
+                        f"{', '.join(f'{h}:{s}' for h, s in self.target_slots)}")
+            else:
+                text = (f"{len(self.leavers)} worker{'s' if len(self.leavers) != 1 else ''} "
+                        f"moved from {self.source} to {self.target}")
+            text += (f" in {len(figures)} switch{'es' if len(figures) != 1 else ''}: {kinds}, "
+                     f"stall {stall:.3f} s")
             if len(figures) > 1:
                 text += (" (every member was on the source host: the oldest stayed one more "
                          "generation to hand the state over)")

@@ -1,47 +1,159 @@
-"""State sync cost: Horovod 0.28.1's ``broadcast_object`` against hvd_edl's, for a model state of
-about 1, 10 and 100 MB, among 3 workers on this machine (the before/after of the switch's sync
-phase: hvd_edl used Horovod's until this change).
+"""State sync cost, before and after the stream (issue 17, item 3), in one run.
 
-    python benchmarks/sync.py            # writes benchmarks/results/sync.json
+Part 1, ``TorchState``'s sync among 3 workers (``hvd-edl-run -np 3``) for a model + SGD-momentum
+state of about 1, 10 and 100 MB (eight bias-free ``Linear(d, d)`` layers and their momentum):
 
-Runs ``hvd-edl-run -np 3`` on this file with ``--worker``; rank 0 prints one JSON line.
+* ``horovod``: the old sync with Horovod 0.28.1's ``broadcast_object`` (everything pickled,
+  two broadcasts to every rank);
+* ``broadcast``: the old sync with hvd_edl's ``broadcast_object`` (``HVD_EDL_SYNC_STREAM=0``);
+* ``stream``: the stream to 2 joiners (one sending thread each), ``stream_sequential`` (one
+  joiner after the other), and ``stream_1_joiner`` (ranks 0 and 1 hold the commit, rank 2
+  joins: the holder receives nothing).
+
+Each figure is the slowest rank's time (the switch waits for it), median over ``--reps``; a
+joiner's optimizer state is dropped before each repetition (it starts without it).  Peak extra
+memory per rank: the process's resident high-water mark (``VmHWM``, reset through
+``/proc/self/clear_refs`` before each sync) minus its resident size before the sync, the
+largest over repetitions; it counts what the sync allocates, including a joiner's new
+optimizer state.
+
+Part 2 (``--switch``, default on): the switch's sync phase in a real scale-out 2 -> 3 -> 2 -> 3
+of ``benchmarks/workload.py`` with ``--model-mb`` (default 100) MB of frozen parameters, the
+event log's ``phases.sync_s`` (rank 0's side: it waits until the joiner has everything), old
+broadcast and stream in the same run.
+
+    .venv/bin/python benchmarks/sync.py            # writes benchmarks/results/sync.json
+    .venv/bin/python benchmarks/sync.py --no-switch --sizes 100 --reps 1
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 RESULTS = ROOT / "benchmarks" / "results"
+LAYERS = 8
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmRSS:"))
+
+
+def _hwm_kb() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmHWM:"))
+
+
+def _reset_hwm() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # Linux: resets VmHWM to the current RSS
 
 
 def worker(sizes, reps: int) -> None:
-    import horovod.torch as horovod
     import torch
+    import horovod.torch as horovod
     import hvd_edl.torch as hvd
+    import hvd_edl.torch.elastic as elastic
+    from hvd_edl import runtime, state_stream
     hvd.init()
     torch.set_num_threads(1)
+    rt = runtime.get()
+    rank = hvd.rank()
     rows = []
     for mb in sizes:
-        state = {"w": torch.randn(int(mb * 2 ** 20 / 4))}
-        for impl, fn in (("horovod", horovod.broadcast_object), ("hvd_edl", hvd.broadcast_object)):
-            times = []
+        d = max(8, int((mb * 2 ** 20 / (2 * LAYERS * 4)) ** 0.5))
+        torch.manual_seed(rank)
+        model = torch.nn.Sequential(*[torch.nn.Linear(d, d, bias=False) for _ in range(LAYERS)])
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        model(torch.randn(2, d)).sum().backward()
+        opt.step()  # momentum buffers exist
+        state = elastic.TorchState(model, opt, epoch=0)
+        state_mb = 2 * LAYERS * d * d * 4 / 2 ** 20
+        variants = [("horovod", None), ("broadcast", None), ("stream", (0, -1, -1)),
+                    ("stream_sequential", (0, -1, -1)), ("stream_1_joiner", (0, 0, -1))]
+        for impl, held in variants:
+            times, extra_kb, received = [], [], []
             for i in range(reps):
+                joiner = rank > 0 and (held is None or held[rank] < 0)
+                if joiner:
+                    opt.state.clear()  # a joiner starts without optimizer state
                 hvd.allreduce(torch.zeros(1), name=f"barrier.{impl}.{mb}.{i}")
+                rss = _rss_kb()
+                _reset_hwm()
                 t = time.perf_counter()
-                out = fn(state, root_rank=0, name=f"sync.{impl}.{mb}.{i}")
+                if impl == "horovod":
+                    saved = elastic._edl.broadcast_object
+                    elastic._edl.broadcast_object = horovod.broadcast_object
+                    try:
+                        stats = state._sync_broadcast(rt)
+                    finally:
+                        elastic._edl.broadcast_object = saved
+                elif impl == "broadcast":
+                    stats = state._sync_broadcast(rt)
+                else:
+                    state_stream.PARALLEL = impl != "stream_sequential"
+                    stats = state._sync_stream(rt, held[rank])
                 times.append(time.perf_counter() - t)
-                assert torch.equal(out["w"], state["w"]) or hvd.rank() != 0
-            rows.append({"impl": impl, "state_mb": mb, "median_s": statistics.median(times),
-                         "min_s": min(times), "max_s": max(times), "runs": reps})
-    if hvd.rank() == 0:
+                extra_kb.append(_hwm_kb() - rss)
+                received.append(stats["received_bytes"])
+            per_rank = hvd.allgather_object({"rank": rank, "times": times,
+                                             "extra_mb": max(extra_kb) / 1024,
+                                             "received_mb": max(received) / 2 ** 20},
+                                            name=f"gather.{impl}.{mb}")
+            slowest = [max(r["times"][i] for r in per_rank) for i in range(reps)]
+            rows.append({"impl": impl, "state_mb": round(state_mb, 2),
+                         "median_s": statistics.median(slowest), "min_s": min(slowest),
+                         "max_s": max(slowest), "runs": reps,
+                         "gb_per_s": round(state_mb / 1024 / statistics.median(slowest), 3),
+                         "peak_extra_mb": [round(r["extra_mb"], 1) for r in per_rank],
+                         "received_mb": [round(r["received_mb"], 2) for r in per_rank]})
+            sums = hvd.allgather_object(sum(float(t.double().sum()) for t in
+                                            list(model.state_dict().values()) + [
+                                                opt.state[q]["momentum_buffer"]
+                                                for q in model.parameters()]),
+                                        name=f"check.{impl}.{mb}")
+            assert len(set(sums)) == 1, f"{impl}: the ranks' states differ: {sums}"
+        del state, model, opt
+    if rank == 0:
         print("RESULT " + json.dumps(rows), flush=True)
+
+
+def switch_phases(model_mb: float, settle_steps: int, timeout_s: float) -> dict:
+    """A real elastic job (benchmarks/bench.py's Job: the workload with ``model_mb`` MB of frozen
+    parameters) scaled 2 -> 3 -> 2 -> 3, with the old broadcast and with the stream: the
+    scale-outs' ``phases.sync_s`` and ``stall_s`` from the event log."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench import Job
+    out = {}
+    for mode, env in (("broadcast", "0"), ("stream", "1")):
+        os.environ["HVD_EDL_SYNC_STREAM"] = env
+        with tempfile.TemporaryDirectory() as tmp:
+            job = Job("hvd_edl", Path(tmp), 2, step_delay=0.05, model_mb=model_mb, max_np=3)
+            try:
+                if not job.wait_settled(2, settle_steps, 0, timeout_s):
+                    raise RuntimeError(f"switch ({mode}): no ring of 2: {job.output_tail()}")
+                for new in (3, 2, 3):
+                    t = job.change(new)
+                    if not job.wait_settled(new, settle_steps, t, timeout_s):
+                        raise RuntimeError(f"switch ({mode}): no ring of {new}: "
+                                           f"{job.output_tail()}")
+                time.sleep(0.5)
+                outs = [e for e in job.events() if e["kind"] == "scale_out"]
+                out[mode] = [{"sync_s": e["phases"].get("sync_s"), "stall_s": e["stall_s"],
+                              "init_s": e["phases"].get("init_s")} for e in outs]
+            finally:
+                job.finish()
+    os.environ.pop("HVD_EDL_SYNC_STREAM", None)
+    return out
 
 
 def main() -> int:
@@ -49,12 +161,22 @@ def main() -> int:
     p.add_argument("--sizes", default="1,10,100", help="state MB (default %(default)s)")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--switch", action=argparse.BooleanOptionalAction, default=True,
+                   help="also measure the switch's sync phase in a real scale-out")
+    p.add_argument("--model-mb", type=float, default=100.0,
+                   help="frozen parameters of the scale-out job (MB, default %(default)s)")
     p.add_argument("--out", default=str(RESULTS / "sync.json"))
     a = p.parse_args()
-    sizes = [float(x) for x in a.sizes.split(",")]
+    try:
+        sizes = [float(x) for x in a.sizes.split(",")]
+    except ValueError:
+        p.error(f"--sizes: expected comma-separated numbers, got {a.sizes!r}")
+    if a.reps < 1:
+        p.error("--reps must be at least 1")
     if a.worker:
         worker(sizes, a.reps)
         return 0
+    load = os.getloadavg()
     out = subprocess.run([str(BIN / "hvd-edl-run"), "-np", "3", sys.executable, __file__,
                           "--worker", "--sizes", a.sizes, "--reps", str(a.reps)],
                          capture_output=True, text=True, cwd=str(ROOT), timeout=1800)
@@ -64,11 +186,24 @@ def main() -> int:
         return 1
     rows = json.loads(line.split("RESULT ", 1)[1])
     for r in rows:
-        print(f"{r['impl']:8s} {r['state_mb']:6.0f} MB: broadcast_object {r['median_s']:8.3f} s "
-              f"median (min {r['min_s']:.3f}, max {r['max_s']:.3f}, {r['runs']} runs, 3 workers)")
+        print(f"{r['impl']:18s} {r['state_mb']:7.1f} MB: {r['median_s']:7.3f} s median "
+              f"(min {r['min_s']:.3f}, max {r['max_s']:.3f}, {r['runs']} runs) "
+              f"{r['gb_per_s']:6.2f} GB/s; peak extra MB per rank {r['peak_extra_mb']}; "
+              f"received MB {r['received_mb']}")
+    result = {"benchmark": "TorchState sync among 3 workers: before (broadcast_object) and "
+                           "after (stream)", "load_before": [round(x, 2) for x in load],
+              "results": rows}
+    if a.switch:
+        result["switch"] = switch_phases(a.model_mb, 5, 180.0)
+        result["switch"]["model_mb"] = a.model_mb
+        for mode in ("broadcast", "stream"):
+            print(f"switch 2->3, {a.model_mb:.0f} MB frozen, {mode:9s}: " + ", ".join(
+                f"sync {s['sync_s']:.3f} s / stall {s['stall_s']:.3f} s"
+                for s in result["switch"][mode]))
+    result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({"benchmark": "broadcast_object among 3 workers",
-                                       "results": rows}, indent=1) + "\n")
+    Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"load average before {result['load_before']}, after {result['load_after']}")
     print(f"wrote {a.out}")
     return 0
 

@@ -3,6 +3,9 @@ signatures (``horovod.torch.elastic``), on hvd_edl's generation protocol."""
 from __future__ import annotations
 
 import copy
+import logging
+import os
+import time
 from typing import Any, Dict
 
 import torch
@@ -11,11 +14,17 @@ import horovod.torch as _hvd
 
 import hvd_edl.torch as _edl
 
-from hvd_edl import audit, checkpoint
+from hvd_edl import audit, checkpoint, state_stream
 from hvd_edl.sampler import ElasticBatchSampler, ElasticSampler
 from hvd_edl.state import ObjectState, State, run_fn
 
 __all__ = ["run", "TorchState", "ObjectState", "State", "ElasticSampler", "ElasticBatchSampler"]
+
+log = logging.getLogger(__name__)
+
+STREAM = os.environ.get("HVD_EDL_SYNC_STREAM", "1") != "0"
+"""``HVD_EDL_SYNC_STREAM=0``: ``TorchState.sync()`` broadcasts everything to every rank in one
+``broadcast_object`` instead of streaming the tensors to the ranks that lack them."""
 
 
 def run(func):
@@ -109,6 +118,17 @@ def _held_by_nobody(obj: Any) -> bool:
     return False
 
 
+def _any_device_tensor(obj: Any) -> bool:
+    """Whether nested ``obj`` holds a tensor outside host memory (CUDA)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.device.type != "cpu"
+    if isinstance(obj, dict):
+        return any(_any_device_tensor(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_any_device_tensor(v) for v in obj)
+    return False
+
+
 class TorchState(ObjectState):
     """Elastic state of a PyTorch job (Horovod's ``TorchState(model, optimizer, **kwargs)``).
 
@@ -119,9 +139,10 @@ class TorchState(ObjectState):
             scalars (``epoch=0, batch=0``), exposed as attributes.
 
     ``commit()`` copies model and optimizer state to host memory (Horovod deep-copies CUDA
-    tensors on the GPU), into the buffers of the previous commit (pinned for CUDA tensors); ``sync()`` sends model, optimizer, scalars, samplers and the step count
-    from rank 0 in one ``broadcast_object`` (two collectives: size and payload), then resets every
-    sampler to the new rank and world size.
+    tensors on the GPU), into the buffers of the previous commit (pinned for CUDA tensors);
+    ``sync()`` hands rank 0's model, optimizer, scalars, samplers and step count to every rank
+    (streaming the tensors only to the ranks that lack them), then resets every sampler to the
+    new rank and world size.
     """
 
     def __init__(self, model=None, optimizer=None, **kwargs):
@@ -138,6 +159,8 @@ class TorchState(ObjectState):
         self._saved_optimizer = None
         self._saved_samplers: Dict[str, Dict] = {}
         self._spare_model = self._spare_optimizer = None  # the second set (checkpoints only)
+        self._synced_generation = None  # the generation of the last sync (None: never synced)
+        self.last_sync: Dict[str, Any] = {}  # what the last sync() sent and received (bytes)
         self.save()
 
     def save(self) -> None:
@@ -178,38 +201,196 @@ class TorchState(ObjectState):
                 s.load_state_dict(self._saved_samplers[k])
 
     def sync(self) -> None:
+        """Horovod's ``sync()``: every rank ends with rank 0's model, optimizer, scalars,
+        samplers and step count, then resets its samplers to the new rank and world size.
+
+        Under ``hvd-edl-run`` the tensors are streamed (:mod:`hvd_edl.state_stream`) only to
+        the ranks that lack them: a member of the previous generation whose committed step
+        equals rank 0's holds the same commit and receives only the small header (scalars,
+        samplers, steps).  Elsewhere, or with ``HVD_EDL_SYNC_STREAM=0``, one
+        ``broadcast_object`` of everything, as before.  ``last_sync`` says what this rank sent
+        and received.
+
+        Raises:
+            HorovodInternalError: a member failed (``state_stream.StreamError`` is one).
+            hvd_edl.checkpoint.CheckpointError: no checkpoint the launcher named can be used.
+        """
         from hvd_edl import runtime
         rt = runtime.get()
+        t0 = time.monotonic()
+        if rt is None or not STREAM:
+            stats = self._sync_broadcast(rt)
+        else:
+            stats = self._sync_stream(rt, self._held_step(rt))
+        stats["seconds"] = round(time.monotonic() - t0, 4)
+        self.last_sync = stats
+        self._synced_generation = rt.generation if rt is not None else 0
+        log.info("state sync (%s): sent %d bytes to %d receivers, received %d bytes, %.3f s",
+                 stats["mode"], stats["sent_bytes"], stats["receivers"],
+                 stats["received_bytes"], stats["seconds"])
+
+    def _held_step(self, rt) -> int:
+        """The committed step this rank holds for the generation being synced, or -1: only a
+        member of an earlier generation (a joiner never holds the state) at its first sync in
+        this one (a second ``sync()`` call in one generation gets rank 0's state, as in
+        Horovod), and none in a generation resumed from a checkpoint."""
+        if self._synced_generation is None or self._synced_generation >= rt.generation:
+            return -1
+        if rt.assignment is not None and rt.assignment.restore_paths:
+            return -1
+        return int(rt.steps)
+
+    def _header(self, rt) -> Dict[str, Any]:
+        return {"scalars": {k: getattr(self, k) for k in self._saved_state},
+                "samplers": {k: s.state_dict() for k, s in self._samplers.items()},
+                "steps": rt.steps if rt is not None else 0}
+
+    def _sync_stream(self, rt, held: int) -> Dict[str, Any]:
+        """Rank 0 streams the model and optimizer state to the ranks whose ``held`` step
+        (allgathered) differs from its own or is -1, and the model's buffers alone (batch-norm
+        statistics: no collective keeps them equal across ranks, Horovod's sync hands rank 0's
+        to everyone) to the others; every rank gets the header (scalars, samplers, steps,
+        skeleton) in one small ``broadcast_object``."""
+        rank, size = _hvd.rank(), _hvd.size()
+        error = checkpoint.restore_into(self) if rank == 0 else None
+        steps = _hvd.allgather(torch.tensor([held], dtype=torch.int64),
+                               name="hvd_edl.sync.held").tolist()
+        lacks = [r != 0 and (steps[0] < 0 or steps[r] < 0 or steps[r] != steps[0])
+                 for r in range(size)]
+        header: Any = None
+        server = None
+        receivers = 0
+        if rank == 0:
+            if error is not None:  # every rank ends with the same clear error
+                header = {"checkpoint_error": error}
+            else:
+                header = self._header(rt)
+                buffers, params, optimizer = self._state_to_send()
+                skeletons, tensors, ends = state_stream.split(buffers, params, optimizer)
+                holders = size - 1 - sum(lacks)
+                receivers = sum(lacks) + (holders if ends[0] > 0 else 0)
+                if receivers:
+                    server = state_stream.StreamServer(tensors, state_stream.transfer_address(),
+                                                       prefix=ends[0])
+                    header["endpoint"] = server.endpoint()
+                    header["state"] = skeletons
+        try:
+            header = _edl.broadcast_object(header, root_rank=0, name="hvd_edl.sync")
+        except BaseException:
+            if server is not None:
+                server.close()
+            raise
+        if header.get("checkpoint_error"):
+            raise checkpoint.CheckpointError(header["checkpoint_error"])
+        sent = received = 0
+        if server is not None:
+            sent = server.serve(receivers)
+        elif rank != 0 and "endpoint" in header:
+            if lacks[rank]:
+                received = self._receive(header["state"], header["endpoint"])
+            elif header["endpoint"]["prefix_nbytes"] > 0:
+                received = self._receive_buffers(header["state"][0], header["endpoint"])
+        if rank != 0:
+            self._load_header(rt, header)
+        for k, s in self._samplers.items():
+            s.load_state_dict(header["samplers"][k])  # also resets to the new rank/size
+        self.save()
+        return {"mode": "stream", "sent_bytes": sent, "received_bytes": received,
+                "receivers": receivers, "held": not lacks[rank]}
+
+    def _state_to_send(self):
+        """Rank 0's (buffers, parameters, optimizer state) as host tensors: buffers and
+        parameters are the two halves of the model's ``state_dict()`` (both keep its
+        ``_metadata``); the live state when it is all in host memory (nothing copied), else the
+        commit's pinned host buffers after a fresh ``save()`` (CUDA tensors)."""
+        model = self.model.state_dict() if self.model is not None else None
+        optimizer = self.optimizer.state_dict() if self.optimizer is not None else None
+        if _any_device_tensor((model, optimizer)):
+            self.save()
+            model = self._saved_model if self.model is not None else None
+            optimizer = self._saved_optimizer if self.optimizer is not None else None
+        buffers, params = self._halves(model)
+        return buffers, params, optimizer
+
+    def _halves(self, model_state):
+        """``model_state`` (a ``state_dict()``) as (buffers and other entries, parameters)."""
+        if model_state is None:
+            return None, None
+        names = {n for n, _ in self.model.named_parameters(remove_duplicate=False)}
+        buffers, params = copy.copy(model_state), copy.copy(model_state)
+        for k in model_state:
+            del (params if k not in names else buffers)[k]
+        return buffers, params
+
+    def _receive(self, skeletons, endpoint: Dict[str, Any]) -> int:
+        """Receive rank 0's tensors into this rank's own (parameters, buffers, optimizer state
+        where they fit; for a joiner also its commit buffers, pinned for CUDA models), fresh
+        tensors otherwise, then load them; returns the bytes received."""
+        live = self._own(self.model.state_dict() if self.model is not None else None,
+                         self.optimizer.state_dict() if self.optimizer is not None else None)
+        candidates = [live]
+        if self._synced_generation is None:  # a joiner: its commit holds nothing to keep
+            candidates.append(self._own(self._saved_model, self._saved_optimizer))
+        (buffers, params, optimizer), dests = state_stream.fill(
+            tuple(skeletons), *candidates, pin=_any_device_tensor(live))
+        received = state_stream.receive(endpoint, dests)
+        if self.model is not None:
+            model_state = copy.copy(buffers)
+            model_state.update(params)
+            self.model.load_state_dict(model_state)  # its own tensors: nothing copied
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(optimizer)
+        return received
+
+    def _receive_buffers(self, skeleton, endpoint: Dict[str, Any]) -> int:
+        """A member holding the commit: receive rank 0's model buffers (the stream's prefix)
+        into its own and load them; returns the bytes received."""
+        live = self._halves(self.model.state_dict())[0] if self.model is not None else None
+        buffers, dests = state_stream.fill(skeleton, live)
+        received = state_stream.receive(endpoint, dests, prefix=True)
+        self.model.load_state_dict(buffers, strict=False)
+        return received
+
+    def _own(self, model_state, optimizer_state):
+        buffers, params = self._halves(model_state)
+        return (buffers, params, optimizer_state)
+
+    def _load_header(self, rt, header: Dict[str, Any]) -> None:
+        self._saved_state = header["scalars"]
+        self._set_attrs()
+        if rt is not None:
+            rt.steps = header["steps"]
+
+    def _sync_broadcast(self, rt) -> Dict[str, Any]:
+        """The fallback (outside ``hvd-edl-run``, where no address for a transfer is known, or
+        ``HVD_EDL_SYNC_STREAM=0``): everything from rank 0 in one ``broadcast_object`` (two
+        collectives: size and payload) to every rank."""
         payload = None
-        if _hvd.rank() == 0:
+        rank = _hvd.rank()
+        if rank == 0:
             # a generation without any holder of the state: rank 0 loads the newest good
             # checkpoint the launcher named, then broadcasts it like any state
             error = checkpoint.restore_into(self)
-            payload = {
+            payload = dict(self._header(rt), **{
                 "model": self.model.state_dict() if self.model is not None else None,
                 "optimizer": (self.optimizer.state_dict()
-                              if self.optimizer is not None else None),
-                "scalars": {k: getattr(self, k) for k in self._saved_state},
-                "samplers": {k: s.state_dict() for k, s in self._samplers.items()},
-                "steps": rt.steps if rt is not None else 0,
-            }
+                              if self.optimizer is not None else None)})
             if error is not None:  # every rank ends with the same clear error
                 payload = {"checkpoint_error": error}
         payload = _edl.broadcast_object(payload, root_rank=0, name="hvd_edl.sync")
         if payload.get("checkpoint_error"):
             raise checkpoint.CheckpointError(payload["checkpoint_error"])
-        if _hvd.rank() != 0:
+        if rank != 0:
             if self.model is not None:
                 self.model.load_state_dict(payload["model"])
             if self.optimizer is not None:
                 self.optimizer.load_state_dict(payload["optimizer"])
-            self._saved_state = payload["scalars"]
-            self._set_attrs()
-            if rt is not None:
-                rt.steps = payload["steps"]
+            self._load_header(rt, payload)
         for k, s in self._samplers.items():
             s.load_state_dict(payload["samplers"][k])  # also resets to the new rank/size
         self.save()
+        return {"mode": "broadcast", "sent_bytes": 0, "received_bytes": 0,
+                "receivers": _hvd.size() - 1 if rank == 0 else 0, "held": rank == 0}
 
     def audit_resume(self) -> None:
         ledger = audit.ledger()

@@ -1,0 +1,477 @@
+"""The state transfer of ``TorchState.sync()``: rank 0 streams its tensors' bytes over TCP to the
+ranks that lack the state, straight from and into tensor memory.
+
+Rank 0 splits its state into a small *skeleton* (the nested dicts and lists, every tensor
+replaced by a :class:`TensorRef`: index, dtype, shape, bytes) and the list of tensors
+(:func:`split`).  The skeleton travels in one small Horovod broadcast with the
+:class:`StreamServer`'s endpoint (address, port, one-time random token); each receiver builds
+its destination tensors from it (:func:`fill`: its own parameters and buffers where they fit,
+fresh tensors otherwise), connects, sends the token, and receives every tensor's bytes with
+``recvmsg_into`` directly into them (:func:`receive`); rank 0 ``sendmsg``s memoryviews of its
+tensors, several small tensors per system call, large ones in 8 MiB pieces.  Nothing is
+pickled for the stream and nothing received from it is unpickled: it carries raw tensor bytes
+in the order the skeleton names.  Peak extra memory is zero on rank 0 and the receivers'
+destination tensors on the receivers (only what they lacked, e.g. a joiner's optimizer state).
+
+Every socket operation has a timeout (``HVD_EDL_STREAM_TIMEOUT_S``, default 30 s, Gloo's
+default): a stall is bounded per operation, not per transfer.  A failure on either side raises
+:class:`StreamError`, a ``HorovodInternalError``, so the elastic loop recovers as after any failed
+collective; a connection with a wrong token is refused (:class:`TokenRefused` on its side) and
+does not count as a receiver.  :func:`release` shuts every socket of a running transfer down
+(the runtime calls it when the coordinator declares a member of the ring dead).
+
+The idea: EDL (arXiv 1909.11985) hands a joiner the model from a live member instead of a
+checkpoint, and its cost is what the stall is made of; the one-pickled-tensor broadcast this
+replaces is Horovod's ``broadcast_object`` (``horovod/torch/functions.py``).
+"""
+from __future__ import annotations
+
+import copy
+import hmac
+import logging
+import os
+import secrets
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from horovod.common.exceptions import HorovodInternalError
+
+log = logging.getLogger(__name__)
+
+TIMEOUT_S = float(os.environ.get("HVD_EDL_STREAM_TIMEOUT_S", "30"))
+"""Longest any one socket operation of the transfer may wait (seconds)."""
+PARALLEL = os.environ.get("HVD_EDL_STREAM_PARALLEL", "1") != "0"
+"""One sending thread per receiver (default) rather than one receiver after another."""
+PIECE_BYTES = 8 << 20   # most bytes handed to one sendmsg / recvmsg_into call
+MAX_BUFFERS = 512       # most buffers in one call (Linux's IOV_MAX is 1024)
+TOKEN_BYTES = 32
+_ACCEPTED, _REFUSED, _DONE = b"\x01", b"\x00", b"\x02"
+_ALL, _PREFIX = b"A", b"P"  # what a receiver asks for, after its token
+
+
+class StreamError(HorovodInternalError):
+    """The state transfer failed (a peer died, went silent past the timeout, or was refused);
+    a ``HorovodInternalError``, so ``hvd.elastic.run`` restores the last commit and moves to
+    the next generation."""
+
+
+class TokenRefused(StreamError):
+    """The sender refused this receiver's token."""
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """A tensor in the skeleton: its position in the stream, dtype (``str(torch.dtype)``),
+    shape and size in bytes."""
+    index: int
+    dtype: str
+    shape: Tuple[int, ...]
+    nbytes: int
+
+
+def _streamable(t) -> bool:
+    import torch
+    return (t.layout == torch.strided and not t.is_quantized and not t.is_nested
+            and t.device.type == "cpu" and t.numel() > 0)
+
+
+def split(*parts: Any) -> Tuple[List[Any], List[Any], List[int]]:
+    """``parts`` (nested dicts, lists and tuples of tensors and plain values) as skeletons in
+    which every dense CPU tensor is a :class:`TensorRef`, the list of those tensors (contiguous;
+    the same tensor twice, as tied weights are, is sent once) in stream order, and after each
+    part the number of tensors so far (so the first part's tensors are a prefix of the stream).
+    Other values (sparse or quantized tensors, scalars) stay in the skeleton as they are."""
+    import torch
+    tensors: List[torch.Tensor] = []
+    seen: Dict[tuple, int] = {}
+
+    def walk(x):
+        if isinstance(x, torch.Tensor) and _streamable(x):
+            t = x.detach()
+            key = (t.data_ptr(), t.dtype, tuple(t.shape), tuple(t.stride()))
+            index = seen.get(key)
+            if index is None:
+                index = seen[key] = len(tensors)
+                tensors.append(t if t.is_contiguous() else t.contiguous())
+            return TensorRef(index, str(t.dtype), tuple(t.shape),
+                             t.numel() * t.element_size())
+        if isinstance(x, dict):
+            return _map_dict(x, lambda k, v: walk(v))
+        if type(x) in (list, tuple):
+            return type(x)(walk(v) for v in x)
+        return x
+
+    skeletons, ends = [], []
+    for part in parts:
+        skeletons.append(walk(part))
+        ends.append(len(tensors))
+    return skeletons, tensors, ends
+
+
+def _map_dict(x: dict, fn) -> dict:
+    """A shallow copy of dict ``x`` (its type and attributes kept: ``state_dict()``'s
+    ``OrderedDict`` carries the modules' versions in ``_metadata``) with ``fn(key, value)`` as
+    the values."""
+    out = copy.copy(x)
+    for k, v in x.items():
+        out[k] = fn(k, v)
+    return out
+
+
+def _dtype(name: str):
+    import torch
+    dtype = getattr(torch, name.split(".", 1)[-1], None)
+    if not isinstance(dtype, torch.dtype):
+        raise StreamError(f"state stream: unknown dtype {name!r}")
+    return dtype
+
+
+def _fits(t, ref: TensorRef) -> bool:
+    import torch
+    return (isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.layout == torch.strided
+            and str(t.dtype) == ref.dtype and tuple(t.shape) == tuple(ref.shape)
+            and t.is_contiguous() and not t.is_quantized)
+
+
+def fill(skeleton: Any, *candidates: Any, pin: bool = False) -> Tuple[Any, List[Any]]:
+    """Rebuild ``skeleton`` on a receiver: each :class:`TensorRef` becomes a destination tensor,
+    the first of ``candidates`` (structures like the skeleton, e.g. the receiver's own
+    ``state_dict()``) that has a contiguous CPU tensor of the same dtype and shape at the same
+    place, else a new ``torch.empty`` (pinned with ``pin``).  Returns the rebuilt object and the
+    destination of every stream index (what :func:`receive` writes into)."""
+    import torch
+    dests: Dict[int, torch.Tensor] = {}
+
+    def child(c, k):
+        if isinstance(c, dict):
+            return c.get(k)
+        if isinstance(c, (list, tuple)) and isinstance(k, int) and k < len(c):
+            return c[k]
+        return None
+
+    def walk(x, cands):
+        if isinstance(x, TensorRef):
+            t = dests.get(x.index)
+            if t is None:
+                t = next((c.detach() for c in cands if _fits(c, x)), None)
+                if t is None:
+                    t = torch.empty(x.shape, dtype=_dtype(x.dtype),
+                                    pin_memory=pin and torch.cuda.is_available())
+                dests[x.index] = t
+            return t
+        if isinstance(x, dict):
+            return _map_dict(x, lambda k, v: walk(v, [child(c, k) for c in cands]))
+        if type(x) in (list, tuple):
+            return type(x)(walk(v, [child(c, i) for c in cands]) for i, v in enumerate(x))
+        return x
+
+    rebuilt = walk(skeleton, list(candidates))
+    missing = [i for i in range(len(dests)) if i not in dests]
+    if missing or (dests and max(dests) != len(dests) - 1):
+        raise StreamError("state stream: the skeleton's tensor indices are not 0..n-1")
+    return rebuilt, [dests[i] for i in range(len(dests))]
+
+
+def _byte_view(t) -> memoryview:
+    """The bytes of contiguous CPU tensor ``t`` (any dtype, also bfloat16 and 0-dim), no copy."""
+    import torch
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+
+
+def _pieces(views: Sequence[memoryview]) -> List[List[memoryview]]:
+    """Group ``views`` into batches for one ``sendmsg`` / ``recvmsg_into`` each: at most
+    ``MAX_BUFFERS`` buffers and about ``PIECE_BYTES`` bytes, large views cut in pieces."""
+    batches: List[List[memoryview]] = []
+    batch: List[memoryview] = []
+    size = 0
+    for v in views:
+        for off in range(0, len(v), PIECE_BYTES):
+            piece = v[off:off + PIECE_BYTES]
+            if batch and (size + len(piece) > PIECE_BYTES or len(batch) >= MAX_BUFFERS):
+                batches.append(batch)
+                batch, size = [], 0
+            batch.append(piece)
+            size += len(piece)
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+def _advance(batch: List[memoryview], n: int) -> List[memoryview]:
+    """What is left of ``batch`` once its first ``n`` bytes went through."""
+    while batch and n >= len(batch[0]):
+        n -= len(batch[0])
+        batch = batch[1:]
+    if batch and n:
+        batch = [batch[0][n:]] + batch[1:]
+    return batch
+
+
+def _send_all(sock: socket.socket, views: Sequence[memoryview]) -> int:
+    sent = 0
+    for batch in _pieces(views):
+        while batch:
+            n = sock.sendmsg(batch)
+            sent += n
+            batch = _advance(batch, n)
+    return sent
+
+
+def _recv_all(sock: socket.socket, views: Sequence[memoryview]) -> int:
+    got = 0
+    for batch in _pieces(views):
+        while batch:
+            n = sock.recvmsg_into(batch)[0]
+            if n == 0:
+                raise StreamError(f"state stream: the sender closed the connection after "
+                                  f"{got} bytes")
+            got += n
+            batch = _advance(batch, n)
+    return got
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    if n and _recv_all(sock, [memoryview(buf)]) != n:
+        raise StreamError("state stream: short read")
+    return bytes(buf)
+
+
+# ---- release: the runtime shuts a running transfer down ---------------------------------------
+
+_active: set = set()
+_active_lock = threading.Lock()
+
+
+def _track(sock: socket.socket) -> socket.socket:
+    with _active_lock:
+        _active.add(sock)
+    return sock
+
+
+def _untrack(sock: socket.socket) -> None:
+    with _active_lock:
+        _active.discard(sock)
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+def release() -> int:
+    """Shut down (``SHUT_RDWR``) every socket of a transfer in progress in this process, so that
+    a send, receive or accept blocked on a lost peer fails now; returns how many.  Called by
+    ``WorkerRuntime.release_ring`` (any thread)."""
+    with _active_lock:
+        socks = list(_active)
+    for s in socks:
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+    return len(socks)
+
+
+# ---- the two ends ------------------------------------------------------------------------------
+
+def transfer_address() -> str:
+    """The address rank 0 listens on, reachable by its peers: the IPv4 address of the interface
+    Gloo uses (``HOROVOD_GLOO_IFACE``, which ``hvd-edl-run`` sets from ``--network-interface``,
+    else ``lo``), else the local address of the route to the coordinator."""
+    import psutil
+    iface = os.environ.get("HOROVOD_GLOO_IFACE", "").split(",")[0].strip()
+    for entry in psutil.net_if_addrs().get(iface, []) if iface else []:
+        if entry.family == socket.AF_INET:
+            return entry.address
+    coord = os.environ.get("HVD_EDL_COORDINATOR_ADDR", "127.0.0.1")
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((coord, int(os.environ.get("HVD_EDL_COORDINATOR_PORT", "9"))))
+            return s.getsockname()[0]  # no packet is sent: the kernel only picks the route
+    except OSError:
+        return "127.0.0.1"
+
+
+class StreamServer:
+    """Rank 0's end: a listening socket on ``address`` (an ephemeral port) and a one-time
+    32-byte random token; :meth:`serve` streams ``tensors`` (contiguous CPU tensors, as
+    :func:`split` returns them) to a given number of receivers.
+
+    Args:
+        tensors: what to send, in stream order.
+        prefix: how many of the first tensors a receiver asking for the prefix gets (the
+            module buffers, which members holding the commit receive too).
+        address: interface address to listen on (:func:`transfer_address`).
+        timeout_s: bound of every socket operation (seconds).
+        parallel: one sending thread per receiver rather than one after another (default
+            :data:`PARALLEL`).
+
+    Raises:
+        StreamError: the socket cannot be opened.
+    """
+
+    def __init__(self, tensors: Sequence[Any], address: str, timeout_s: float = TIMEOUT_S,
+                 parallel: Optional[bool] = None, prefix: int = 0):
+        self._views = [_byte_view(t) for t in tensors]
+        self.nbytes = sum(len(v) for v in self._views)
+        self._prefix = prefix
+        self.prefix_nbytes = sum(len(v) for v in self._views[:prefix])
+        self.timeout_s = timeout_s
+        self.parallel = PARALLEL if parallel is None else parallel
+        self.token = secrets.token_bytes(TOKEN_BYTES)
+        self.refused = 0  # connections whose token was wrong
+        try:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            self._listener = _track(socket.socket(family, socket.SOCK_STREAM))
+            self._listener.bind((address, 0))
+            self._listener.listen(128)
+        except OSError as e:
+            raise StreamError(f"state stream: cannot listen on {address}: {e}") from None
+        self.address = address
+        self.port = self._listener.getsockname()[1]
+
+    def endpoint(self) -> Dict[str, Any]:
+        """What receivers need (address, port, token hex, bytes of the stream and of its
+        prefix): goes with the skeleton."""
+        return {"address": self.address, "port": self.port, "token": self.token.hex(),
+                "nbytes": self.nbytes, "prefix_nbytes": self.prefix_nbytes}
+
+    def serve(self, receivers: int) -> int:
+        """Accept ``receivers`` connections with the right token (wrong ones are refused and
+        not counted) and send each the whole stream or its prefix, as it asks; returns once
+        each acknowledged all bytes, with the bytes sent in all.
+
+        Raises:
+            StreamError: a receiver did not connect, stalled or failed within the timeout.
+        """
+        errors: List[BaseException] = []
+        threads: List[threading.Thread] = []
+        sent = [0]
+        lock = threading.Lock()
+
+        def send(conn, part):
+            try:
+                n = self._send_to(conn, part)
+                with lock:
+                    sent[0] += n
+            except BaseException as e:  # noqa: BLE001 - reported by serve()
+                errors.append(e)
+            finally:
+                _untrack(conn)
+
+        conns: List[socket.socket] = []
+        try:
+            accepted = 0
+            while accepted < receivers and not errors:
+                got = self._accept()
+                if got is None:
+                    continue
+                accepted += 1
+                conns.append(got[0])
+                if self.parallel:
+                    th = threading.Thread(target=send, args=got, daemon=True,
+                                          name="hvd_edl-stream")
+                    th.start()
+                    threads.append(th)
+                else:
+                    send(*got)
+        except BaseException:
+            for conn in conns:  # the other receivers fail now, not after the timeout
+                try:
+                    conn.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            raise
+        finally:
+            for th in threads:
+                th.join()
+            _untrack(self._listener)
+        if errors:
+            e = errors[0]
+            raise e if isinstance(e, StreamError) else StreamError(
+                f"state stream: sending failed: {e}") from None
+        return sent[0]
+
+    def close(self) -> None:
+        """Stop listening (when :meth:`serve` is not called)."""
+        _untrack(self._listener)
+
+    def _accept(self) -> Optional[Tuple[socket.socket, bytes]]:
+        self._listener.settimeout(self.timeout_s)
+        try:
+            conn, _ = self._listener.accept()
+        except OSError as e:
+            raise StreamError(f"state stream: a receiver did not connect within "
+                              f"{self.timeout_s:.0f} s ({e})") from None
+        _track(conn)
+        conn.settimeout(self.timeout_s)
+        try:
+            token = _recv_exactly(conn, TOKEN_BYTES + 1)
+            token, part = token[:TOKEN_BYTES], token[TOKEN_BYTES:]
+        except (OSError, StreamError) as e:
+            log.warning("state stream: a connection sent no token (%s): closed", e)
+            _untrack(conn)
+            return None
+        if not hmac.compare_digest(token, self.token):
+            self.refused += 1
+            log.warning("state stream: refused a connection with a wrong token")
+            try:
+                conn.sendall(_REFUSED)
+            except OSError:
+                pass
+            _untrack(conn)
+            return None
+        return conn, part
+
+    def _send_to(self, conn: socket.socket, part: bytes) -> int:
+        try:
+            conn.sendall(_ACCEPTED)
+            n = _send_all(conn, self._views[:self._prefix] if part == _PREFIX else self._views)
+            if _recv_exactly(conn, 1) != _DONE:
+                raise StreamError("state stream: the receiver did not confirm")
+            return n
+        except OSError as e:
+            raise StreamError(f"state stream: sending to a receiver failed: {e}") from None
+
+
+def receive(endpoint: Dict[str, Any], dests: Sequence[Any], timeout_s: float = TIMEOUT_S,
+            prefix: bool = False) -> int:
+    """A receiver's end: connect to ``endpoint`` (:meth:`StreamServer.endpoint`), send the token
+    and receive every tensor of the stream (with ``prefix``, of its prefix) into ``dests``
+    (contiguous CPU tensors, in stream order, as :func:`fill` returns them).  Returns the bytes
+    received.
+
+    Raises:
+        TokenRefused: the sender refused the token.
+        StreamError: the sender could not be reached, stalled past ``timeout_s`` (any one
+            operation) or closed early, or ``dests`` do not add up to the bytes it sends.
+    """
+    views = [_byte_view(t) for t in dests]
+    expected = int(endpoint.get("prefix_nbytes" if prefix else "nbytes", -1))
+    if sum(len(v) for v in views) != expected:
+        raise StreamError(f"state stream: destinations hold {sum(len(v) for v in views)} "
+                          f"bytes, the sender sends {expected}")
+    try:
+        sock = socket.create_connection((endpoint["address"], int(endpoint["port"])),
+                                        timeout=timeout_s)
+    except OSError as e:
+        raise StreamError(f"state stream: cannot reach rank 0 at {endpoint['address']}:"
+                          f"{endpoint['port']}: {e}") from None
+    _track(sock)
+    try:
+        sock.settimeout(timeout_s)
+        sock.sendall(bytes.fromhex(str(endpoint["token"])) + (_PREFIX if prefix else _ALL))
+        status = sock.recv(1)
+        if status == _REFUSED:
+            raise TokenRefused("state stream: rank 0 refused this receiver's token")
+        if status != _ACCEPTED:
+            raise StreamError("state stream: rank 0 closed the connection before sending")
+        got = _recv_all(sock, views)
+        sock.sendall(_DONE)
+        return got
+    except OSError as e:
+        raise StreamError(f"state stream: receiving from rank 0 failed: {e}") from None
+    finally:
+        _untrack(sock)

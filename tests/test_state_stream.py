@@ -1,0 +1,166 @@
+"""The streamed state sync (``hvd_edl.state_stream``, ``TorchState.sync``): in a real elastic
+job that scales out 2 -> 3, the joiner ends with rank 0's model and optimizer state (equal
+checksums on every rank) and the two members that hold the commit receive nothing; unit: a
+receiver with a wrong token is refused, the right one gets every tensor (all dtypes, tied
+weights, ``state_dict`` metadata) straight into its own tensors.
+
+The file is also the job's worker script (``--worker``)."""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+
+def _checksum(model, optimizer) -> str:
+    """SHA-256 of the model's state_dict and the optimizer's per-parameter state."""
+    import torch
+    h = hashlib.sha256()
+
+    def add(t):
+        h.update(t.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+
+    for k, v in sorted(model.state_dict().items()):
+        h.update(k.encode())
+        add(v)
+    opt = optimizer.state_dict()
+    for idx in sorted(opt["state"]):
+        for k, v in sorted(opt["state"][idx].items()):
+            h.update(f"{idx}.{k}".encode())
+            add(v) if isinstance(v, torch.Tensor) else h.update(repr(v).encode())
+    return h.hexdigest()
+
+
+BUFFER_BYTES = 2 * 256 * 4 + 8  # the worker's BatchNorm1d(256): running mean, var, count
+
+
+def worker(out: str, stop: str) -> None:
+    """A small elastic job: Adam (0-dim step tensors and two moments), a commit every step;
+    after every sync each rank appends {generation, rank, checksum, last_sync} to ``out``."""
+    import time
+    import torch
+    import hvd_edl.torch as hvd
+    from hvd_edl import runtime
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(os.getpid())  # every process starts from different weights
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.BatchNorm1d(256), torch.nn.Linear(256, 10))
+    optimizer = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3),
+                                         named_parameters=model.named_parameters())
+    state = hvd.elastic.TorchState(model, optimizer, batch=0)
+
+    @hvd.elastic.run
+    def train(state):
+        with open(out, "a") as f:
+            f.write(json.dumps({"generation": runtime.get().generation, "rank": hvd.rank(),
+                                "size": hvd.size(), "checksum": _checksum(model, optimizer),
+                                "last_sync": state.last_sync}) + "\n")
+        while True:
+            optimizer.zero_grad()
+            model(torch.randn(8, 64)).pow(2).mean().backward()
+            optimizer.step()
+            state.batch += 1
+            time.sleep(0.02)
+            state.commit()
+            flag = torch.tensor([1 if os.path.exists(stop) else 0], dtype=torch.int32)
+            if state.batch % 5 == 0 and hvd.allreduce(flag, op=hvd.Max, name="stop")[0] > 0:
+                return
+
+    train(state)
+
+
+def test_wrong_token_is_refused_and_the_right_receiver_gets_every_tensor_in_place():
+    import torch
+    from horovod.common.exceptions import HorovodInternalError
+    from hvd_edl import state_stream as ss
+    torch.manual_seed(0)
+    src = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    sd = src.state_dict()
+    obj = {"model": sd, "tied": (sd["0.weight"], sd["0.weight"]), "lr": 0.5,
+           "x": [torch.arange(5, dtype=torch.bfloat16), torch.tensor(3.0), torch.zeros(0),
+                 torch.arange(16.0).view(4, 4).t(), torch.tensor([True, False])]}
+    (skeleton,), tensors, ends = ss.split(obj)
+    assert len(tensors) == ends[0] == 11  # 7 of the model (0.weight once), 4 in x (not the empty one)
+    server = ss.StreamServer(tensors, "127.0.0.1", timeout_s=10)
+    served = {}
+    th = threading.Thread(target=lambda: served.update(n=server.serve(1)))
+    th.start()
+    rebuilt, dests = ss.fill(skeleton)
+    try:
+        ss.receive(dict(server.endpoint(), token="00" * ss.TOKEN_BYTES), dests, timeout_s=10)
+        raise AssertionError("a wrong token was accepted")
+    except ss.TokenRefused as e:
+        assert isinstance(e, HorovodInternalError)  # the elastic loop recovers from it
+    dst = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    own = {k: v.data_ptr() for k, v in dst.state_dict().items()}
+    rebuilt, dests = ss.fill(skeleton, {"model": dst.state_dict()})
+    got = ss.receive(server.endpoint(), dests, timeout_s=10)
+    th.join(timeout=10)
+    assert server.refused == 1 and served["n"] == got == server.nbytes
+    assert {k: v.data_ptr() for k, v in rebuilt["model"].items()} == own  # received in place
+    assert hasattr(rebuilt["model"], "_metadata")  # load_state_dict's module versions
+    dst.load_state_dict(rebuilt["model"])
+    assert all(torch.equal(a, b) for a, b in zip(src.state_dict().values(),
+                                                 dst.state_dict().values()))
+    assert rebuilt["tied"][0] is rebuilt["tied"][1] and rebuilt["lr"] == 0.5
+    assert all(torch.equal(a, b) for a, b in zip(rebuilt["x"], obj["x"]))
+    assert rebuilt["x"][0].dtype == torch.bfloat16 and rebuilt["x"][1].shape == ()
+    try:  # the server is gone: a late receiver fails with the elastic loop's error
+        ss.receive(server.endpoint(), dests, timeout_s=2)
+        raise AssertionError("connected to a closed server")
+    except ss.StreamError:
+        pass
+
+
+def test_scale_out_streams_rank_0s_state_to_the_joiner_only(tmp_path, job_factory):
+    out, stop = tmp_path / "syncs.jsonl", tmp_path / "stop"
+    job = job_factory(["-np", "2", "--min-np", "1", "--max-np", "3", "--discovery-interval",
+                       "0.2"],
+                      [sys.executable, __file__, "--worker", "--out", str(out), "--stop",
+                       str(stop)], hosts="localhost:2")
+    job.wait_generation(1)
+    job.set_hosts("localhost:3")
+    assert job.wait_generation(2)["world_size"] == 3
+
+    def records(gen):
+        if not out.exists():
+            return []
+        return [r for r in map(json.loads, out.read_text().splitlines()) if
+                r["generation"] == gen]
+
+    job.wait_for("3 syncs in generation 2", lambda: len(records(2)) == 3, 60)
+    stop.touch()
+    assert job.finish() == 0, job.output()[-3000:]
+    for gen, size in ((1, 2), (2, 3)):
+        recs = sorted(records(gen), key=lambda r: r["rank"])
+        assert [r["rank"] for r in recs] == list(range(size)), recs
+        assert len({r["checksum"] for r in recs}) == 1, recs  # rank 0's state everywhere
+        assert all(r["last_sync"]["mode"] == "stream" for r in recs)
+    g1, g2 = (sorted(records(g), key=lambda r: r["rank"]) for g in (1, 2))
+    nbytes = g1[0]["last_sync"]["sent_bytes"]
+    assert nbytes > 0 and g1[1]["last_sync"]["received_bytes"] == nbytes  # both were new
+    receivers = [r for r in g2 if r["rank"] > 0 and not r["last_sync"]["held"]]
+    holders = [r for r in g2 if r["rank"] > 0 and r["last_sync"]["held"]]
+    assert len(receivers) == 1 and len(holders) == 1, g2
+    # the holder gets only the batch-norm statistics (512 floats and a counter: no collective
+    # keeps them equal, Horovod's sync hands rank 0's to every rank); the joiner everything,
+    # Adam's moments included (more than the first ring's sync)
+    assert holders[0]["last_sync"]["received_bytes"] == BUFFER_BYTES
+    assert receivers[0]["last_sync"]["received_bytes"] == g2[0]["last_sync"]["sent_bytes"] \
+        - BUFFER_BYTES > nbytes
+    assert g2[0]["last_sync"]["receivers"] == 2
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--worker", action="store_true")
+    p.add_argument("--out")
+    p.add_argument("--stop")
+    a = p.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    worker(a.out, a.stop)

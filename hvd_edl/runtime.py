@@ -132,6 +132,8 @@ class WorkerRuntime:
         log.warning("worker %s: a member of generation %d is gone: releasing its ring",
                     self.worker_id, generation)
         _release_ring(sockets, exclude_ports=exclude)
+        from hvd_edl import state_stream
+        state_stream.release()  # a state sync's transfer in progress fails now, too
         return True
 
     def fenced(self) -> None:
@@ -259,6 +261,8 @@ class WorkerRuntime:
         env["HOROVOD_GLOO_RENDEZVOUS_TOKEN"] = a.rendezvous_token  # patched HTTPStore sends it
         env.setdefault("HOROVOD_CONTROLLER", "gloo")
         env.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
+        # our patched Horovod (cmake/patches/0004): no second rendezvous of the same processes
+        env.setdefault("HVD_EDL_GLOO_FAST_INIT", "1")
         # NCCL communicators belong to one ring: shutdown aborts them, and the next ring's first
         # GPU collective creates its own (ncclUniqueId sent over that ring's Gloo controller)
         if self.elastic:

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.hvd_edl-deps
 PROGRESS = $(PY) cmake/progress.py
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench chaos clean
+.PHONY: setup demo test bench scale chaos clean
 
 setup: $(STAMP)
 	@cmake -S . -B build -DPython3_EXECUTABLE=$(abspath $(PY)) > build.cmake.log 2>&1 || (cat build.cmake.log; exit 1)
@@ -44,6 +44,13 @@ test: setup
 # hvd_edl vs Horovod Elastic vs static Horovod (about 15 minutes on 2 cores): benchmarks/results/
 bench: setup
 	$(VENV)/bin/python benchmarks/bench.py
+
+# Switch cost at 2, 4, 8, 16 workers, hvd_edl vs Horovod Elastic, then the simulated control
+# plane when present (about 10 minutes): benchmarks/results/scale.json and scale.png
+scale: setup
+	$(VENV)/bin/python benchmarks/scale.py
+	@if [ -f benchmarks/control_plane.py ]; then $(VENV)/bin/python benchmarks/control_plane.py; fi
+	$(VENV)/bin/python benchmarks/scale.py --plot-only
 
 # Seeded random faults over the digits job (3 runs x 10 faults, about 2 minutes).
 chaos: setup

@@ -1,0 +1,374 @@
+"""Switch cost against world size: hvd_edl and Horovod Elastic at 2, 4, 8 and 16 real ranks on
+this machine, in the same run (``make scale``; issue 17, item 1).
+
+Each system runs one job of ``benchmarks/workload.py`` (the digits CNN, 38k parameters, batch 16,
+``torch.set_num_threads(1)``, commit every 10 steps) under its own launcher, with the harness of
+``benchmarks/bench.py`` (its ``Job``, ``change_stall`` and ``kill_outcome``: the same hosts file
+rewritten for discovery, the same per-step timelines, the same stall definition).  Each step
+computes for about 1.5 ms and then sleeps ``--step-delay`` seconds (0.1 by default), so that
+16 workers keep the 2 cores mostly idle: what is measured is the switch, not a queue for the
+CPUs.  The harness checks it: at every size it samples the job's CPU time (launcher and every
+process under it, psutil) over a steady window and the workers' median step time, and records
+both next to the stalls (``steady``: ``cores_used`` against the machine's cores, ``step_s``
+against the sleep floor).
+
+The job walks, for N = 2, 4, 8, 16 (the sizes in between reached in one unmeasured change):
+N-1 -> N (scale-out, the joiner starts at once), N -> N-1 (graceful scale-in: the discovery
+output shrinks), back to N, then ``kill -9`` of the highest rank (failure; hvd_edl respawns a
+replacement into the free slot 1 s later, ``--blacklist-cooldown-range 1 1``, and goes on).  Horovod Elastic blacklists the only host after a
+kill (the job ends), so its kill comes once, at the largest size.  For hvd_edl every change also
+carries the event log's ``phases`` of the slowest continuing worker: boundary, shutdown, wait,
+init (Horovod's Gloo set-up in ``hvd.init()``), sync, rest.
+
+Writes the key "switch" of ``benchmarks/results/scale.json`` (read-modify-write under a file
+lock: benchmarks/control_plane.py writes "control_plane" of the same file) and redraws
+``benchmarks/results/scale.png`` (switch cost per kind against world size for both systems; a
+second panel with the control plane's rows when that key is there).
+
+    .venv/bin/python benchmarks/scale.py                      # both systems, 2 4 8 16
+    .venv/bin/python benchmarks/scale.py --systems hvd_edl --sizes 2,8,16
+    .venv/bin/python benchmarks/scale.py --plot-only          # redraw scale.png from scale.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import filelock
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import RESULTS, Job, change_stall, kill_outcome, machine_info  # noqa: E402
+
+OUT = RESULTS / "scale.json"
+KINDS = ("scale_out", "scale_in", "failure")
+VARIANTS = {  # name in the results: (bench.Job's system, environment for the launcher)
+    "hvd_edl": ("hvd_edl", {}),
+    # hvd_edl on Horovod's own Gloo set-up: our patch 0004 off (six rendezvous per init)
+    "hvd_edl_upstream_init": ("hvd_edl", {"HVD_EDL_GLOO_FAST_INIT": "0"}),
+    "horovod_elastic": ("horovod_elastic", {}),
+}
+
+
+# ---- measuring ----------------------------------------------------------------------------------
+
+def job_cpu_s(job: Job) -> float:
+    """CPU seconds (user + system) used so far by the launcher and every live process under it."""
+    total = 0.0
+    for p in job.processes():
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def steady(job: Job, size: int, window_s: float) -> dict:
+    """How busy the machine is while ``job`` trains at ``size`` workers: the job's CPU cores in
+    use over ``window_s`` seconds (a sum over processes alive at both ends, so processes that
+    come or go in between are left out), the machine's CPU use (percent of all cores) and the
+    median step time of the steps in the window (seconds)."""
+    procs = job.processes()
+
+    def cpu_of() -> Dict[int, float]:
+        out = {}
+        for p in procs:
+            try:
+                t = p.cpu_times()
+                out[p.pid] = t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return out
+    psutil.cpu_percent(None)
+    c0, t0, w0 = cpu_of(), time.monotonic(), time.time()
+    time.sleep(window_s)
+    c1, t1 = cpu_of(), time.monotonic()
+    machine = psutil.cpu_percent(None)
+    used = sum(c1[p] - c0[p] for p in c1 if p in c0)
+    dts = [r["dt"] for recs in job.timelines().values() for r in recs
+           if r["t"] >= w0 and r["size"] == size]
+    return {"workers": size, "cores_used": round(used / (t1 - t0), 3),
+            "machine_cpu_percent": machine,
+            "step_s_median": round(statistics.median(dts), 4) if dts else None,
+            "steps": len(dts)}
+
+
+def event_for(job: Job, kind: str, old: int, new: int, after: float) -> Optional[dict]:
+    """hvd_edl's event-log line of the generation ``old -> new`` of ``kind`` formed after ``after``
+    (unix time), or None."""
+    for e in job.events():
+        if e["kind"] == kind and e.get("previous_world_size") == old and \
+                e["world_size"] == new and e["time"] >= after:
+            return e
+    return None
+
+
+class Walk:
+    """One system's job walking through the sizes (see the module docstring)."""
+
+    def __init__(self, system: str, a, tmp: Path):
+        self.system, self.a = system, a
+        self.kind, env = VARIANTS[system]
+        # hvd_edl: a killed worker's slot rests 1 s (not the whole job), so the walk goes on
+        extra = ("--blacklist-cooldown-range", "1", "1") if self.kind == "hvd_edl" else ()
+        saved = dict(os.environ)
+        os.environ.update(env)   # inherited by the launcher and its workers
+        try:
+            self.job = Job(self.kind, tmp, 1, step_delay=a.step_delay, max_np=max(a.sizes),
+                           launcher_args=extra)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
+        self.rows: List[dict] = []
+        self.steady: List[dict] = []
+        self.size = 1
+        self.t0 = time.time()
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.time() - self.t0:6.0f} s] {self.system}: {msg}", flush=True)
+
+    def settle(self, size: int, after: float, timeout_s: float) -> bool:
+        return self.job.wait_settled(size, self.a.settle_steps, after, timeout_s)
+
+    def move(self, new: int, kind: Optional[str]) -> bool:
+        """Rewrite discovery to ``new`` workers; wait until the ring trained at that size.  A
+        ``kind`` records the change's stall as a row."""
+        old, t = self.size, self.job.change(new)
+        ok = self.settle(new, t, self.a.change_timeout)
+        self.size = new
+        if kind is not None:
+            self.record(kind, old, new, t,
+                        change_stall(self.job.timelines(), old, new, t) or {"stall_s": None},
+                        ok)
+        return ok
+
+    def record(self, kind: str, old: int, new: int, t: float, measured: dict, ok: bool) -> None:
+        measured = dict(measured)
+        continuing = measured.pop("workers", None)   # change_stall: workers it measured
+        row = {"system": self.system, "kind": kind, "workers": max(old, new), "from": old,
+               "to": new, "time": round(t, 3), "settled": ok, "continuing": continuing,
+               **measured}
+        if self.kind == "hvd_edl":
+            e = event_for(self.job, kind, old, new, t)
+            if e is not None:
+                row["event_stall_s"] = e["stall_s"]
+                row["phases"] = e.get("phases", {})
+        self.rows.append(row)
+        stall = row.get("stall_s", row.get("recovery_s"))
+        self.log(f"{kind} {old}->{new}: {stall} s {row.get('phases', '')}")
+
+    def kill(self) -> bool:
+        """kill -9 of the highest rank at the current size; True if the job went on."""
+        n = self.size
+        t = self.job.kill_highest_rank()
+        if t is None:
+            return False
+        # survivors at n-1, then (hvd_edl) the replacement brings the ring back to n
+        self.settle(n - 1, t, self.a.change_timeout)
+        back = self.settle(n, t, self.a.change_timeout)
+        out = kill_outcome(self.job.timelines(), self.job.killed_pid, t, n)
+        if not out["survives"]:
+            out["reason"] = self.job.output_tail(4)
+        self.record("failure", n, n - 1, t, out, out["survives"])
+        return out["survives"] and back
+
+    def run(self) -> None:
+        if not self.settle(1, 0, self.a.start_timeout):
+            raise RuntimeError(f"{self.system}: the job never trained: {self.job.output_tail()}")
+        sizes = self.a.sizes
+        for n in sizes:
+            if self.size != n - 1 and not self.move(n - 1, None):
+                self.log(f"never reached {n - 1} workers: {self.job.output_tail(4)}")
+                return
+            self.move(n, "scale_out")
+            self.move(n - 1, "scale_in")
+            if not self.move(n, None):
+                self.log(f"never came back to {n} workers: {self.job.output_tail(4)}")
+                return
+            self.steady.append(steady(self.job, n, self.a.steady_window_s))
+            self.log(f"steady at {n}: {self.steady[-1]}")
+            if self.kind == "hvd_edl" or n == sizes[-1]:
+                if not self.kill():
+                    self.log(f"ended after the kill at {n}: {self.job.output_tail(4)}")
+                    return
+
+
+# ---- summary, results file, picture -----------------------------------------------------------
+
+def table(rows: List[dict]) -> List[dict]:
+    """Median stall per (system, kind, workers) over the repetitions: the rows of the figure."""
+    groups: Dict[tuple, List[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["system"], r["kind"], r["workers"]), []).append(r)
+    out = []
+    for (system, kind, n), rs in sorted(groups.items()):
+        vals = [r.get("stall_s", r.get("recovery_s")) for r in rs]
+        vals = [v for v in vals if v is not None]
+        row = {"system": system, "kind": kind, "workers": n,
+               "stall_s": round(statistics.median(vals), 4) if vals else None,
+               "values": vals, "survived": [r.get("survives", True) for r in rs]}
+        phases = [r["phases"] for r in rs if r.get("phases")]
+        if phases:
+            row["phases_median_s"] = {k: round(statistics.median(p.get(k, 0.0) for p in phases),
+                                               4) for k in sorted({k for p in phases for k in p})}
+        out.append(row)
+    return out
+
+
+def update_results(key: str, value: dict, path: Path = OUT) -> dict:
+    """Set ``key`` of the JSON file ``path`` to ``value`` under ``path``.lock (other benchmarks
+    write other keys of the same file); returns the whole file's content."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with filelock.FileLock(str(path) + ".lock", timeout=60):
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[key] = value
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    return data
+
+
+def plot(data: dict, path: Path) -> None:
+    """scale.png: stall against world size per system and kind; the control plane's rows (key
+    "control_plane") in a second panel when present."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cp = data.get("control_plane", {})
+    cp_rows = cp.get("rows", cp) if isinstance(cp, dict) else cp
+    cp_rows = cp_rows if isinstance(cp_rows, list) else []
+    fig, axes = plt.subplots(1, 2 if cp_rows else 1, figsize=(13 if cp_rows else 7.5, 4.8),
+                             squeeze=False)
+    ax = axes[0, 0]
+    styles = {"hvd_edl": "-", "hvd_edl_upstream_init": "-.", "horovod_elastic": "--"}
+    markers = {"scale_out": "o", "scale_in": "s", "failure": "x"}
+    for system in VARIANTS:
+        for kind in KINDS:
+            pts = [(r["workers"], r["stall_s"]) for r in data.get("switch", {}).get("table", [])
+                   if r["system"] == system and r["kind"] == kind and r["stall_s"] is not None]
+            if pts:
+                ax.plot(*zip(*sorted(pts)), styles[system], marker=markers[kind],
+                        label=f"{system} {kind.replace('_', '-')}")
+    ax.axhline(0.3, color="grey", lw=0.8, ls=":", label="goal 0.3 s")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("workers (world size, the larger side of the change)")
+    ax.set_ylabel("stall of the continuing workers (s)")
+    ax.set_title("switch cost against world size (one host, 2 cores)")
+    ax.legend(fontsize=7)
+    if cp_rows:
+        ax2 = axes[0, 1]
+        ws = [r["workers"] for r in cp_rows]
+        for k, label in (("formation_s", "generation formed (s)"),
+                         ("launcher_cpu_s_per_switch", "launcher CPU per switch (s)")):
+            ys = [r.get(k) for r in cp_rows]
+            if any(y is not None for y in ys):
+                ax2.plot(ws, ys, marker="o", label=label)
+        ax2.set_xscale("log", base=2)
+        ax2.set_yscale("log")
+        ax2.set_xlabel("simulated workers")
+        ax2.set_ylabel("seconds")
+        ax2.set_title("control plane (simulated workers)")
+        ax3 = ax2.twinx()
+        ax3.plot(ws, [r.get("launcher_rss_mb") for r in cp_rows], "k:", marker="^",
+                 label="launcher RSS (MB)")
+        ax3.set_ylabel("MB")
+        h1, l1 = ax2.get_legend_handles_labels()
+        h2, l2 = ax3.get_legend_handles_labels()
+        ax2.legend(h1 + h2, l1 + l2, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def print_table(rows: List[dict]) -> None:
+    print(f"{'system':16} {'kind':9} {'N':>3} {'stall s':>8}  phases (hvd_edl, median s)")
+    for r in rows:
+        ph = " ".join(f"{k[:-2]} {v:.3f}" for k, v in r.get("phases_median_s", {}).items())
+        s = "-" if r["stall_s"] is None else f"{r['stall_s']:.3f}"
+        if not all(r["survived"]):
+            s = "job ends"
+        print(f"{r['system']:16} {r['kind']:9} {r['workers']:>3} {s:>8}  {ph}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="2,4,8,16", help="world sizes N (comma-separated, >= 2)")
+    p.add_argument("--systems", default=",".join(VARIANTS),
+                   help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--reps", type=int, default=1, help="walks per system (alternated)")
+    p.add_argument("--step-delay", type=float, default=0.1,
+                   help="seconds each step sleeps (the workers' idle floor)")
+    p.add_argument("--settle-steps", type=int, default=12)
+    p.add_argument("--steady-window-s", type=float, default=2.0)
+    p.add_argument("--change-timeout", type=float, default=120.0)
+    p.add_argument("--start-timeout", type=float, default=120.0)
+    p.add_argument("--plot-only", action="store_true")
+    p.add_argument("--out", default=str(OUT))
+    a = p.parse_args()
+    out = Path(a.out)
+    try:
+        a.sizes = sorted({int(x) for x in a.sizes.split(",") if x.strip()})
+        systems = [s for s in a.systems.split(",") if s.strip()]
+    except ValueError:
+        p.error("--sizes: integers, comma-separated")
+    if not a.sizes or a.sizes[0] < 2:
+        p.error("--sizes: every size must be at least 2")
+    if any(s not in VARIANTS for s in systems):
+        p.error(f"--systems: of {', '.join(VARIANTS)}")
+    if a.reps < 1 or a.step_delay < 0:
+        p.error("--reps >= 1 and --step-delay >= 0")
+    if a.plot_only:
+        if not out.exists():
+            p.error(f"--plot-only: no {out}")
+        plot(json.loads(out.read_text()), out.with_suffix(".png"))
+        return 0
+    t_start = time.time()
+    machine = machine_info()
+    rows: List[dict] = []
+    steadies: Dict[str, List[dict]] = {s: [] for s in systems}
+    for rep in range(a.reps):
+        for system in systems:
+            with tempfile.TemporaryDirectory() as tmp:
+                walk = Walk(system, a, Path(tmp))
+                try:
+                    walk.run()
+                finally:
+                    walk.job.finish()
+                for r in walk.rows:
+                    r["rep"] = rep
+                rows += walk.rows
+                steadies[system] += walk.steady
+    machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    machine["wall_s"] = round(time.time() - t_start, 1)
+    tab = table(rows)
+    result = {
+        "table": tab, "rows": rows, "steady": steadies, "machine": machine,
+        "method": {"sizes": a.sizes, "step_delay_s": a.step_delay,
+                   "settle_steps": a.settle_steps, "reps": a.reps,
+                   "workload": "benchmarks/workload.py (digits CNN, batch 16, 1 thread, "
+                               "commit every 10 steps)",
+                   "stall": "bench.change_stall / bench.kill_outcome (recovery_s) from the "
+                            "workers' step timelines"},
+    }
+    data = update_results("switch", result, out)
+    plot(data, out.with_suffix(".png"))
+    print_table(tab)
+    for system, st in steadies.items():
+        print(f"{system} steady: " + ", ".join(
+            f"N={s['workers']}: {s['cores_used']} cores, step {s['step_s_median']} s"
+            for s in st))
+    print(f"wrote {out} and {out.with_suffix('.png')} ({machine['wall_s']} s, load "
+          f"{machine['load_average_at_start']} -> {machine['load_average_at_end']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -55,6 +55,15 @@ def gpu_choice(argv) -> str:
     return detect_gpu.detect().choice
 
 
+def wanted_stamp(torch_version: str, gpu: str) -> dict:
+    """The stamp a build for this torch and GPU choice writes; a CPU build's has no GPU key
+    (the stamps written before GPU builds existed stay valid)."""
+    want = {"torch": torch_version, "patches_sha256": patches_sha256(gpu)}
+    if gpu != "none":
+        want["gpu_operations"] = gpu
+    return want
+
+
 def main() -> int:
     version = sys.argv[1]
     gpu = gpu_choice(sys.argv)
@@ -67,9 +76,7 @@ def main() -> int:
     except ImportError:
         return 1
     stamp = os.path.join(os.path.dirname(horovod.__file__), ".hvd_edl_built_against_torch")
-    want = {"torch": torch.__version__, "patches_sha256": patches_sha256(gpu)}
-    if gpu != "none":
-        want["gpu_operations"] = gpu
+    want = wanted_stamp(torch.__version__, gpu)
     if "--write-stamp" in sys.argv:
         i = sys.argv.index("--write-stamp")
         if len(sys.argv) > i + 1:  # the hash of the patches this build applied

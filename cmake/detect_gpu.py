@@ -14,9 +14,10 @@ NCCL for GPU operations (``HOROVOD_GPU_OPERATIONS=NCCL``) needs all of:
 * ``nvcc``: ``$HOROVOD_CUDA_HOME/bin``, ``$CUDA_HOME/bin``, ``$CUDA_PATH/bin``, ``$PATH``,
   ``/usr/local/cuda/bin`` (in that order);
 * NCCL, ``nccl.h`` and ``libnccl``: ``$HOROVOD_NCCL_INCLUDE`` / ``$HOROVOD_NCCL_LIB``,
-  ``$HOROVOD_NCCL_HOME``, ``$NCCL_HOME``, the CUDA toolkit's directory, ``/usr/include`` with
-  ``/usr/lib/<multiarch>``, ``/usr/lib64`` or ``/usr/lib``, then the ``nvidia-nccl-cu*`` wheel in
-  this Python (``site-packages/nvidia/nccl``);
+  ``$HOROVOD_NCCL_HOME``, ``$NCCL_HOME``, the ``nvidia-nccl-cu*`` wheel in this Python
+  (``site-packages/nvidia/nccl``: the NCCL a CUDA torch wheel loads, so Horovod shares it), the
+  CUDA toolkit's directory, then ``/usr/include`` with ``/usr/lib/<multiarch>``, ``/usr/lib64``
+  or ``/usr/lib``;
 * a torch built with CUDA (``torch.version.cuda``), of the same CUDA major version as ``nvcc``:
   Horovod's ``horovod/torch/CMakeLists.txt`` stops with "GPU support was requested but this
   PyTorch installation does not support CUDA" otherwise.
@@ -141,13 +142,13 @@ def find_nccl(env: Mapping[str, str], cuda_home: Optional[str]):
             home = env[var]
             places.append(([os.path.join(home, "include")],
                            [os.path.join(home, "lib"), os.path.join(home, "lib64")]))
+    for d in _nccl_wheel_dirs():  # the NCCL a CUDA torch wheel loads itself: the same one
+        places.append(([os.path.join(d, "include")], [os.path.join(d, "lib")]))
     if cuda_home:
         places.append(([os.path.join(cuda_home, "include")],
                        [os.path.join(cuda_home, "lib64"), os.path.join(cuda_home, "lib")]))
     places.append((["/usr/include", "/usr/local/include"],
                    [f"/usr/lib/{multiarch}", "/usr/lib64", "/usr/lib", "/usr/local/lib"]))
-    for d in _nccl_wheel_dirs():
-        places.append(([os.path.join(d, "include")], [os.path.join(d, "lib")]))
     for includes, libdirs in places:
         header = next((i for i in includes if i and os.path.isfile(os.path.join(i, "nccl.h"))),
                       None)

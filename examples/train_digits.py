@@ -1,0 +1,249 @@
+"""The main job: a small CNN on scikit-learn's handwritten digits, elastic with Horovod's API.
+
+Real data shipped with scikit-learn (1,797 8x8 images, no download); a fixed-seed 75/25
+train/test split.  It is a plain Horovod elastic script: only the import differs.
+
+    hvd-edl-run -np 2 python examples/train_digits.py --summary s.json
+    hvd-edl-run -np 2 --min-np 1 --max-np 4 --host-discovery-script ./d.sh \\
+        python examples/train_digits.py --build-delay 8
+
+``--summary PATH`` writes {"test_accuracy", "world_size", "steps", "epochs", "wall_s",
+"param_spread"} (param_spread: the largest difference of a parameter across ranks, 0 when the
+ranks agree, as data parallelism requires).
+"""
+import argparse
+import json
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+from tqdm import tqdm
+
+import hvd_edl.torch as hvd
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--batch-size", type=int, default=16, help="samples per rank per step")
+    p.add_argument("--global-batch-size", type=int,
+                   help="fixed samples per step, split over the ranks (ElasticBatchSampler): "
+                   "the run then does not depend on the world size; replaces --batch-size")
+    p.add_argument("--train-size", type=int, help="use only the first N training samples")
+    p.add_argument("--repeat-data", type=int, default=1,
+                   help="an epoch passes over K copies of the training set (longer epochs)")
+    p.add_argument("--lr", type=float, default=0.02,
+                   help="SGD learning rate, momentum 0.9 (0.05 is unstable at 1 worker of 16)")
+    p.add_argument("--commit-every", type=int, default=10, help="steps between state.commit()")
+    p.add_argument("--build-delay", type=float, default=0.0,
+                   help="seconds to sleep between init() and entering run (a slow model build)")
+    p.add_argument("--step-delay", type=float, default=0.0,
+                   help="extra seconds per step (stands for a heavier model)")
+    p.add_argument("--slow-worker", metavar="HOST:SLOT:FACTOR[:AFTER_S]", type=_slow_worker,
+                   help="the worker on HOST (HOROVOD_HOSTNAME) in SLOT (its local rank) computes "
+                   "FACTOR times slower, from AFTER_S seconds after its first step (default 0): "
+                   "it sleeps (FACTOR-1) x its measured compute each step.  The slowness "
+                   "belongs to the slot, not the rank: a replacement elsewhere is fast "
+                   "(a straggler for --straggler-policy)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: train on GPU (local rank %% GPUs on the host, the one hvd_edl "
+                   "pinned at init); each worker then prints a 'device-check' line at the first "
+                   "step of every generation it trains in")
+    p.add_argument("--stop-file", help="end training at the next epoch boundary once this file "
+                   "exists (all ranks agree through one allreduce)")
+    p.add_argument("--summary", help="write a JSON summary here (rank 0)")
+    p.add_argument("--save-params", help="save the final parameters here (rank 0, torch.save)")
+    return p.parse_args()
+
+
+def _slow_worker(text: str):
+    """``HOST:SLOT:FACTOR[:AFTER_S]`` -> (host, slot, factor, after_s)."""
+    parts = text.rsplit(":", 3) if text.count(":") >= 3 else text.rsplit(":", 2)
+    try:
+        host, slot, factor = parts[0], int(parts[1]), float(parts[2])
+        after = float(parts[3]) if len(parts) > 3 else 0.0
+    except (IndexError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected HOST:SLOT:FACTOR[:AFTER_S], got {text!r}")
+    if not host or slot < 0 or factor < 1 or after < 0:
+        raise argparse.ArgumentTypeError(f"need a host, SLOT >= 0, FACTOR >= 1 and AFTER_S >= 0, "
+                                         f"got {text!r}")
+    return host, slot, factor, after
+
+
+def _is_slow_slot(spec) -> bool:
+    """True when this process runs on the slot ``--slow-worker`` names (launcher's variables,
+    set before the script starts and stable for the worker's life)."""
+    import os
+    return spec is not None and os.environ.get("HOROVOD_HOSTNAME") == spec[0] \
+        and os.environ.get("HOROVOD_LOCAL_RANK") == str(spec[1])
+
+
+class DigitsCNN(nn.Module):
+    """(N, 1, 8, 8) images -> (N, 10) logits."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
+        self.fc1 = nn.Linear(32 * 4 * 4, 64)
+        self.fc2 = nn.Linear(64, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x))
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc2(F.relu(self.fc1(x.flatten(1))))
+
+
+def _device(kind: str) -> torch.device:
+    """``--device``: the CPU, or this worker's GPU (local rank modulo the host's GPUs, as
+    ``hvd_edl.torch.init`` pinned it).  Exits with status 2 when CUDA is asked for and absent."""
+    if kind == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        print(f"train_digits.py: --device cuda, but torch {torch.__version__} sees no CUDA GPU",
+              file=sys.stderr)
+        sys.exit(2)
+    device = torch.device("cuda", hvd.local_rank() % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+def _device_check(model, first_step_s: float) -> None:
+    """One line (``--device cuda``) at a generation's first step: slot, current CUDA device,
+    the model's device, and that first step's seconds (it creates the ring's NCCL
+    communicators), for benchmarks/gpu_check.sh."""
+    print(f"device-check rank={hvd.rank()} size={hvd.size()} local_rank={hvd.local_rank()} "
+          f"current_device={torch.cuda.current_device()} "
+          f"param_device={next(model.parameters()).device} "
+          f"device_count={torch.cuda.device_count()} first_step_s={first_step_s:.4f}",
+          flush=True)
+
+
+def load_data(seed: int, train_size=None, repeat: int = 1):
+    digits = load_digits()
+    x = torch.tensor(digits.data, dtype=torch.float32).view(-1, 1, 8, 8) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.long)
+    idx_train, idx_test = train_test_split(range(len(y)), test_size=0.25, random_state=seed,
+                                           stratify=digits.target)
+    idx_train = idx_train[:train_size] if train_size else idx_train
+    train = torch.utils.data.TensorDataset(x[idx_train].repeat(repeat, 1, 1, 1),
+                                           y[idx_train].repeat(repeat))
+    test = torch.utils.data.TensorDataset(x[idx_test], y[idx_test])
+    return train, test
+
+
+def _agreed_stop(path: str) -> bool:
+    import os
+    flag = torch.tensor([1 if os.path.exists(path) else 0], dtype=torch.int32)
+    return bool(hvd.allreduce(flag, op=hvd.Max, name="stop_file")[0] > 0)
+
+
+def main():
+    args = parse_args()
+    t0 = time.time()
+    hvd.init()
+    torch.set_num_threads(1)
+    torch.manual_seed(args.seed)
+    train_ds, test_ds = load_data(args.seed, args.train_size, args.repeat_data)
+
+    device = _device(args.device)
+    model = DigitsCNN().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    if args.global_batch_size:
+        sampler = hvd.elastic.ElasticBatchSampler(train_ds, args.global_batch_size,
+                                                  shuffle=True, seed=args.seed)
+        loader = torch.utils.data.DataLoader(train_ds, batch_sampler=sampler)
+        weight = sampler.loss_weight
+    else:
+        sampler = hvd.elastic.ElasticSampler(train_ds, shuffle=True, seed=args.seed,
+                                             batch_size=args.batch_size)
+        loader = torch.utils.data.DataLoader(train_ds, batch_size=args.batch_size,
+                                             sampler=sampler)
+        weight = None
+    if args.build_delay:
+        time.sleep(args.build_delay)
+    state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, epoch=0, step=0)
+    slow = args.slow_worker if _is_slow_slot(args.slow_worker) else None
+    slow_from = []  # monotonic time the slowness starts (set at the first step)
+
+    @hvd.elastic.run
+    def train(state):
+        entered = time.monotonic() if device.type == "cuda" else None
+        bar = tqdm(total=args.epochs * len(train_ds), initial=state.epoch * len(train_ds)
+                   + sampler.consumed, disable=hvd.rank() != 0, unit="sample",
+                   mininterval=3.0, file=sys.stderr, ascii=True, desc=f"size {hvd.size()}")
+        while state.epoch < args.epochs:
+            model.train()
+            for batch_idx, (x, y) in enumerate(loader):
+                before = sampler.consumed
+                t_compute = time.perf_counter()
+                optimizer.zero_grad()
+                loss = F.cross_entropy(model(x.to(device)), y.to(device))
+                if weight is not None:  # fixed global batch: the rank's share of the mean
+                    loss = loss * weight(batch_idx)
+                loss.backward()
+                compute_s = time.perf_counter() - t_compute  # forward + backward, no waiting
+                optimizer.step()
+                if entered is not None:  # this generation's first step: where it ran
+                    _device_check(model, time.monotonic() - entered)
+                    entered = None
+                sampler.record_batch(batch_idx, len(x))
+                state.step += 1
+                bar.update(sampler.consumed - before)
+                if args.step_delay:
+                    time.sleep(args.step_delay)
+                if slow is not None:
+                    if not slow_from:
+                        slow_from.append(time.monotonic() + slow[3])
+                    if len(slow_from) == 1 and time.monotonic() >= slow_from[0]:
+                        slow_from.append(True)
+                        print(f"slow-worker: {slow[0]}:{slow[1]} computes {slow[2]:g}x slower "
+                              f"from now", flush=True)
+                    if time.monotonic() >= slow_from[0]:
+                        time.sleep((slow[2] - 1.0) * (compute_s + args.step_delay))
+                if state.step % args.commit_every == 0:
+                    state.commit()
+            state.epoch += 1
+            sampler.set_epoch(state.epoch)
+            state.commit()
+            if args.stop_file and _agreed_stop(args.stop_file):
+                break
+        bar.close()
+
+    train(state)
+
+    # Final test accuracy: each rank scores its share of the test set, sums are allreduced.
+    model.eval()
+    with torch.no_grad():
+        xs, ys = test_ds.tensors
+        shard = slice(hvd.rank(), None, hvd.size())
+        correct = (model(xs[shard].to(device)).argmax(1).cpu() == ys[shard]).sum().float()
+    totals = hvd.allreduce(torch.stack([correct, torch.tensor(float(len(ys[shard])))]),
+                           op=hvd.Sum, name="test_accuracy")
+    accuracy = float(totals[0] / totals[1])
+    # every rank must hold the same parameters (data parallelism): the spread across ranks
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    spread = float((hvd.allreduce(flat, op=hvd.Max, name="param_max")
+                    - hvd.allreduce(flat, op=hvd.Min, name="param_min")).abs().max())
+    if hvd.rank() == 0:
+        summary = {"test_accuracy": accuracy, "world_size": hvd.size(), "steps": state.step,
+                   "epochs": state.epoch, "wall_s": round(time.time() - t0, 3),
+                   "param_spread": spread}
+        print(f"test accuracy {accuracy:.4f} at world size {hvd.size()} "
+              f"({state.step} steps, {state.epoch} epochs, {summary['wall_s']:.1f} s)")
+        if args.summary:
+            with open(args.summary, "w") as f:
+                json.dump(summary, f)
+        if args.save_params:
+            torch.save({k: v.detach().clone() for k, v in model.state_dict().items()},
+                       args.save_params)
+
+
+if __name__ == "__main__":
+    main()

@@ -164,6 +164,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "generation, stalls, steps/s, samples/s, per-worker step, compute and "
                         "wait seconds, failures...) on the --bind-address; 0 picks a free port "
                         "and prints it (default: no metrics)")
+    p.add_argument("--autoscale", metavar="efficiency:E|cost", default=None,
+                   help="elastic: size the job on a speed model fitted from a start-up profile "
+                        "(launcher/autoscale.py): efficiency:E grows while one more worker adds "
+                        ">= E (0 < E <= 1) of a lone worker's throughput; cost picks the size "
+                        "with the lowest predicted cost per sample (--price-*, "
+                        "--revocation-rate)")
+    p.add_argument("--price-on-demand", type=float, default=None, metavar="P",
+                   help="--autoscale cost: price of an on-demand worker per hour (with "
+                        "--price-spot: rank 0 on demand, the others spot)")
+    p.add_argument("--price-spot", type=float, default=None, metavar="P",
+                   help="--autoscale cost: price of a spot (revocable) worker per hour")
+    p.add_argument("--revocation-rate", type=float, default=None, metavar="R",
+                   help="--autoscale cost: revocations per spot worker-hour (default 0)")
+    p.add_argument("--autoscale-hold", type=_positive_float, default=30.0, metavar="SECONDS",
+                   help="--autoscale: a decision holds this long before the next (default 30)")
+    p.add_argument("--autoscale-profile-seconds", type=_positive_float, default=5.0,
+                   metavar="SECONDS", help="--autoscale: measurement per size of the start-up "
+                   "profile (default 5)")
     p.add_argument("--straggler-policy", choices=("off", "report", "evict", "replace"),
                    default="report",
                    help="a member whose compute time per step stays above --straggler-ratio x "
@@ -257,6 +275,22 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
     if a.straggler_policy in ("evict", "replace") and not elastic:
         parser.error(f"--straggler-policy {a.straggler_policy} needs an elastic job "
                      f"(--min-np/--max-np or a host discovery script)")
+    autoscale = None
+    if a.autoscale is not None or any(v is not None for v in (
+            a.price_on_demand, a.price_spot, a.revocation_rate)):
+        from launcher.autoscale import parse_policy
+        if a.autoscale is None:
+            parser.error("--price-on-demand, --price-spot and --revocation-rate go with "
+                         "--autoscale cost")
+        if not elastic:
+            parser.error("--autoscale needs an elastic job (--min-np/--max-np or "
+                         "--host-discovery-script)")
+        try:
+            autoscale = parse_policy(a.autoscale, a.price_on_demand, a.price_spot,
+                                     a.revocation_rate, a.autoscale_hold,
+                                     a.autoscale_profile_seconds)
+        except ValueError as e:
+            parser.error(str(e))
     command = a.command[1:] if a.command[0] == "--" else a.command
     if not command:
         parser.error("no training command given after -- (e.g. -- python train.py)")
@@ -288,7 +322,7 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                    checkpoint_dir=a.checkpoint_dir, checkpoint_every_s=a.checkpoint_every,
                    checkpoint_keep=a.checkpoint_keep, metrics_port=a.metrics_port,
                    straggler_policy=a.straggler_policy, straggler_ratio=a.straggler_ratio,
-                   straggler_window_s=a.straggler_window)
+                   straggler_window_s=a.straggler_window, autoscale=autoscale)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

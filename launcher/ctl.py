@@ -211,6 +211,29 @@ def _progress_lines(s: dict) -> List[str]:
             "speed:      " + (", ".join(rate) or "not measured yet")]
 
 
+def _autoscale_lines(a: Optional[dict]) -> List[str]:
+    """``status``'s autoscale lines (--autoscale jobs): objective, phase, the model's
+    prediction at the current size, the last decision."""
+    if not a:
+        return []
+    what = a["objective"] + (f":{a['efficiency']:g}" if a.get("efficiency") else "")
+    lines = [f"autoscale:  {what}, {a['phase']}, target "
+             f"{a['target'] if a.get('target') is not None else 'not decided yet'}"]
+    p = a.get("prediction")
+    if p:
+        text = (f"predicted:  {p['samples_per_s']:.1f} samples/s at {p['world_size']} workers "
+                f"(efficiency {p['efficiency']:.2f}, next worker adds "
+                f"{p['marginal_efficiency']:.2f})")
+        if "cost_per_million_samples" in p:
+            text += (f", cost {p['cost_per_million_samples']} per million samples "
+                     f"({p['lost_s_per_hour']:.1f} s/h lost to revocations)")
+        lines.append(text)
+    if a.get("decisions"):
+        d = a["decisions"][-1]
+        lines.append(f"decision:   {d['from']} -> {d['to']} workers: {d['reason']}")
+    return lines
+
+
 def format_status(s: dict) -> str:
     """``status`` for people: a few ``key: value`` lines and one line per live worker."""
     target = s.get("target_np")
@@ -236,6 +259,7 @@ def format_status(s: dict) -> str:
                                        f"{_duration(c['age_s'])} ago)"))
     if s.get("blacklisted"):
         lines.append("blacklisted: " + ", ".join(s["blacklisted"]))
+    lines.extend(_autoscale_lines(s.get("autoscale")))
     tel = s.get("telemetry")
     rows = {}
     if tel:  # the heartbeats' figures (launcher.telemetry)

@@ -82,6 +82,7 @@ class JobSpec:
     straggler_ratio: float = 1.5             # --straggler-ratio
     straggler_window_s: float = 5.0          # --straggler-window
     metrics_port: Optional[int] = None       # --metrics-port (None: no metrics; 0: any free)
+    autoscale: Optional[object] = None       # --autoscale (a launcher.autoscale.Policy)
 
 
 class Driver:
@@ -120,6 +121,7 @@ class Driver:
         self._lock = threading.Lock()
         self._drain_lock = threading.Lock()
         self.profiler = Profiler(self)  # hvd-edl-ctl profile (EDL's profiling)
+        self.autoscaler = None  # launcher.autoscale.Autoscaler (--autoscale)
         self.migration: Optional[migration_.Migration] = None  # running or last (hvd-edl-ctl)
         self.stragglers = straggler_.StragglerDetector(straggler_.StragglerPolicy(
             spec.straggler_policy, spec.straggler_ratio, spec.straggler_window_s))
@@ -226,6 +228,10 @@ class Driver:
         self._initial_np = initial
         for _ in range(initial):
             self._spawn_one(initial=True)
+        if self.spec.autoscale is not None and self.spec.elastic:
+            from launcher.autoscale import Autoscaler
+            self.autoscaler = Autoscaler(self, self.spec.autoscale)
+            self.autoscaler.start()
         while True:
             now = time.monotonic()
             code = self._step(now)
@@ -438,6 +444,8 @@ class Driver:
                        command=list(self.spec.command))
         out["profile"] = {k: v for k, v in self.profiler.status().items()
                           if k in ("state", "sizes", "size", "error", "json")}
+        if self.autoscaler is not None:
+            out["autoscale"] = self.autoscaler.status()
         out["migration"] = migration_.status(self.migration)
         return out
 

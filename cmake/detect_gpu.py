@@ -23,11 +23,12 @@ NCCL for GPU operations (``HOROVOD_GPU_OPERATIONS=NCCL``) needs all of:
   PyTorch installation does not support CUDA" otherwise.
 
 ``HVD_EDL_WITHOUT_NCCL=1`` builds without it anyway.  The variables handed to Horovod's build
-are the ones its ``CMakeLists.txt`` and ``cmake/Modules/FindNCCL.cmake`` (0.28.1) read:
-``HOROVOD_GPU_OPERATIONS``, ``HOROVOD_CUDA_HOME``, ``HOROVOD_NCCL_INCLUDE``,
-``HOROVOD_NCCL_LIB``, ``HOROVOD_NCCL_LINK`` (``SHARED`` unless only ``libnccl_static.a`` is
-there), plus ``CUDA_HOME`` (torch's ``cpp_extension.CUDA_HOME``, which Horovod's
-``FindPytorch.cmake`` asks) and an rpath to NCCL's directory.
+are the ones its ``CMakeLists.txt``, ``cmake/Modules/FindNCCL.cmake`` and
+``cmake/build_utils.py`` (0.28.1) read: ``HOROVOD_GPU_OPERATIONS``, ``HOROVOD_CUDA_HOME``,
+``HOROVOD_NCCL_INCLUDE``, ``HOROVOD_NCCL_LIB``, ``HOROVOD_NCCL_LINK`` (``SHARED`` unless only
+``libnccl_static.a`` is there), ``HOROVOD_BUILD_CUDA_CC_LIST`` (the GPUs present, if any), plus
+``CUDA_HOME`` (torch's ``cpp_extension.CUDA_HOME``, which Horovod's ``FindPytorch.cmake`` asks)
+and an rpath to NCCL's directory.
 """
 from __future__ import annotations
 
@@ -241,7 +242,7 @@ def cmake_env(c: GpuChoice, link_dir: Optional[str] = None) -> Dict[str, str]:
         lib_for_build = link_dir
     else:
         lib_for_build = lib_dir
-    return {
+    env = {
         "HOROVOD_GPU_OPERATIONS": "NCCL",
         "HOROVOD_CUDA_HOME": c.cuda_home,
         "CUDA_HOME": c.cuda_home,
@@ -252,6 +253,24 @@ def cmake_env(c: GpuChoice, link_dir: Optional[str] = None) -> Dict[str, str]:
         # NCCL itself first, satisfies it by soname anyway)
         "LDFLAGS": f"-Wl,-rpath,{lib_dir}",
     }
+    ccs = gpu_capabilities()
+    if ccs and "HOROVOD_BUILD_CUDA_CC_LIST" not in os.environ:
+        # kernels for the GPUs here only (Horovod's default: every architecture nvcc knows)
+        env["HOROVOD_BUILD_CUDA_CC_LIST"] = ",".join(ccs)
+    return env
+
+
+def gpu_capabilities() -> List[str]:
+    """Compute capabilities of the GPUs torch sees here (["90"] on an H100/H200), sorted; empty
+    without a GPU (building on a machine without one: Horovod's every-architecture default)."""
+    try:
+        import torch
+        if not torch.cuda.is_available():
+            return []
+        caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+    except Exception:  # noqa: BLE001 - no GPU figures: the default list
+        return []
+    return [f"{a}{b}" for a, b in sorted(caps)]
 
 
 def built_line(c: GpuChoice) -> str:

@@ -53,16 +53,9 @@ execute_process(COMMAND ${PYTHON} ${CHECK_SCRIPT} ${HOROVOD_VERSION} --gpu ${gpu
                 OUTPUT_VARIABLE patches_sha256 OUTPUT_STRIP_TRAILING_WHITESPACE)
 file(GLOB patches "${CMAKE_CURRENT_LIST_DIR}/patches/*.patch")
 list(SORT patches)
-# NCCL builds also get cmake/patches/nccl/*.patch, after the others (they touch GPU code only),
-# and Horovod's CUDA kernels are compiled as C++17, not 11 (CUDA 13's headers drop C++11)
+# NCCL builds also get cmake/patches/nccl/*.patch, after the others (they touch GPU code only).
+# (Horovod's CUDA kernels stay C++11: cuda_kernels.cu compiles so with nvcc 13.0 for sm_90.)
 if(gpu_choice STREQUAL "NCCL")
-  set(cuda_cml "${src}/horovod/common/ops/cuda/CMakeLists.txt")
-  file(READ ${cuda_cml} text)
-  string(REPLACE "set(CMAKE_CUDA_STANDARD 11)" "set(CMAKE_CUDA_STANDARD 17)" patched "${text}")
-  if(patched STREQUAL text)
-    message(FATAL_ERROR "no 'set(CMAKE_CUDA_STANDARD 11)' in ${cuda_cml}: has the sdist changed?")
-  endif()
-  file(WRITE ${cuda_cml} "${patched}")
   file(GLOB nccl_patches "${CMAKE_CURRENT_LIST_DIR}/patches/nccl/*.patch")
   list(SORT nccl_patches)
   list(APPEND patches ${nccl_patches})

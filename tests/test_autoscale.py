@@ -1,0 +1,72 @@
+"""Autoscaling on the speed model (EDL's efficiency objective, CM-DARE's cost question): the
+objectives' choices on a known model and the flags' parsing (no launcher: cheap)."""
+import pytest
+
+from launcher import autoscale
+from launcher.autoscale import Policy, cost_per_sample, cost_target, efficiency_target, \
+    parse_policy
+from launcher.cli import parse_spec
+from launcher.speed_model import ProfilePoint, SpeedModel
+
+
+def _model(ring=0.05, compute=0.1):
+    """A ring-allreduce job: 0.1 s compute, 0.05 (n-1)/n s of allreduce per step."""
+    pts = []
+    for n in (1, 2, 3, 4):
+        w = ring * (n - 1) / n
+        pts.append(ProfilePoint(n, n * 16 / (compute + w), compute + w, compute, w))
+    return SpeedModel().fit(pts)
+
+
+def test_efficiency_grows_while_the_next_worker_adds_enough():
+    m = _model()
+    assert m.marginal_efficiency(1) < 1
+    assert efficiency_target(m, 0.99, 1, 8) == 1           # nobody adds 99 %
+    assert efficiency_target(m, 0.5, 1, 8) == 8            # every worker adds > 50 %
+    assert efficiency_target(m, 0.5, 1, 3) == 3            # the usable slots end it
+    assert efficiency_target(m, 0.5, 2, 2) == 2
+    heavy = _model(ring=0.4)                                # communication-bound: stops early
+    assert efficiency_target(heavy, 0.5, 1, 8) < efficiency_target(m, 0.5, 1, 8)
+
+
+def test_cost_picks_more_cheap_workers_and_fewer_when_they_are_revoked_often():
+    m = _model()
+    cheap = Policy("cost", price_on_demand=3.0, price_spot=0.5, revocation_rate=0.0)
+    assert cost_target(m, cheap, 1, 8) == 8      # spot workers make each sample cheaper
+    revoked = Policy("cost", price_on_demand=3.0, price_spot=0.5, revocation_rate=2000.0)
+    assert cost_target(m, revoked, 1, 8) < 8     # each revocation's lost work outweighs them
+    c1, lost1 = cost_per_sample(m, 4, revoked, stall_s=1.0)
+    c0, lost0 = cost_per_sample(m, 4, cheap, stall_s=1.0)
+    assert lost0 == 0 and lost1 > 0 and c1 > c0
+    on_demand = Policy("cost", price_on_demand=1.0)  # linear price: the most efficient size
+    assert cost_target(m, on_demand, 1, 8) == 1
+    hopeless = Policy("cost", price_spot=1.0, revocation_rate=1e6)
+    assert cost_per_sample(m, 2, hopeless, stall_s=1.0)[0] == float("inf")
+
+
+def test_autoscale_flags_are_parsed_and_bad_ones_exit_2(tmp_path, capsys):
+    p = parse_policy("efficiency:0.7")
+    assert (p.objective, p.efficiency) == ("efficiency", 0.7)
+    p = parse_policy("cost", price_on_demand=2.0, price_spot=0.6, revocation_rate=0.1,
+                     hold_s=5.0)
+    assert (p.price_spot, p.revocation_rate, p.hold_s) == (0.6, 0.1, 5.0)
+    for text, kw, why in [("efficiency:0", {}, "0 < E <= 1"), ("efficiency:x", {}, "number"),
+                          ("speed", {}, "efficiency:E"), ("cost", {}, "--price-spot"),
+                          ("cost", {"price_spot": -1.0}, ">= 0"),
+                          ("cost", {"price_on_demand": 1.0, "revocation_rate": 1.0}, "spot"),
+                          ("efficiency:0.5", {"price_spot": 1.0}, "go with --autoscale cost")]:
+        with pytest.raises(ValueError, match=why):
+            parse_policy(text, **kw)
+    spec = parse_spec(["-np", "1", "--max-np", "4", "--autoscale", "cost", "--price-spot", "1",
+                       "--revocation-rate", "0.5", "--autoscale-hold", "10", "true"])
+    assert spec.autoscale == Policy("cost", price_spot=1.0, revocation_rate=0.5, hold_s=10.0,
+                                    profile_s=autoscale.PROFILE_S)
+    for argv, why in [(["-np", "1", "--autoscale", "efficiency:0.5", "true"], "elastic"),
+                      (["-np", "1", "--max-np", "2", "--price-spot", "1", "true"],
+                       "go with --autoscale cost"),
+                      (["-np", "1", "--max-np", "2", "--autoscale", "efficiency:1.5", "true"],
+                       "0 < E <= 1")]:
+        with pytest.raises(SystemExit) as e:
+            parse_spec(argv)
+        assert e.value.code == 2
+        assert why in capsys.readouterr().err

@@ -120,7 +120,10 @@ class Walk:
         # hvd_edl: a killed worker's slot rests 1 s (not the whole job), so the walk goes on
         extra = ("--blacklist-cooldown-range", "1", "1") if self.kind == "hvd_edl" else ()
         saved = dict(os.environ)
-        os.environ.update(env)   # inherited by the launcher and its workers
+        # inherited by the launcher and its workers; PYTHONSAFEPATH: a script's folder is not
+        # put first on sys.path, so a benchmarks/ module named like the standard library's
+        # (profile.py) cannot shadow it in the workers
+        os.environ.update({"PYTHONSAFEPATH": "1", **env})
         try:
             self.job = Job(self.kind, tmp, 1, step_delay=a.step_delay, max_np=max(a.sizes),
                            launcher_args=extra)

@@ -56,9 +56,9 @@ lo = hi - 1
 phase_s = float(os.environ.get("GPU_CHECK_PHASE_S", "10"))
 work = os.path.abspath("build/gpu-check")
 os.makedirs(work, exist_ok=True)
-events, clock, stop, log_path = (os.path.join(work, n) for n in
-                                 ("events.jsonl", "clock", "stop", "output.log"))
-for p in (events, clock, stop):
+events, clock, stop, log_path, summary = (os.path.join(work, n) for n in (
+    "events.jsonl", "clock", "stop", "output.log", "summary.json"))
+for p in (events, clock, stop, summary):
     if os.path.exists(p):
         os.remove(p)
 name = torch.cuda.get_device_name(0)
@@ -72,7 +72,7 @@ print(f"gpu_check: {gpus} GPU(s) ({name}), torch {torch.__version__} CUDA {torch
       f"horovod {horovod.__version__}", flush=True)
 env = dict(os.environ, HVD_EDL_QUIET="1")
 train = [sys.executable, "examples/train_digits.py", "--device", "cuda", "--epochs", "1000",
-         "--step-delay", "0.005", "--stop-file", stop]
+         "--step-delay", "0.005", "--stop-file", stop, "--summary", summary]
 if shared:
     print("gpu_check: 1 GPU: running 2 workers on it, each with its own NCCL_HOSTID (NCCL then "
           "connects them over loopback sockets)", flush=True)
@@ -157,6 +157,16 @@ for kind in ("scale_out", "scale_in"):
         failures.append(f"no {kind} in the event log")
 if any(g["kind"] == "failure" for g in switches):
     failures.append("a failure generation (a worker died): see " + log_path)
+try:  # the job's end: accuracy, and the ranks' parameters equal (NCCL's allreduce agrees)
+    with open(summary) as f:
+        end = json.load(f)
+except (OSError, ValueError):
+    end = {}
+    failures.append("no summary from rank 0 (the job did not finish)")
+if end and end["param_spread"] > 1e-6:
+    failures.append(f"the ranks' parameters differ by {end['param_spread']:g}")
+if end and end["test_accuracy"] < 0.8:
+    failures.append(f"test accuracy {end['test_accuracy']:.3f} < 0.8")
 sizes_seen = sorted({c["size"] for c in checks})
 if hi not in sizes_seen:
     failures.append(f"no worker trained at size {hi} (device checks at sizes {sizes_seen})")
@@ -188,7 +198,7 @@ result = {"ok": not failures, "failures": failures, "gpus": gpus, "gpu_name": na
           "shared_device": shared, "torch": torch.__version__, "cuda": torch.version.cuda,
           "nccl_torch": nccl_torch,
           "horovod": horovod.__version__, "schedule": schedule, "wall_s": round(wall_s, 1),
-          "switches": rows, "device_checks": checks,
+          "switches": rows, "device_checks": checks, "end": end,
           "command": " ".join(cmd), "load": os.getloadavg()}
 os.makedirs(os.path.dirname(out_path) or ".", exist_ok=True)
 with open(out_path, "w") as f:

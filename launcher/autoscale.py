@@ -15,7 +15,8 @@ revoked.
 
 The model.  At start-up the autoscaler profiles the job (``launcher.profiler``, every size from
 --min-np to the usable slots, at most ``MAX_PROFILE_SIZES`` of them, ``profile_s`` seconds each:
-a few seconds of stop-free switches instead of a guess) and fits a
+a few seconds of stop-free switches instead of a guess; its profile.json and profile.png go
+beside the ``--event-log``, else to the temporary folder) and fits a
 :class:`launcher.speed_model.SpeedModel`; afterwards each size the job holds for a while
 refreshes that size's point from the telemetry (the model learns from the sizes it passes
 through, e.g. sizes a discovery timetable forces on it).
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -245,8 +248,10 @@ class Autoscaler:
         if len(sizes) < 2:  # one usable size: nothing to choose yet
             sizes = [lo]
         try:
-            self.driver.profiler.start(sizes, self.policy.profile_s,
-                                       out_dir=self.driver.spec.cwd)
+            log_path = self.driver.spec.event_log  # profile.json/.png beside the event log
+            out_dir = os.path.dirname(os.path.abspath(log_path)) if log_path else \
+                tempfile.gettempdir()
+            self.driver.profiler.start(sizes, self.policy.profile_s, out_dir=out_dir)
             self.phase = "profiling"
             self._note(f"profiling sizes {', '.join(map(str, sizes))} to fit the speed model",
                        phase="profile", sizes=sizes)

@@ -14,7 +14,7 @@ against the sleep floor).
 
 The job walks, for N = 2, 4, 8, 16 (the sizes in between reached in one unmeasured change):
 N-1 -> N (scale-out, the joiner starts at once), N -> N-1 (graceful scale-in: the discovery
-output shrinks), back to N, then ``kill -9`` of the highest rank (failure; hvd_edl respawns a
+output shrinks), N-1 -> N again (a second scale-out), then ``kill -9`` of the highest rank (failure; hvd_edl respawns a
 replacement into the free slot 1 s later, ``--blacklist-cooldown-range 1 1``, and goes on).  Horovod Elastic blacklists the only host after a
 kill (the job ends), so its kill comes once, at the largest size.  For hvd_edl every change also
 carries the event log's ``phases`` of the slowest continuing worker: boundary, shutdown, wait,
@@ -193,7 +193,7 @@ class Walk:
                 return
             self.move(n, "scale_out")
             self.move(n - 1, "scale_in")
-            if not self.move(n, None):
+            if not self.move(n, "scale_out"):   # a second scale-out sample
                 self.log(f"never came back to {n} workers: {self.job.output_tail(4)}")
                 return
             self.steady.append(steady(self.job, n, self.a.steady_window_s))

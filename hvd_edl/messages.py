@@ -11,6 +11,7 @@ is accepted once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import hmac
 import json
@@ -85,9 +86,19 @@ def verify(secret: str, method: str, path: str, body: bytes, signature: Optional
     return nonce
 
 
+@functools.lru_cache(maxsize=None)
+def _fields(cls) -> tuple:
+    """(name, type hint) of each field of a message class: ``typing.get_type_hints`` resolves
+    the string annotations anew at every call, a tenth of the launcher's CPU per request
+    (benchmarks/control_plane.py), so once per class."""
+    hints = typing.get_type_hints(cls)
+    return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
+
+
 def encode(msg) -> bytes:
-    """A message dataclass as UTF-8 JSON bytes."""
-    return json.dumps(dataclasses.asdict(msg)).encode()
+    """A message dataclass as UTF-8 JSON bytes (fields hold JSON values: str, numbers, bools,
+    lists and str-keyed dicts of them, so no deep copy as ``dataclasses.asdict`` makes)."""
+    return json.dumps({name: getattr(msg, name) for name, _ in _fields(type(msg))}).encode()
 
 
 def loads(body: bytes):
@@ -135,14 +146,13 @@ def decode(cls: Type[T], body: bytes) -> T:
     data = loads(body)
     if not isinstance(data, dict):
         raise ValueError(f"{cls.__name__}: expected a JSON object")
-    hints = typing.get_type_hints(cls)
     kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            if not _type_ok(data[f.name], hints[f.name]):
-                raise ValueError(f"{cls.__name__}.{f.name}: expected {hints[f.name]}, "
-                                 f"got {type(data[f.name]).__name__}")
-            kwargs[f.name] = data[f.name]
+    for name, hint in _fields(cls):
+        if name in data:
+            if not _type_ok(data[name], hint):
+                raise ValueError(f"{cls.__name__}.{name}: expected {hint}, "
+                                 f"got {type(data[name]).__name__}")
+            kwargs[name] = data[name]
     try:
         return cls(**kwargs)
     except TypeError as e:

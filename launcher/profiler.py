@@ -71,7 +71,8 @@ class Profiler:
         Raises:
             ValueError: a static job; a profile already running; sizes empty, not integers,
                 outside [--min-np, --max-np] or above the usable slots; seconds not in
-                (0, 600]; ``out_dir`` not a writable folder.  Nothing changes then."""
+                (0, 600]; ``out_dir`` not a folder; no ring formed yet.  Nothing changes
+                then."""
         d = self.driver
         if not d.spec.elastic:
             raise ValueError("a static job cannot change its world size; start it with "
@@ -98,6 +99,8 @@ class Profiler:
             if self._state["state"] == "running":
                 raise ValueError("a profile is already running (hvd-edl-ctl profile --status)")
             world = d.coord.snapshot()["world_size"]
+            if world == 0:
+                raise ValueError("the job has no ring yet: profile it once it trains")
             self._state = {"state": "running", "sizes": list(sizes), "seconds": seconds,
                            "out": str(out.resolve()), "points": [], "size": None,
                            "return_to": world, "started": time.time(), "error": None}

@@ -70,3 +70,55 @@ def test_autoscale_flags_are_parsed_and_bad_ones_exit_2(tmp_path, capsys):
             parse_spec(argv)
         assert e.value.code == 2
         assert why in capsys.readouterr().err
+
+
+class _Coord:
+    """The coordinator's face the autoscaler reads: a settled ring of ``size`` workers."""
+
+    def __init__(self, size):
+        from launcher.telemetry import Telemetry
+        self.size, self.telemetry = size, Telemetry()
+        self.failure = self.finishing = self.stopping = None
+
+    def snapshot(self):
+        return {"world_size": self.size, "generation": 1}
+
+    def settled(self):
+        return True
+
+
+class _Driver:
+    """What ``Autoscaler`` drives: bounds, usable slots, the target, the event log."""
+
+    def __init__(self, tmp_path, slots):
+        from launcher.events import EventLog
+        self.spec = type("Spec", (), {"min_np": 1, "max_np": 8, "event_log": None})()
+        self.coord, self.slots, self.targets = _Coord(2), slots, []
+        self.events = EventLog(str(tmp_path / "events.jsonl"), out=open(tmp_path / "out", "w"))
+        self.profiler = type("P", (), {"status": lambda self: {"state": "done"}})()
+
+    def usable_slot_count(self, budget):
+        return min(self.slots, budget)
+
+    def set_target_np(self, n):
+        self.targets.append(n)
+
+
+def test_autoscaler_decides_once_per_hold_and_at_once_when_the_slots_change(tmp_path):
+    import json
+    d = _Driver(tmp_path, slots=3)
+    a = autoscale.Autoscaler(d, Policy("efficiency", efficiency=0.5, hold_s=30.0))
+    a.phase, a.model = "running", _model()
+    a._tick(100.0)
+    assert d.targets == [3]                      # every worker adds > 0.5: up to the slots
+    a._tick(101.0)
+    assert d.targets == [3]                      # held
+    d.slots = 6
+    a._tick(102.0)                               # the usable slots changed: decided at once
+    assert d.targets == [3, 6]
+    assert d.coord.telemetry.counters()["autoscale"] == 2
+    notes = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(n["from"], n["to"]) for n in notes] == [(2, 3), (2, 6)]
+    assert all(n["event"] == "autoscale" and n["predicted_samples_per_s"] > 0 for n in notes)
+    st = a.status()
+    assert st["target"] == 6 and st["prediction"]["world_size"] == 2

@@ -204,7 +204,7 @@ def main():
                     if len(slow_from) == 1 and time.monotonic() >= slow_from[0]:
                         slow_from.append(True)
                         print(f"slow-worker: {slow[0]}:{slow[1]} computes {slow[2]:g}x slower "
-                              f"from now", flush=True)
+                              f"from now ({time.time():.3f})", flush=True)
                     if time.monotonic() >= slow_from[0]:
                         time.sleep((slow[2] - 1.0) * (compute_s + args.step_delay))
                 if state.step % args.commit_every == 0:

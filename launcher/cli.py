@@ -189,8 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(event log and a line), evict it (scale-in, its slot rests), or "
                         "replace it by a worker built on a free slot elsewhere, in one "
                         "stop-free switch (default report; evict/replace: elastic jobs)")
-    p.add_argument("--straggler-ratio", type=_positive_float, default=1.5, metavar="R",
-                   help="a straggler computes more than R x the others' median (default 1.5)")
+    p.add_argument("--straggler-ratio", type=_positive_float, default=2.0, metavar="R",
+                   help="a straggler computes more than R x the others' median (default 2)")
     p.add_argument("--straggler-window", type=_positive_float, default=5.0, metavar="SECONDS",
                    help="... for this many seconds in a row (default 5)")
     p.add_argument("--verbose", action="store_true",

@@ -79,7 +79,7 @@ class JobSpec:
     checkpoint_every_s: float = 60.0         # --checkpoint-every
     checkpoint_keep: int = 3                 # --checkpoint-keep
     straggler_policy: str = "report"         # --straggler-policy (launcher/straggler.py)
-    straggler_ratio: float = 1.5             # --straggler-ratio
+    straggler_ratio: float = 2.0             # --straggler-ratio
     straggler_window_s: float = 5.0          # --straggler-window
     metrics_port: Optional[int] = None       # --metrics-port (None: no metrics; 0: any free)
     autoscale: Optional[object] = None       # --autoscale (a launcher.autoscale.Policy)

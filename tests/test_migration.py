@@ -3,8 +3,11 @@ stop-free switch; the coordinator's reservation that holds the new workers back 
 import json
 import subprocess
 
+import pytest
+
 from conftest import VENV_BIN, long_digits
 from hvd_edl import audit, messages
+from launcher import ctl
 from launcher.coordinator import Coordinator
 from launcher.events import EventLog
 from launcher.registry import WorkerRecord, WorkerState
@@ -19,13 +22,21 @@ def _ctl(job_file, *args, timeout_s=150):
                           timeout=timeout_s)
 
 
+def _ctl_here(capsys, job_file, *args):
+    """hvd-edl-ctl's entry point in this process (no interpreter start): (code, stdout, stderr)."""
+    capsys.readouterr()
+    code = ctl.main(["--job", str(job_file), *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 def _notes(job, kind):
     lines = [json.loads(x) for x in job.events_path.read_text().splitlines() if x]
     return [e for e in lines if e.get("event") == kind]
 
 
 def test_migrate_moves_a_hosts_workers_in_one_replace_generation_rolling_back_nothing(
-        tmp_path, job_factory, monkeypatch):
+        tmp_path, job_factory, monkeypatch, capsys):
     ledger = tmp_path / "ledger"
     monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
     job_file = tmp_path / "job.json"
@@ -43,10 +54,11 @@ def test_migrate_moves_a_hosts_workers_in_one_replace_generation_rolling_back_no
                           (["--from", "localhost", "--to", "localhost"], "the same host"),
                           (["--from", "127.0.0.1", "--to", "localhost"],
                            "localhost cannot take the 1 worker of 127.0.0.1: 0 free usable")):
-        r = _ctl(job_file, "migrate", *args)
-        assert r.returncode == 1 and message in r.stderr, (args, r.stderr)
-    usage = _ctl(job_file, "migrate", "--from", "localhost")
-    assert usage.returncode == 2
+        code, _, err = _ctl_here(capsys, job_file, "migrate", *args)
+        assert code == 1 and message in err, (args, err)
+    with pytest.raises(SystemExit) as usage:
+        ctl.main(["--job", str(job_file), "migrate", "--from", "localhost"])
+    assert usage.value.code == 2
 
     r = _ctl(job_file, "migrate", "--from", "localhost", "--to", "127.0.0.1", "--wait", "120")
     assert r.returncode == 0, r.stdout + r.stderr + job.output()[-3000:]
@@ -68,8 +80,8 @@ def test_migrate_moves_a_hosts_workers_in_one_replace_generation_rolling_back_no
     print(f"migration: stall {swap['stall_s']:.3f} s, phases {swap['phases']}, "
           f"{notes[1]['seconds']:.1f} s from the request to the end")
 
-    again = _ctl(job_file, "status", "--json")
-    s = json.loads(again.stdout)
+    code, out, _ = _ctl_here(capsys, job_file, "status", "--json")
+    s = json.loads(out)
     assert s["drained"] == ["localhost"] and s["migration"]["phase"] == "done"
     job.end_training()
     assert job.finish() == 0, job.output()[-3000:]

@@ -285,7 +285,9 @@ class Profiler:
             json_path.write_text(json.dumps(doc, indent=2))
             files["json"] = str(json_path)
             if points:
-                plot(points, model, png_path, title=" ".join(d.spec.command)[-70:])
+                script = next((Path(c).name for c in d.spec.command if c.endswith(".py")),
+                              Path(d.spec.command[0]).name)
+                plot(points, model, png_path, title=f"{script}: profile through elasticity")
                 files["png"] = str(png_path)
         except (OSError, ValueError) as e:
             error = error or f"cannot write the results to {out}: {e}"
@@ -311,22 +313,24 @@ def plot(points: Sequence[dict], model: Optional[SpeedModel], path: Path, title:
 
     ns = [p["world_size"] for p in points]
     fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.6))
-    a.plot(ns, [p["samples_per_s"] for p in points], "o", label="measured")
+    a.plot(ns, [p["samples_per_s"] for p in points], "o", color="C0", label="measured")
     if model is not None:
         grid = list(range(1, max(ns) + 2))
-        a.plot(grid, [model.samples_per_s(n) for n in grid], "-", alpha=0.6, label="speed model")
-        b.plot(grid, [model.efficiency(n) for n in grid], "-", alpha=0.6, label="speed model")
+        a.plot(grid, [model.samples_per_s(n) for n in grid], "-", color="C1", alpha=0.7,
+               label="speed model")
+        b.plot(grid, [model.efficiency(n) for n in grid], "-", color="C1", alpha=0.7,
+               label="speed model")
     a.set_xlabel("world size (workers)")
     a.set_ylabel("samples/s")
     a.legend()
-    b.plot(ns, [p["efficiency"] for p in points], "o", label="measured")
+    b.plot(ns, [p["efficiency"] for p in points], "o", color="C0", label="measured")
     b.axhline(1.0, color="grey", lw=0.5)
     b.set_xlabel("world size (workers)")
     b.set_ylabel("scaling efficiency")
     b.set_ylim(0, 1.2)
     b.legend()
     if title:
-        fig.suptitle(title, fontsize=8)
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

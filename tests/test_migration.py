@@ -118,3 +118,62 @@ def test_reserved_ready_worker_joins_only_at_the_swap(tmp_path):
         assert coord.assignments["w2"].action == "exit"
     finally:
         rdv.close()
+
+
+class _Driver:
+    """The few driver parts a :class:`Migration` uses, around a real coordinator."""
+
+    def __init__(self, coord, hosts):
+        import threading
+        self.coord, self.hosts, self.events = coord, hosts, coord.events
+        self.procs, self.drained, self._lock = {}, set(), threading.Lock()
+        self.slot_cooldown, self.host_blacklist, self.left = {}, {}, []
+        self._seq = len(coord.workers)
+
+    def _start_worker(self, host, slot, initial, reserve=False):
+        self._seq += 1
+        rec = WorkerRecord(f"w{self._seq}", host, slot, self._seq, 0.0)
+        self.coord.add_worker(rec)
+        if reserve:
+            self.coord.reserve(rec.worker_id)
+        return rec
+
+    def _ask_to_leave(self, rec, reason):
+        self.left.append(rec.worker_id)
+        self.coord.request_leave(rec.worker_id)
+
+    def _drained(self):
+        return set(self.drained)
+
+
+def test_migration_is_abandoned_when_a_new_worker_dies_while_building(tmp_path):
+    """Unit level: a new worker that dies before the swap abandons the migration: the other new
+    worker is sent away, the old ones stay members, the source is not drained, a note says why."""
+    from launcher.migration import Migration, Phase
+    rdv = GenerationRendezvous("127.0.0.1", False)
+    try:
+        events = EventLog(str(tmp_path / "events.jsonl"))
+        coord = Coordinator(min_np=1, max_np=4, elastic=True, events=events, rendezvous=rdv,
+                            rendezvous_addr="127.0.0.1")
+        for i in (1, 2):
+            coord.add_worker(WorkerRecord(f"w{i}", "localhost", i - 1, i, 0.0, initial=True))
+        for i in (1, 2):
+            coord.ready(messages.Ready(f"w{i}"))
+        driver = _Driver(coord, {"localhost": 2, "127.0.0.1": 2})
+        m = Migration("localhost", "127.0.0.1", ["w1", "w2"],
+                      [("127.0.0.1", 0), ("127.0.0.1", 1)])
+        m.advance(driver, 1.0)
+        assert m.joiners == ["w3", "w4"] and coord.reserved == {"w3", "w4"}
+        coord.ready(messages.Ready("w3"))
+        m.advance(driver, 2.0)
+        assert m.phase == Phase.BUILDING  # w4 still builds: no swap yet
+        coord.on_exit("w4", 1)
+        m.advance(driver, 3.0)
+        assert m.phase == Phase.ABANDONED and "w4@127.0.0.1:1 died" in m.reason
+        assert driver.left == ["w3"] and not coord.reserved and not driver.drained
+        assert coord.current.members == ["w1", "w2"]
+        assert all(coord.workers[w].state == WorkerState.MEMBER for w in ("w1", "w2"))
+        note = json.loads((tmp_path / "events.jsonl").read_text().splitlines()[-1])
+        assert note["event"] == "migration" and note["phase"] == "abandoned"
+    finally:
+        rdv.close()

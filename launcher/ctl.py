@@ -257,6 +257,10 @@ def format_status(s: dict) -> str:
         lines.append("checkpoint: " + ("none written yet" if c is None else
                                        f"{c['path']} (step {c['step']}, "
                                        f"{_duration(c['age_s'])} ago)"))
+    m = s.get("migration")
+    if m:  # the running or last hvd-edl-ctl migrate
+        lines.append(f"migration:  {', '.join(m['leavers'])} {m['from']} -> {m['to']}: "
+                     f"{m['phase']}" + (f" ({m['reason']})" if m.get("reason") else ""))
     if s.get("blacklisted"):
         lines.append("blacklisted: " + ", ".join(s["blacklisted"]))
     lines.extend(_autoscale_lines(s.get("autoscale")))

@@ -83,6 +83,8 @@ def test_migrate_moves_a_hosts_workers_in_one_replace_generation_rolling_back_no
     code, out, _ = _ctl_here(capsys, job_file, "status", "--json")
     s = json.loads(out)
     assert s["drained"] == ["localhost"] and s["migration"]["phase"] == "done"
+    code, out, _ = _ctl_here(capsys, job_file, "status")
+    assert "migration:  w1, w2 localhost -> 127.0.0.1: done" in out, out
     job.end_training()
     assert job.finish() == 0, job.output()[-3000:]
     assert [e["kind"] for e in job.events()] == ["start", "replace"]  # nothing moved back

@@ -58,7 +58,7 @@ def _reset_hwm() -> None:
         f.write("5")  # Linux: resets VmHWM to the current RSS
 
 
-def worker(sizes, reps: int) -> None:
+def worker(sizes, reps: int, horovod_reps: int) -> None:
     import torch
     import horovod.torch as horovod
     import hvd_edl.torch as hvd
@@ -81,8 +81,9 @@ def worker(sizes, reps: int) -> None:
         variants = [("horovod", None), ("broadcast", None), ("stream", (0, -1, -1)),
                     ("stream_sequential", (0, -1, -1)), ("stream_1_joiner", (0, 0, -1))]
         for impl, held in variants:
-            times, extra_kb, received = [], [], []
-            for i in range(reps):
+            times, extra_kb, received, transfer = [], [], [], []
+            n = min(reps, horovod_reps) if impl == "horovod" else reps
+            for i in range(n):
                 joiner = rank > 0 and (held is None or held[rank] < 0)
                 if joiner:
                     opt.state.clear()  # a joiner starts without optimizer state
@@ -105,17 +106,20 @@ def worker(sizes, reps: int) -> None:
                 times.append(time.perf_counter() - t)
                 extra_kb.append(_hwm_kb() - rss)
                 received.append(stats["received_bytes"])
+                transfer.append(stats.get("transfer_s", 0.0))
             per_rank = hvd.allgather_object({"rank": rank, "times": times,
                                              "extra_mb": max(extra_kb) / 1024,
-                                             "received_mb": max(received) / 2 ** 20},
+                                             "received_mb": max(received) / 2 ** 20,
+                                             "transfer_s": statistics.median(transfer)},
                                             name=f"gather.{impl}.{mb}")
-            slowest = [max(r["times"][i] for r in per_rank) for i in range(reps)]
+            slowest = [max(r["times"][i] for r in per_rank) for i in range(n)]
             rows.append({"impl": impl, "state_mb": round(state_mb, 2),
                          "median_s": statistics.median(slowest), "min_s": min(slowest),
-                         "max_s": max(slowest), "runs": reps,
+                         "max_s": max(slowest), "runs": n,
                          "gb_per_s": round(state_mb / 1024 / statistics.median(slowest), 3),
                          "peak_extra_mb": [round(r["extra_mb"], 1) for r in per_rank],
-                         "received_mb": [round(r["received_mb"], 2) for r in per_rank]})
+                         "received_mb": [round(r["received_mb"], 2) for r in per_rank],
+                         "transfer_s": [round(r["transfer_s"], 4) for r in per_rank]})
             sums = hvd.allgather_object(sum(float(t.double().sum()) for t in
                                             list(model.state_dict().values()) + [
                                                 opt.state[q]["momentum_buffer"]
@@ -127,79 +131,117 @@ def worker(sizes, reps: int) -> None:
         print("RESULT " + json.dumps(rows), flush=True)
 
 
-def switch_phases(model_mb: float, settle_steps: int, timeout_s: float) -> dict:
+def switch_phases(model_mb: float, changes, settle_steps: int, timeout_s: float) -> dict:
     """A real elastic job (benchmarks/bench.py's Job: the workload with ``model_mb`` MB of frozen
-    parameters) scaled 2 -> 3 -> 2 -> 3, with the old broadcast and with the stream: the
-    scale-outs' ``phases.sync_s`` and ``stall_s`` from the event log."""
+    parameters) started at 2 workers and taken through ``changes`` (world sizes, e.g. 3 or
+    3, 2, 3), with the old broadcast and with the stream: the scale-outs' ``phases.sync_s``,
+    ``init_s`` and ``stall_s`` from the event log (what was measured before an error is kept,
+    with the error)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench import Job
     out = {}
+    # workload.py lives in benchmarks/, whose profile.py would shadow the standard library's
+    # (torch imports cProfile, which imports profile): keep the script's folder off sys.path
+    os.environ["PYTHONSAFEPATH"] = "1"
     for mode, env in (("broadcast", "0"), ("stream", "1")):
         os.environ["HVD_EDL_SYNC_STREAM"] = env
         with tempfile.TemporaryDirectory() as tmp:
             job = Job("hvd_edl", Path(tmp), 2, step_delay=0.05, model_mb=model_mb, max_np=3)
+            error = None
             try:
                 if not job.wait_settled(2, settle_steps, 0, timeout_s):
-                    raise RuntimeError(f"switch ({mode}): no ring of 2: {job.output_tail()}")
-                for new in (3, 2, 3):
+                    raise RuntimeError(f"no ring of 2: {job.output_tail()}")
+                for new in changes:
                     t = job.change(new)
                     if not job.wait_settled(new, settle_steps, t, timeout_s):
-                        raise RuntimeError(f"switch ({mode}): no ring of {new}: "
-                                           f"{job.output_tail()}")
+                        raise RuntimeError(f"no ring of {new}: {job.output_tail(3)}")
                 time.sleep(0.5)
+            except RuntimeError as e:
+                error = str(e)
+            finally:
                 outs = [e for e in job.events() if e["kind"] == "scale_out"]
                 out[mode] = [{"sync_s": e["phases"].get("sync_s"), "stall_s": e["stall_s"],
                               "init_s": e["phases"].get("init_s")} for e in outs]
-            finally:
+                if error:
+                    out[mode + "_error"] = error
                 job.finish()
     os.environ.pop("HVD_EDL_SYNC_STREAM", None)
     return out
+
+
+def run_sync(a):
+    out = subprocess.run([str(BIN / "hvd-edl-run"), "-np", "3", sys.executable, __file__,
+                          "--worker", "--sizes", a.sizes, "--reps", str(a.reps),
+                          "--horovod-reps", str(a.horovod_reps)],
+                         capture_output=True, text=True, cwd=str(ROOT), timeout=1800,
+                         env=dict(os.environ, PYTHONSAFEPATH="1"))  # see switch_phases
+    line = next((x for x in out.stdout.splitlines() if "RESULT " in x), None)
+    if out.returncode != 0 or line is None:
+        print(out.stdout[-3000:], out.stderr[-3000:])
+        return None
+    rows = json.loads(line.split("RESULT ", 1)[1])
+    for r in rows:
+        print(f"{r['impl']:18s} {r['state_mb']:7.1f} MB: {r['median_s']:7.3f} s median "
+              f"(min {r['min_s']:.3f}, max {r['max_s']:.3f}, {r['runs']} runs) "
+              f"{r['gb_per_s']:6.2f} GB/s; peak extra MB per rank {r['peak_extra_mb']}; "
+              f"received MB {r['received_mb']}"
+              + (f"; transfer s {r['transfer_s']}" if r["impl"].startswith("stream") else ""))
+    return rows
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="1,10,100", help="state MB (default %(default)s)")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--horovod-reps", type=int, default=1,
+                   help="repetitions of Horovod's broadcast_object (at most --reps; default "
+                        "%(default)s: 100 MB take 15-80 s here)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--switch", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure the switch's sync phase in a real scale-out")
+    p.add_argument("--only", choices=("sync", "switch"),
+                   help="run one part (writes --out all the same)")
     p.add_argument("--model-mb", type=float, default=100.0,
                    help="frozen parameters of the scale-out job (MB, default %(default)s)")
+    p.add_argument("--switch-changes", default="3",
+                   help="world sizes the scale-out job goes through from 2 (default %(default)s;"
+                        " e.g. 3,2,3 for two scale-outs)")
     p.add_argument("--out", default=str(RESULTS / "sync.json"))
     a = p.parse_args()
     try:
         sizes = [float(x) for x in a.sizes.split(",")]
     except ValueError:
         p.error(f"--sizes: expected comma-separated numbers, got {a.sizes!r}")
-    if a.reps < 1:
-        p.error("--reps must be at least 1")
+    try:
+        changes = [int(x) for x in a.switch_changes.split(",")]
+    except ValueError:
+        p.error(f"--switch-changes: expected comma-separated sizes, got {a.switch_changes!r}")
+    if not all(1 <= c <= 3 for c in changes):
+        p.error("--switch-changes: sizes from 1 to 3")
+    if a.reps < 1 or a.horovod_reps < 1:
+        p.error("--reps and --horovod-reps must be at least 1")
     if a.worker:
-        worker(sizes, a.reps)
+        worker(sizes, a.reps, a.horovod_reps)
         return 0
     load = os.getloadavg()
-    out = subprocess.run([str(BIN / "hvd-edl-run"), "-np", "3", sys.executable, __file__,
-                          "--worker", "--sizes", a.sizes, "--reps", str(a.reps)],
-                         capture_output=True, text=True, cwd=str(ROOT), timeout=1800)
-    line = next((x for x in out.stdout.splitlines() if "RESULT " in x), None)
-    if out.returncode != 0 or line is None:
-        print(out.stdout[-3000:], out.stderr[-3000:])
-        return 1
-    rows = json.loads(line.split("RESULT ", 1)[1])
-    for r in rows:
-        print(f"{r['impl']:18s} {r['state_mb']:7.1f} MB: {r['median_s']:7.3f} s median "
-              f"(min {r['min_s']:.3f}, max {r['max_s']:.3f}, {r['runs']} runs) "
-              f"{r['gb_per_s']:6.2f} GB/s; peak extra MB per rank {r['peak_extra_mb']}; "
-              f"received MB {r['received_mb']}")
     result = {"benchmark": "TorchState sync among 3 workers: before (broadcast_object) and "
-                           "after (stream)", "load_before": [round(x, 2) for x in load],
-              "results": rows}
+                           "after (stream)", "load_before": [round(x, 2) for x in load]}
+    if a.only != "switch":
+        rows = run_sync(a)
+        if rows is None:
+            return 1
+        result["results"] = rows
+    if a.only == "sync":
+        a.switch = False
     if a.switch:
-        result["switch"] = switch_phases(a.model_mb, 5, 180.0)
+        result["switch"] = switch_phases(a.model_mb, changes, 5, 180.0)
         result["switch"]["model_mb"] = a.model_mb
         for mode in ("broadcast", "stream"):
             print(f"switch 2->3, {a.model_mb:.0f} MB frozen, {mode:9s}: " + ", ".join(
                 f"sync {s['sync_s']:.3f} s / stall {s['stall_s']:.3f} s"
-                for s in result["switch"][mode]))
+                for s in result["switch"][mode])
+                + (f" (error: {result['switch'][mode + '_error']})"
+                   if mode + "_error" in result["switch"] else ""))
     result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     RESULTS.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1) + "\n")

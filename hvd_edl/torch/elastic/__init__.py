@@ -207,7 +207,7 @@ class TorchState(ObjectState):
         Under ``hvd-edl-run`` the tensors are streamed (:mod:`hvd_edl.state_stream`) only to
         the ranks that lack them: a member of the previous generation whose committed step
         equals rank 0's holds the same commit and receives only the small header (scalars,
-        samplers, steps).  Elsewhere, or with ``HVD_EDL_SYNC_STREAM=0``, one
+        samplers, steps) and the model's buffers (see :meth:`_sync_stream`).  Elsewhere, or with ``HVD_EDL_SYNC_STREAM=0``, one
         ``broadcast_object`` of everything, as before.  ``last_sync`` says what this rank sent
         and received.
 
@@ -283,6 +283,7 @@ class TorchState(ObjectState):
         if header.get("checkpoint_error"):
             raise checkpoint.CheckpointError(header["checkpoint_error"])
         sent = received = 0
+        t0 = time.monotonic()
         if server is not None:
             sent = server.serve(receivers)
         elif rank != 0 and "endpoint" in header:
@@ -290,13 +291,15 @@ class TorchState(ObjectState):
                 received = self._receive(header["state"], header["endpoint"])
             elif header["endpoint"]["prefix_nbytes"] > 0:
                 received = self._receive_buffers(header["state"][0], header["endpoint"])
+        transfer_s = time.monotonic() - t0
         if rank != 0:
             self._load_header(rt, header)
         for k, s in self._samplers.items():
             s.load_state_dict(header["samplers"][k])  # also resets to the new rank/size
         self.save()
         return {"mode": "stream", "sent_bytes": sent, "received_bytes": received,
-                "receivers": receivers, "held": not lacks[rank]}
+                "receivers": receivers, "held": not lacks[rank],
+                "transfer_s": round(transfer_s, 4)}
 
     def _state_to_send(self):
         """Rank 0's (buffers, parameters, optimizer state) as host tensors: buffers and

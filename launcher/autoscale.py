@@ -19,7 +19,8 @@ a few seconds of stop-free switches instead of a guess; its profile.json and pro
 beside the ``--event-log``, else to the temporary folder) and fits a
 :class:`launcher.speed_model.SpeedModel`; afterwards each size the job holds for a while
 refreshes that size's point from the telemetry (the model learns from the sizes it passes
-through, e.g. sizes a discovery timetable forces on it).
+through, e.g. sizes a discovery timetable forces on it; without a model, e.g. after a profile
+aborted by a failure, it moves to the nearest size not measured yet, one at a time).
 
 Decisions are bounded by [--min-np, --max-np] and the usable slots discovery offers, and held
 for ``hold_s`` seconds (hysteresis: no flapping); a change in the usable slots is decided on at
@@ -229,10 +230,11 @@ class Autoscaler:
             if st["state"] in ("done", "aborted"):
                 self._take_profile(st)
             return
-        if self.model is None:
-            return
         self._learn(now)
         lo, hi = self._bounds()
+        if self.model is None:
+            self._explore(now, lo, hi)
+            return
         if now - self._decided_at < self.policy.hold_s and hi == self._decided_cap:
             return
         if d.profiler.status()["state"] == "running":
@@ -292,6 +294,25 @@ class Autoscaler:
         self.points[n] = pt
         self._size_since = (gen, now)
         self._refit()
+
+    def _explore(self, now: float, lo: int, hi: int) -> None:
+        """No model yet (a profile aborted, or one usable size): once the current size is
+        measured, move to the nearest size not measured yet (larger first), held like a
+        decision."""
+        d = self.driver
+        current = d.coord.snapshot()["world_size"]
+        if current not in self.points or now - self._decided_at < self.policy.hold_s:
+            return
+        todo = [n for n in range(lo, hi + 1) if n not in self.points]
+        if not todo:
+            return
+        want = min(todo, key=lambda n: (abs(n - current), -n))
+        self._decided_at, self._decided_cap = now, hi
+        self.target = want
+        d.set_target_np(want)
+        d.coord.telemetry.count("autoscale")
+        self._note(f"{current} -> {want} workers to measure a second size (no model yet)",
+                   phase="explore", **{"from": current, "to": want, "bounds": [lo, hi]})
 
     def _refit(self) -> None:
         pts = list(self.points.values())

@@ -194,11 +194,13 @@ class Profiler:
 
     def _check_generation(self, generation: int, n: int) -> None:
         self._check_job()
-        now = self.driver.coord.snapshot()
-        if now["generation"] != generation:
-            last = now.get("last_change") or {}
-            raise ProfileAborted(f"generation {now['generation']} ({last.get('kind', '?')}) "
-                                 f"formed while measuring {n} workers: profile aborted")
+        c = self.driver.coord
+        with c.lock:
+            g = c.current
+            number, kind = (g.number, g.kind) if g is not None else (0, "?")
+        if number != generation:
+            raise ProfileAborted(f"generation {number} ({kind}) formed while measuring {n} "
+                                 f"workers: profile aborted")
 
     def _measure(self, n: int, seconds: float, generation: int) -> dict:
         """Steady throughput and per-step times at ``n`` workers over ``seconds``."""

@@ -122,3 +122,16 @@ def test_autoscaler_decides_once_per_hold_and_at_once_when_the_slots_change(tmp_
     assert all(n["event"] == "autoscale" and n["predicted_samples_per_s"] > 0 for n in notes)
     st = a.status()
     assert st["target"] == 6 and st["prediction"]["world_size"] == 2
+
+
+def test_autoscaler_without_a_model_measures_the_nearest_unmeasured_size(tmp_path):
+    d = _Driver(tmp_path, slots=3)
+    a = autoscale.Autoscaler(d, Policy("efficiency", efficiency=0.5, hold_s=30.0))
+    a.phase = "running"                          # e.g. the start-up profile was aborted
+    a._tick(100.0)
+    assert d.targets == []                       # the current size is not measured yet
+    a.points[2] = ProfilePoint(2, 100.0, 0.3, 0.2, 0.1)
+    a._tick(101.0)
+    assert d.targets == [3] and a.model is None  # larger first, then held
+    a._tick(102.0)
+    assert d.targets == [3]

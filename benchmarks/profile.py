@@ -71,8 +71,8 @@ def profile_job(name: str, a) -> dict:
         doc = json.loads((tmp / "profile.json").read_text())
         doc["load_before"], doc["load_after"] = load_before, os.getloadavg()
         doc["profile_wall_s"] = round(time.monotonic() - t0, 1)
-        doc["generations"] = [json.loads(x) for x in events.read_text().splitlines()
-                              if '"generation"' in x]
+        lines = [json.loads(x) for x in events.read_text().splitlines() if x.strip()]
+        doc["generations"] = [e for e in lines if "generation" in e and "event" not in e]
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / f"profile_{name}.json").write_text(json.dumps(doc, indent=2))
         if (tmp / "profile.png").exists():

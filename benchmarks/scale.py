@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,7 +46,9 @@ import filelock
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import RESULTS, Job, change_stall, kill_outcome, machine_info  # noqa: E402
+from launcher.rendezvous import GenerationRendezvous  # noqa: E402
 
 OUT = RESULTS / "scale.json"
 KINDS = ("scale_out", "scale_in", "failure")
@@ -204,6 +207,97 @@ class Walk:
                     return
 
 
+# ---- Gloo set-up alone, patch 0004 on and off --------------------------------------------------
+
+class CountingRendezvous(GenerationRendezvous):
+    """Our rendezvous server (``launcher.rendezvous``), counting the requests each generation's
+    store answers (by port)."""
+
+    def __init__(self, *args, **kwargs):
+        self.requests: Dict[int, int] = {}
+        super().__init__(*args, **kwargs)
+
+    async def _answer(self, store, request, body):
+        self.requests[store.port] = self.requests.get(store.port, 0) + 1
+        return await super()._answer(store, request, body)
+
+
+def init_ab(n: int, rounds: int) -> List[dict]:
+    """``n`` ranks of ``benchmarks/scale_worker.py`` on this host initialise Horovod ``2 *
+    rounds`` times, each against a fresh generation of our rendezvous server, patch 0004 on and
+    off in turn (ABAB...: both see the same load).  Per init: the slowest rank's ``hvd.init()``
+    (seconds), the requests the rendezvous answered and this process's CPU seconds (the
+    rendezvous server's event loop runs here, as in the launcher).
+
+    Raises:
+        RuntimeError: a rank ended or answered a wrong allreduce.
+    """
+    rdv = CountingRendezvous("127.0.0.1")
+    procs = []
+    rows = []
+    try:
+        for rank in range(n):
+            env = dict(os.environ, PYTHONSAFEPATH="1", HOROVOD_RANK=str(rank),
+                       HOROVOD_SIZE=str(n), HOROVOD_LOCAL_RANK=str(rank),
+                       HOROVOD_LOCAL_SIZE=str(n), HOROVOD_CROSS_RANK="0",
+                       HOROVOD_CROSS_SIZE="1", HOROVOD_HOSTNAME="localhost",
+                       HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
+                       HOROVOD_GLOO_IFACE="lo", HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1")
+            procs.append(subprocess.Popen([sys.executable, str(Path(__file__).with_name(
+                "scale_worker.py"))], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                text=True))
+        for i in range(2 * rounds):
+            fast = i % 2 == 0
+            port = rdv.open(i + 1, ["localhost"])
+            cmd = json.dumps({"port": port, "token": rdv.token(i + 1), "fast": fast}) + "\n"
+            cpu0 = time.process_time()
+            for p in procs:
+                p.stdin.write(cmd)
+                p.stdin.flush()
+            answers = []
+            for p in procs:
+                line = p.stdout.readline()
+                if not line:
+                    raise RuntimeError(f"init_ab: a rank of {n} ended (code {p.wait()})")
+                answers.append(json.loads(line))
+            if not all(x["ok"] for x in answers):
+                raise RuntimeError(f"init_ab: a wrong allreduce at {n} ranks: {answers}")
+            rows.append({"workers": n, "fast_init": fast, "round": i // 2,
+                         "init_s": round(max(x["init_s"] for x in answers), 4),
+                         "shutdown_s": round(max(x["shutdown_s"] for x in answers), 4),
+                         "rendezvous_requests": rdv.requests.get(port, 0),
+                         "rendezvous_cpu_s": round(time.process_time() - cpu0, 4)})
+    finally:
+        for p in procs:
+            try:
+                p.stdin.write("\n")
+                p.stdin.close()
+            except OSError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        rdv.close()
+    return rows
+
+
+def init_table(rows: List[dict]) -> List[dict]:
+    """Medians per (workers, patch on/off) of :func:`init_ab`'s rows."""
+    out = []
+    for n in sorted({r["workers"] for r in rows}):
+        for fast in (False, True):
+            rs = [r for r in rows if r["workers"] == n and r["fast_init"] == fast]
+            if rs:
+                out.append({"workers": n, "fast_init": fast, **{
+                    k: round(statistics.median(r[k] for r in rs), 4)
+                    for k in ("init_s", "shutdown_s", "rendezvous_requests",
+                              "rendezvous_cpu_s")}, "n": len(rs)})
+    return out
+
+
 # ---- summary, results file, picture -----------------------------------------------------------
 
 def table(rows: List[dict]) -> List[dict]:
@@ -227,12 +321,14 @@ def table(rows: List[dict]) -> List[dict]:
 
 
 def update_results(key: str, value: dict, path: Path = OUT) -> dict:
-    """Set ``key`` of the JSON file ``path`` to ``value`` under ``path``.lock (other benchmarks
-    write other keys of the same file); returns the whole file's content."""
+    """Update ``key`` of the JSON file ``path`` with the entries of ``value`` (the others stay),
+    under ``path``.lock (other benchmarks write other keys of the same file); returns the whole
+    file's content."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(path) + ".lock", timeout=60):
         data = json.loads(path.read_text()) if path.exists() else {}
-        data[key] = value
+        old = data.get(key)
+        data[key] = {**(old if isinstance(old, dict) else {}), **value}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         os.replace(tmp, path)
@@ -260,6 +356,12 @@ def plot(data: dict, path: Path) -> None:
             if pts:
                 ax.plot(*zip(*sorted(pts)), styles[system], marker=markers[kind],
                         label=f"{system} {kind.replace('_', '-')}")
+    ab = data.get("switch", {}).get("gloo_init_ab", {}).get("table", [])
+    for fast, label in ((False, "hvd.init() alone, upstream"), (True, "hvd.init() alone, patch 0004")):
+        pts = [(r["workers"], r["init_s"]) for r in ab if r["fast_init"] == fast]
+        if pts:
+            ax.plot(*zip(*sorted(pts)), ":", color="grey" if not fast else "black",
+                    marker="." , label=label)
     ax.axhline(0.3, color="grey", lw=0.8, ls=":", label="goal 0.3 s")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -301,11 +403,18 @@ def print_table(rows: List[dict]) -> None:
         print(f"{r['system']:16} {r['kind']:9} {r['workers']:>3} {s:>8}  {ph}")
 
 
+def print_init_table(rows: List[dict]) -> None:
+    print(f"{'N':>3} {'Gloo set-up':12} {'init s':>7} {'requests':>9} {'server CPU s':>12}")
+    for r in rows:
+        print(f"{r['workers']:>3} {'patch 0004' if r['fast_init'] else 'upstream':12} "
+              f"{r['init_s']:>7.3f} {r['rendezvous_requests']:>9} {r['rendezvous_cpu_s']:>12.3f}")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="2,4,8,16", help="world sizes N (comma-separated, >= 2)")
-    p.add_argument("--systems", default=",".join(VARIANTS),
-                   help=f"comma-separated, of {', '.join(VARIANTS)}")
+    p.add_argument("--systems", default="hvd_edl,horovod_elastic",
+                   help=f"walk: comma-separated, of {', '.join(VARIANTS)}")
     p.add_argument("--reps", type=int, default=1, help="walks per system (alternated)")
     p.add_argument("--step-delay", type=float, default=0.1,
                    help="seconds each step sleeps (the workers' idle floor)")
@@ -313,6 +422,11 @@ def main() -> int:
     p.add_argument("--steady-window-s", type=float, default=2.0)
     p.add_argument("--change-timeout", type=float, default=120.0)
     p.add_argument("--start-timeout", type=float, default=120.0)
+    p.add_argument("--parts", default="init,walk",
+                   help="init: Gloo set-up alone, patch 0004 on/off in turn (init_ab); walk: "
+                   "the jobs' switches (comma-separated)")
+    p.add_argument("--init-rounds", type=int, default=5,
+                   help="init: inits per size with the patch on, and as many off")
     p.add_argument("--plot-only", action="store_true")
     p.add_argument("--out", default=str(OUT))
     a = p.parse_args()
@@ -326,8 +440,11 @@ def main() -> int:
         p.error("--sizes: every size must be at least 2")
     if any(s not in VARIANTS for s in systems):
         p.error(f"--systems: of {', '.join(VARIANTS)}")
-    if a.reps < 1 or a.step_delay < 0:
-        p.error("--reps >= 1 and --step-delay >= 0")
+    if a.reps < 1 or a.step_delay < 0 or a.init_rounds < 1:
+        p.error("--reps >= 1, --init-rounds >= 1 and --step-delay >= 0")
+    parts = {x.strip() for x in a.parts.split(",") if x.strip()}
+    if not parts or not parts <= {"init", "walk"}:
+        p.error("--parts: init, walk or both")
     if a.plot_only:
         if not out.exists():
             p.error(f"--plot-only: no {out}")
@@ -335,6 +452,26 @@ def main() -> int:
         return 0
     t_start = time.time()
     machine = machine_info()
+    if "init" in parts:
+        ab: List[dict] = []
+        for n in a.sizes:
+            ab += init_ab(n, a.init_rounds)
+            print(f"Gloo set-up at {n} ranks: " + "; ".join(
+                f"{'patched' if r['fast_init'] else 'upstream'} {r['init_s']} s "
+                f"{r['rendezvous_requests']} requests" for r in ab if r["workers"] == n),
+                flush=True)
+        data = update_results("switch", {"gloo_init_ab": {
+            "table": init_table(ab), "rows": ab,
+            "machine": {**machine, "load_average_at_end": [round(x, 2) for x in
+                                                           os.getloadavg()]},
+            "method": "benchmarks/scale_worker.py: N ranks on this host, hvd.init() against "
+                      "a fresh generation of launcher.rendezvous, one allreduce, "
+                      "hvd.shutdown(); HVD_EDL_GLOO_FAST_INIT=1/0 alternated per init; "
+                      "init_s is the slowest rank's"}}, out)
+        print_init_table(init_table(ab))
+        if "walk" not in parts:
+            plot(data, out.with_suffix(".png"))
+            return 0
     rows: List[dict] = []
     steadies: Dict[str, List[dict]] = {s: [] for s in systems}
     for rep in range(a.reps):

@@ -63,6 +63,8 @@ class Heartbeat:
                 log.debug("heartbeat of %s not answered: %s", self.rt.worker_id, e)
             else:
                 self.rt.timer.sent(mark)
+                if reply.beat_s > 0:  # the launcher's period for the job's size (at most 60 s)
+                    self.period_s = min(float(reply.beat_s), 60.0)
                 if reply.fenced:
                     self.rt.fenced()
                     return

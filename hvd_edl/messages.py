@@ -308,9 +308,11 @@ class BeatReply:
     dead (silent, or exited): shut that ring's sockets down so that a collective or a ring
     set-up blocked on it fails now, not after Gloo's timeout.  ``fenced``: this worker was
     declared dead (it may have been frozen or cut off): it must exit without touching any
-    ring again."""
+    ring again.  ``beat_s``: seconds until this worker's next beat (the period grows with the
+    job's size, ``launcher.liveness.beat_period_s``; 0 from an older launcher: ``BEAT_S``)."""
     release: bool = False
     fenced: bool = False
+    beat_s: float = 0.0
 
 
 @dataclass

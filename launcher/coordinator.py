@@ -33,6 +33,7 @@ from launcher.telemetry import Telemetry
 log = logging.getLogger(__name__)
 
 EVENT_REPORT_TIMEOUT_S = 30.0
+WANTED_CACHE_S = 0.05  # longest the replies' "change wanted" is reused without a state change
 SILENCE_CHECK_S = 0.1  # the members' silence is checked at most this often (on a beat)
 STATE_LOST_LIMIT = 3  # generations in a row a job may start without any holder of the state
                       # (from the initial state, or the same checkpoint again) after a failure
@@ -56,6 +57,47 @@ class Generation:
     state_lost: bool = False
     restored_from: str = ""   # the checkpoint its rank 0 resumes from (--checkpoint-dir)
     restored_step: int = -1
+
+
+class NotifyingCondition(threading.Condition):
+    """A condition whose ``notify_all`` also calls ``listeners`` (lock held): the HTTP server's
+    long polls wait on its event loop, not in ``wait()`` on a thread each."""
+
+    def __init__(self, lock):
+        super().__init__(lock)
+        self.listeners: List[Callable[[], None]] = []
+        self.notifies = 0  # how many times the state changed (a cache's key)
+
+    def notify_all(self) -> None:
+        self.notifies += 1
+        super().notify_all()
+        for listener in self.listeners:
+            listener()
+
+
+class CountingDict(dict):
+    """A dict that counts its writes (``serial``): pending ``/switch`` polls are checked again
+    only when an assignment was written, not at every change of the coordinator."""
+    serial = 0
+
+    def __setitem__(self, key, value) -> None:
+        self.serial += 1
+        super().__setitem__(key, value)
+
+
+@dataclass(eq=False)
+class Poll:
+    """One long poll (``/switch``, ``/watch``) as data, so a caller can wait for it without a
+    thread of its own (``CoordinatorServer``) or block on the condition (:meth:`Coordinator.
+    wait_poll`).  ``check()`` (lock held) answers the reply, or None while it must wait;
+    ``timeout()`` (lock held) the reply at ``deadline`` (monotonic seconds).  Polls with the
+    same ``group`` have the same answer at any moment (checked once for all); a ``/switch``
+    poll's group is None: its answer changes only with ``Coordinator.poll_signature()``."""
+    check: Callable[[], object]
+    timeout: Callable[[], object]
+    deadline: float
+    group: Optional[tuple] = None
+    answer: object = None   # the answer at creation, if there was one
 
 
 class JobFailed(RuntimeError):
@@ -85,13 +127,16 @@ class Coordinator:
         self.rendezvous_addr = rendezvous_addr
         self.reset_limit = reset_limit
         self.lock = threading.Lock()
-        self.cond = threading.Condition(self.lock)
+        self.cond = NotifyingCondition(self.lock)
         self.workers: Dict[str, WorkerRecord] = {}
         self.current: Optional[Generation] = None
         self.history: List[Generation] = []
         self.reports: Dict[str, messages.SwitchRequest] = {}
         self.first_report_at: Optional[float] = None
-        self.assignments: Dict[str, messages.Assignment] = {}
+        self.assignments: Dict[str, messages.Assignment] = CountingDict()
+        self.departures = 0  # workers that exited or were fenced (a /switch poll's answer)
+        self._reported_upto = 0  # members of the current generation [0, this) need no report
+        self._wanted_cache = (None, 0.0, False)  # (key, when, _change_wanted()) for the replies
         self.finishing = False
         self.stopping = False  # the launcher is terminating every worker (SIGTERM means die)
         self.failure: Optional[str] = None
@@ -131,6 +176,7 @@ class Coordinator:
             rec = self.workers[worker_id]
             was = rec.state
             rec.exit_code = code
+            self.departures += 1
             if code == 0:
                 rec.move(WorkerState.EXITED)
                 if was in (WorkerState.MEMBER, WorkerState.LEAVING) and self.current is not None \
@@ -186,7 +232,8 @@ class Coordinator:
                 live = [w for w in g.members if self.workers[w].state.alive]
                 for w in self.liveness.silent(live, now):
                     silent.append((self._fence(self.workers[w]), now))
-            reply = messages.BeatReply(release=msg.generation in self.released)
+            reply = messages.BeatReply(release=msg.generation in self.released,
+                                       beat_s=self.liveness.period_s)
         self.telemetry.observe(msg.worker_id, msg.generation, now, msg.steps_done,
                                msg.compute_s, msg.wait_s, msg.samples, step=msg.step)
         for fenced_rec, at in silent:
@@ -198,6 +245,7 @@ class Coordinator:
         answered "exit" or "fenced"), its generation is released and re-formed without it."""
         rec.fenced = True
         rec.move(WorkerState.DEAD)
+        self.departures += 1
         self._member_lost(rec)
         self.liveness.forget(rec.worker_id)
         self._try_form()
@@ -402,6 +450,11 @@ class Coordinator:
 
     def switch(self, msg: messages.SwitchRequest) -> messages.Assignment:
         """Long poll: record that the worker is at a step boundary; answer its next assignment."""
+        return self.wait_poll(self.poll_switch(msg))
+
+    def poll_switch(self, msg: messages.SwitchRequest) -> Poll:
+        """:meth:`switch` without the wait: the report is recorded now (a generation may form);
+        the :class:`Poll` answers the worker's next assignment ("wait" at its deadline)."""
         deadline = time.monotonic() + min(max(msg.wait_s, 0.0), 30.0)
         with self.cond:
             rec = self._worker(msg.worker_id)
@@ -410,17 +463,34 @@ class Coordinator:
                 self.reports[msg.worker_id] = msg
                 if self.first_report_at is None:
                     self.first_report_at = time.monotonic()
-                self._try_form()
-                self.cond.notify_all()
-            while True:
+                self._try_form()  # forming notifies the waiters; a mere report changes nothing
+
+            def check():
                 a = self.assignments.get(msg.worker_id)
                 if a is not None and (a.action == "exit" or a.generation > msg.generation):
                     return a
                 if self.finishing or self.failure or not rec.state.alive:
                     return messages.Assignment(action="exit", reason="the job is over")
-                left = deadline - time.monotonic()
+                return None
+            return Poll(check, lambda: messages.Assignment(action="wait"), deadline,
+                        answer=check())
+
+    def poll_signature(self) -> tuple:
+        """What a pending ``/switch`` poll's answer depends on besides its own worker (lock
+        held): the assignments written, the job's end, departures."""
+        return (self.assignments.serial, self.finishing, self.failure is not None,
+                self.stopping, self.departures)
+
+    def wait_poll(self, poll: Poll):
+        """Block (on the condition) until ``poll`` answers or its deadline passes."""
+        with self.cond:
+            while True:
+                reply = poll.check()
+                if reply is not None:
+                    return reply
+                left = poll.deadline - time.monotonic()
                 if left <= 0:
-                    return messages.Assignment(action="wait")
+                    return poll.timeout()
                 self.cond.wait(left)
 
     def started(self, msg: messages.Started) -> messages.WatchReply:
@@ -440,6 +510,12 @@ class Coordinator:
 
     def watch(self, msg: messages.WatchRequest) -> messages.WatchReply:
         """Long poll: answer as soon as a switch is wanted after ``msg.generation``."""
+        return self.wait_poll(self.poll_watch(msg))
+
+    def poll_watch(self, msg: messages.WatchRequest) -> Poll:
+        """:meth:`watch` without the wait: the progress is recorded now; the :class:`Poll`
+        answers when a switch is wanted (with ``until_started``: when the generation trains or
+        is over), the reply as it stands at its deadline."""
         deadline = time.monotonic() + min(max(msg.wait_s, 0.0), 30.0)
         with self.cond:
             self.progress.record(msg.worker_id, msg.step, msg.epoch, msg.samples,
@@ -447,20 +523,27 @@ class Coordinator:
             if self.progress.waiting:
                 self.cond.notify_all()  # a status waits for fresh reports
             asks = self.progress.asks
-            while msg.until_started:
-                g = self.current
-                left = deadline - time.monotonic()
-                if g is None or g.number != msg.generation or g.logged or left <= 0 \
-                        or self.finishing or self.failure or self.stopping:
-                    return self._watch_reply(msg.generation)
-                self.cond.wait(left)
-            while True:
-                reply = self._watch_reply(msg.generation)
-                left = deadline - time.monotonic()
-                if reply.change_pending or left <= 0 or reply.latest_generation != msg.generation \
-                        or self.progress.asks != asks:  # a status: ask again with fresh figures
-                    return reply
-                self.cond.wait(left)
+
+            def timeout():
+                return self._watch_reply(msg.generation)
+
+            if msg.until_started:
+                def check():
+                    g = self.current
+                    if g is None or g.number != msg.generation or g.logged \
+                            or self.finishing or self.failure or self.stopping:
+                        return self._watch_reply(msg.generation)
+                    return None
+                group = ("until_started", msg.generation)
+            else:
+                def check():
+                    reply = self._watch_reply(msg.generation)
+                    if reply.change_pending or reply.latest_generation != msg.generation \
+                            or self.progress.asks != asks:  # a status: ask again, fresh figures
+                        return reply
+                    return None
+                group = ("watch", msg.generation, asks)
+            return Poll(check, timeout, deadline, group, answer=check())
 
     def request_checkpoint(self) -> int:
         """``hvd-edl-ctl checkpoint``: rank 0 writes one at its next commit (the open
@@ -505,6 +588,22 @@ class Coordinator:
         return [w for w in self.current.members if self.workers[w].state in (
             WorkerState.MEMBER, WorkerState.LEAVING)]
 
+    def _all_reported(self) -> bool:
+        """Whether every live member of the current generation reported at the step boundary
+        (lock held).  Amortised O(1) per report: reports are only added within a generation
+        and members only die, so the members before ``_reported_upto`` never need another
+        look (a scan per report grew as N^2 per switch with the job)."""
+        members = self.current.members
+        i = self._reported_upto
+        while i < len(members):
+            w = members[i]
+            if w not in self.reports and self.workers[w].state in (WorkerState.MEMBER,
+                                                                   WorkerState.LEAVING):
+                break
+            i += 1
+        self._reported_upto = i
+        return i >= len(members)
+
     def _ready(self) -> List[WorkerRecord]:
         return sorted((w for w in self.workers.values() if w.state == WorkerState.READY
                        and w.worker_id not in self.reserved), key=lambda w: w.order)
@@ -535,9 +634,24 @@ class Coordinator:
                    and abs(w.spawned_at - first.spawned_at) < JOIN_BATCH_S
                    for w in self.workers.values())
 
+    def _change_wanted_now(self) -> bool:
+        """``_change_wanted()`` for the workers' replies (lock held), computed at most once per
+        state change (every change notifies the condition; adding or reserving a worker does
+        not, hence their counts in the key) and per ``WANTED_CACHE_S`` (the join batch's wait
+        ends with time alone).  Each ``/started``, ``/ready`` and new ``/watch`` poll asked it
+        anew: O(N) each, O(N^2) per switch (benchmarks/control_plane.py)."""
+        key = (self.cond.notifies, len(self.workers), len(self.reserved))
+        now = time.monotonic()
+        cached_key, at, wanted = self._wanted_cache
+        if cached_key != key or now - at >= WANTED_CACHE_S:
+            wanted = self._change_wanted()
+            self._wanted_cache = (key, now, wanted)
+        return wanted
+
     def _watch_reply(self, generation: int) -> messages.WatchReply:
         latest = self.current.number if self.current else 0
-        return messages.WatchReply(change_pending=(generation == latest and self._change_wanted()),
+        return messages.WatchReply(change_pending=(generation == latest
+                                                   and self._change_wanted_now()),
                                    latest_generation=latest,
                                    checkpoint_request=self.checkpoint_request)
 
@@ -550,6 +664,8 @@ class Coordinator:
                 return  # the initial workers are still starting
             previous: List[str] = []
         else:
+            if not self._all_reported():
+                return  # not every member is at the boundary yet (checked first: O(1) mostly)
             if not self._change_wanted():
                 return
             previous = self._live_members()
@@ -609,7 +725,8 @@ class Coordinator:
         if restore is None:
             return
         number = (self.current.number if self.current else 0) + 1
-        port = self.rendezvous.open(number, {self.workers[w].host for w in participants})
+        port = self.rendezvous.open(number, {self.workers[w].host for w in participants},
+                                    size=len(participants))
         hosts: List[str] = []
         for w in participants:
             if self.workers[w].host not in hosts:
@@ -661,6 +778,7 @@ class Coordinator:
             self.last_restore = str(restore[0][0])
         self.first_loss = None
         now = time.monotonic()
+        self.liveness.set_members(len(participants), now)
         for w in participants:
             self.liveness.expect(w, now)
         gen = Generation(number, list(participants), kind, step, rolled_back, time.time(),
@@ -671,6 +789,7 @@ class Coordinator:
         self.history.append(gen)
         self.telemetry.on_members(number, participants)
         self.reports = {}
+        self._reported_upto = 0
         self.first_report_at = None
         if kind == "start" or not continuing:
             self._log_event(gen)

@@ -9,13 +9,19 @@ Requests are checked on the event loop's thread, in this order, and a refused on
    / 413, unread);
 3. a signature header at all (else 401, unread, no ``100 Continue``), then a valid, fresh, not
    yet seen signature over the body (else 403, see :mod:`launcher.control_auth`);
-4. only then the JSON body is parsed and the route's handler runs, on a thread of its own (the
-   coordinator's long polls, ``/watch`` and ``/switch``, block for seconds): malformed JSON, JSON
-   nested too deep and fields of the wrong type answer 400.
+4. only then the JSON body is parsed and the route's handler runs: malformed JSON, JSON nested
+   too deep and fields of the wrong type answer 400.
 
-Unauthenticated clients never get a thread; daemon threads serve authenticated requests only,
-at most one per connection.  Connections that authenticated stay open between requests (the workers'
-keep-alive sessions) for ``IDLE_CONNECTION_TIMEOUT_S``.
+The workers' routes run on the event loop's thread: the short ones (``/beat``, ``/register``,
+``/ready``, ``/started``, ``/leave``) take the coordinator's lock for microseconds; the long polls
+(``/watch``, ``/switch``) record what they carry, then wait as futures (``Coordinator.poll_*``)
+that are checked again when the coordinator's condition is notified: once per group of polls
+with the same answer, and the ``/switch`` polls only when an assignment was written.  1,024
+workers' open polls are 2,048 futures, not 2,048 threads (a thread per request cost the launcher
+a thread start per heartbeat and woke every waiting thread at every report: benchmarks/
+control_plane.py).  The control API's routes (which may wait for the workers) run on a daemon
+thread each.  Unauthenticated clients never get a thread.  Connections that authenticated stay
+open between requests (the workers' keep-alive sessions) for ``IDLE_CONNECTION_TIMEOUT_S``.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from typing import Any, Callable, Dict, Optional
 
 from hvd_edl import messages
@@ -89,6 +96,14 @@ class CoordinatorServer:
                                       keep_alive=True, same_user_only=True,
                                       local_addresses=_local_addresses())
         self._stopping = False
+        # long polls waiting on the loop: /switch ones, and /watch ones by group (same answer)
+        self._switch_polls: Dict[Any, asyncio.Future] = {}
+        self._groups: Dict[tuple, Dict[Any, asyncio.Future]] = {}
+        self._signature = None
+        self._recheck_pending = False
+        self._inline = hasattr(coordinator, "poll_switch") and hasattr(coordinator, "cond")
+        if self._inline:
+            coordinator.cond.listeners.append(self._notified)
         self._loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._loop.run_forever, name="coordinator",
                                        daemon=True)
@@ -137,8 +152,12 @@ class CoordinatorServer:
             return _json(404, {"error": "no such endpoint"}, authenticated=True)
         if self._stopping:
             return _json(503, {"error": "shutting down"}, close=True)
-        # a daemon thread per authenticated request in flight (at most one per connection):
-        # long polls hold theirs for seconds, and none may delay the launcher's exit
+        if route is not None and self._inline:
+            if route[1] in ("switch", "watch"):
+                return await self._long_poll(route, body)
+            return self._dispatch(request.path, body)  # microseconds under the lock
+        # the control API: a daemon thread per request in flight (at most one per connection):
+        # some wait for the workers, and none may delay the launcher's exit
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
 
@@ -148,8 +167,64 @@ class CoordinatorServer:
         threading.Thread(target=run, name="coordinator-request", daemon=True).start()
         return await answer
 
+    async def _long_poll(self, route, body: bytes) -> Response:
+        """A ``/switch`` or ``/watch`` long poll as a future on the loop (see the module)."""
+        cls, method = route
+        try:
+            poll = getattr(self.coord, "poll_" + method)(messages.decode(cls, body))
+        except (ValueError, KeyError, TypeError) as e:
+            msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+            return _json(400, {"error": str(msg)}, authenticated=True)
+        reply = poll.answer
+        if reply is None:
+            future = self._loop.create_future()
+            waiting = self._switch_polls if poll.group is None \
+                else self._groups.setdefault(poll.group, {})
+            waiting[poll] = future
+            try:
+                reply = await asyncio.wait_for(future, max(0.0, poll.deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                with self.coord.lock:
+                    reply = poll.check() or poll.timeout()
+            finally:
+                waiting.pop(poll, None)
+                if poll.group is not None and not waiting:
+                    self._groups.pop(poll.group, None)
+        return Response(200, messages.encode(reply), authenticated=True)
+
+    def _notified(self) -> None:
+        """The coordinator's condition was notified (any thread, its lock held): check the
+        waiting polls once on the loop, however many notifications come before that."""
+        if not self._recheck_pending and not self._stopping:
+            self._recheck_pending = True
+            try:
+                self._loop.call_soon_threadsafe(self._recheck)
+            except RuntimeError:  # the loop is closed: the launcher is stopping
+                pass
+
+    def _recheck(self) -> None:
+        self._recheck_pending = False
+        if not self._switch_polls and not self._groups:
+            return
+        answered = []
+        with self.coord.lock:
+            signature = self.coord.poll_signature()
+            if signature != self._signature:
+                self._signature = signature
+                for poll, future in self._switch_polls.items():
+                    reply = poll.check()
+                    if reply is not None:
+                        answered.append((future, reply))
+            for polls in self._groups.values():
+                reply = next(iter(polls)).check() if polls else None
+                if reply is not None:
+                    answered.extend((future, reply) for future in polls.values())
+        for future, reply in answered:
+            if not future.done():
+                future.set_result(reply)
+
     def _dispatch(self, path: str, body: bytes) -> Response:
-        """Run an authenticated request's route (on its own thread); never raises."""
+        """Run an authenticated request's route; never raises."""
         try:
             route = ROUTES.get(path)
             if route is not None:

@@ -27,7 +27,17 @@ Bounds, and how detection time trades against false alarms (defaults):
 * Torch's ``DynamicRendezvousHandler`` beats every 5 s and declares a node dead after 3 missed
   beats (15 s); Horovod Elastic has no liveness of its own and waits for Gloo's 30 s timeout.
 
-``HVD_EDL_SILENT_AFTER_S`` overrides the silence bound in the launcher's environment.
+* Large jobs: one Python process answers about a thousand beats per second with a tenth of a
+  core (benchmarks/control_plane.py), so the beat period grows with the generation's size,
+  ``max(BEAT_S, size / MAX_BEATS_PER_S)`` (1.02 s at 1,024 members), and each worker learns it
+  from its beats' answers (``BeatReply.beat_s``); silence is then declared after
+  ``max(SILENT_AFTER_S, SILENT_BEATS x period)`` (5.1 s at 1,024: detection in 4.1-6.1 s), so the
+  launcher's cost stays bounded as the job grows, as a large system's leader leases do.  After a
+  generation shrinks, the longer bound holds for two old periods (workers still beat at the old
+  period until their next answer).
+
+``HVD_EDL_SILENT_AFTER_S`` overrides the silence bound in the launcher's environment,
+``HVD_EDL_MAX_BEATS_PER_S`` the beat budget.
 """
 from __future__ import annotations
 
@@ -39,6 +49,14 @@ from hvd_edl.messages import BEAT_S
 
 SILENT_AFTER_S = float(os.environ.get("HVD_EDL_SILENT_AFTER_S", "1.5"))
 STARVED_S = 1.0  # no beat from anyone this long: the launcher was starved, restart the clocks
+MAX_BEATS_PER_S = float(os.environ.get("HVD_EDL_MAX_BEATS_PER_S", "1000"))
+SILENT_BEATS = 5  # missed beats (at the grown period) before a member is declared dead
+
+
+def beat_period_s(members: int, max_beats_per_s: float = MAX_BEATS_PER_S) -> float:
+    """Seconds between each worker's beats for a generation of ``members``: ``BEAT_S``, longer
+    when ``members`` beats would exceed ``max_beats_per_s`` beats per second in all."""
+    return max(BEAT_S, members / max_beats_per_s)
 
 
 class LivenessMonitor:
@@ -55,7 +73,11 @@ class LivenessMonitor:
         if silent_after_s <= 2 * BEAT_S:
             raise ValueError(f"silent_after_s must exceed 2 x BEAT_S ({2 * BEAT_S} s), got "
                              f"{silent_after_s}")
+        self.base_silent_after_s = silent_after_s
         self.silent_after_s = silent_after_s
+        self.period_s = BEAT_S                # the beat period the workers are told
+        self._previous_period_s = BEAT_S
+        self._period_changed_at = float("-inf")
         self._last: Dict[str, float] = {}
         self._any_beat_at: float = float("-inf")
         self._lock = threading.Lock()
@@ -76,6 +98,26 @@ class LivenessMonitor:
         with self._lock:
             self._last[worker_id] = max(self._last.get(worker_id, now), now)
 
+    def set_members(self, members: int, now: float) -> None:
+        """A generation of ``members`` formed at ``now``: the beat period and the silence bound
+        follow its size (see the module docstring)."""
+        with self._lock:
+            period = beat_period_s(members)
+            if period != self.period_s:
+                self._previous_period_s, self._period_changed_at = self.period_s, now
+                self.period_s = period
+            self._bound(now)
+
+    def _bound(self, now: float) -> float:
+        """The silence bound at ``now`` (lock held): the old period's while workers may still
+        beat at it."""
+        period = self.period_s
+        if now - self._period_changed_at < 2 * self._previous_period_s:
+            period = max(period, self._previous_period_s)
+        self.silent_after_s = max(self.base_silent_after_s, SILENT_BEATS * period) \
+            if period > BEAT_S else self.base_silent_after_s
+        return self.silent_after_s
+
     def forget(self, worker_id: str) -> None:
         with self._lock:
             self._last.pop(worker_id, None)
@@ -85,7 +127,8 @@ class LivenessMonitor:
         member beat within it (a generation of one has no peer waiting on it: [])."""
         with self._lock:
             ages = {w: now - self._last.get(w, now) for w in members}
-        fresh = [w for w, age in ages.items() if age <= self.silent_after_s]
+            bound = self._bound(now)
+        fresh = [w for w, age in ages.items() if age <= bound]
         if not fresh:
             return []
-        return [w for w, age in ages.items() if age > self.silent_after_s]
+        return [w for w, age in ages.items() if age > bound]

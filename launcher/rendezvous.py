@@ -26,7 +26,8 @@ members only, in their (signed) :class:`hvd_edl.messages.Assignment`.  What each
 * answers only requests carrying the generation's token: none 401, a wrong one 403, and neither
   reads, stores nor deletes anything;
 * accepts only ``/<scope>/<key>`` paths of printable characters up to ``MAX_PATH_CHARS``, values
-  up to ``MAX_VALUE_BYTES`` (413) and a store of at most ``MAX_STORE_BYTES`` in all, key names
+  up to ``MAX_VALUE_BYTES`` (413) and a store of at most ``MAX_STORE_BYTES`` in all (plus
+  what Gloo's full mesh of the generation's size needs, see ``mesh_bytes``), key names
   counted (``KEY_OVERHEAD_BYTES`` each beyond the name), and at most ``MAX_KEYS`` keys (413);
 * refuses ``HEAD`` (Horovod's handler inherits ``SimpleHTTPRequestHandler.do_HEAD``, which would
   report on files in the launcher's working directory) and every other method but GET/PUT/DELETE
@@ -77,6 +78,7 @@ HOLD_S = 2.0                 # longest a GET of a missing key waits for its PUT 
 REQUEST_TIMEOUT_S = 3.0      # to send a request's head or body (Horovod's server: the same)
 MAX_KEYS = 100_000           # keys of one generation (Gloo: a few per rank and rendezvous)
 KEY_OVERHEAD_BYTES = 64      # what a key costs beyond its name, counted against MAX_STORE_BYTES
+GLOO_ADDRESS_BYTES = 136     # one pair address in Gloo's full-mesh key (tcp::Address::Impl)
 MAX_CONNECTIONS = 1024       # concurrent connections per server (a rank holds one at a time)
 MAX_HEADER_BYTES = 16 << 10  # request line and headers (Horovod sends about 150 bytes)
 MAX_HEADERS = 32
@@ -149,6 +151,7 @@ class GenerationStore:
         self.sealed = False
         self.refused = 0
         self.bytes = 0      # values and key names together
+        self.mesh_bytes = 0  # allowed beyond MAX_STORE_BYTES for this generation's size
         self.keys = 0
         self.waiters: Dict[Tuple[str, str], List[asyncio.Future]] = {}
         self.server: Optional[BoundedHTTPServer] = None
@@ -225,14 +228,21 @@ class GenerationRendezvous:
     def _start(self) -> GenerationStore:
         return self._call(self._listen)
 
-    def open(self, generation: int, hosts: Iterable[str] = ("localhost",)) -> int:
-        """A fresh rendezvous for ``generation`` whose members run on ``hosts``; returns its TCP
-        port.  Earlier generations' servers are sealed; those before ``generation - 1`` stopped."""
+    def open(self, generation: int, hosts: Iterable[str] = ("localhost",), size: int = 0) -> int:
+        """A fresh rendezvous for ``generation`` of ``size`` ranks whose members run on
+        ``hosts``; returns its TCP port.  Earlier generations' servers are sealed; those before
+        ``generation - 1`` stopped.
+
+        Gloo's ``connectFullMesh`` has every rank store (size - 1) pair addresses of
+        ``GLOO_ADDRESS_BYTES``: size^2 x 136 bytes per scope, 142 MB at 1,024 ranks, more than
+        ``MAX_STORE_BYTES`` (a ring above ~690 ranks could not form), so the store may hold
+        twice that beyond it."""
         peers = allowed_peers(hosts)
         with self._lock:
             store = self._spare or self._start()
             self._spare = None
             store.allowed = peers
+            store.mesh_bytes = 2 * size * size * GLOO_ADDRESS_BYTES
             earlier = list(self._servers.values())
             self._servers[generation] = store
             stale = [self._servers.pop(g) for g in [g for g in self._servers
@@ -351,7 +361,8 @@ class GenerationRendezvous:
                 length = body.length(MAX_VALUE_BYTES, required=True)
             except HttpError as e:
                 return self._refuse(store, e.status, e.reason, request)
-            if store.bytes + length + store.key_bytes(scope, key) > MAX_STORE_BYTES:
+            if store.bytes + length + store.key_bytes(scope, key) \
+                    > MAX_STORE_BYTES + store.mesh_bytes:
                 return self._refuse(store, 413, "store full", request)
             if store.keys >= MAX_KEYS and key not in store.cache.get(scope, {}):
                 return self._refuse(store, 413, f"store holds {MAX_KEYS} keys", request)

@@ -224,7 +224,7 @@ class CountingRendezvous(GenerationRendezvous):
 
 def init_ab(n: int, rounds: int) -> List[dict]:
     """``n`` ranks of ``benchmarks/scale_worker.py`` on this host initialise Horovod ``2 *
-    rounds`` times, each against a fresh generation of our rendezvous server, patch 0004 on and
+    rounds`` times (after one unrecorded warm-up), each against a fresh generation of our rendezvous server, patch 0004 on and
     off in turn (ABAB...: both see the same load).  Per init: the slowest rank's ``hvd.init()``
     (seconds), the requests the rendezvous answered and this process's CPU seconds (the
     rendezvous server's event loop runs here, as in the launcher).
@@ -246,10 +246,10 @@ def init_ab(n: int, rounds: int) -> List[dict]:
             procs.append(subprocess.Popen([sys.executable, str(Path(__file__).with_name(
                 "scale_worker.py"))], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                 text=True))
-        for i in range(2 * rounds):
+        for i in range(-1, 2 * rounds):   # -1: a first init, not recorded (warm-up)
             fast = i % 2 == 0
-            port = rdv.open(i + 1, ["localhost"])
-            cmd = json.dumps({"port": port, "token": rdv.token(i + 1), "fast": fast}) + "\n"
+            port = rdv.open(i + 2, ["localhost"])
+            cmd = json.dumps({"port": port, "token": rdv.token(i + 2), "fast": fast}) + "\n"
             cpu0 = time.process_time()
             for p in procs:
                 p.stdin.write(cmd)
@@ -262,6 +262,8 @@ def init_ab(n: int, rounds: int) -> List[dict]:
                 answers.append(json.loads(line))
             if not all(x["ok"] for x in answers):
                 raise RuntimeError(f"init_ab: a wrong allreduce at {n} ranks: {answers}")
+            if i < 0:
+                continue
             rows.append({"workers": n, "fast_init": fast, "round": i // 2,
                          "init_s": round(max(x["init_s"] for x in answers), 4),
                          "shutdown_s": round(max(x["shutdown_s"] for x in answers), 4),

@@ -169,6 +169,46 @@ def switch_phases(model_mb: float, changes, settle_steps: int, timeout_s: float)
     return out
 
 
+def transfer_alone(mb: float, reps: int) -> dict:
+    """The stream alone, one process to another on loopback (no Horovod): ``mb`` MB in 8
+    tensors received into existing tensors, against a 100 MB ``copy_`` in the same process, the
+    medians of ``reps``: how close to memory speed the transfer is on this machine now."""
+    import multiprocessing as mp
+    import torch
+    from hvd_edl import state_stream as ss
+    torch.set_num_threads(1)
+    n = int(mb * 2 ** 20 / 4 / 8)
+    src = [torch.randn(n) for _ in range(8)]
+    flat_src, flat_dst = torch.randn(8 * n), torch.zeros(8 * n)
+    ctx = mp.get_context("fork")
+    times, copies = [], []
+    for _ in range(reps):
+        server = ss.StreamServer(src, "127.0.0.1")
+        q = ctx.Queue()
+
+        def child(endpoint, q=q):
+            dst = [torch.zeros(n) for _ in range(8)]  # touched, as a model's parameters are
+            t = time.perf_counter()
+            ss.receive(endpoint, dst)
+            q.put(time.perf_counter() - t)
+
+        proc = ctx.Process(target=child, args=(server.endpoint(),))
+        proc.start()
+        server.serve(1)
+        times.append(q.get(timeout=60))
+        proc.join(60)
+        t = time.perf_counter()
+        flat_dst.copy_(flat_src)
+        copies.append(time.perf_counter() - t)
+    stream_s, copy_s = statistics.median(times), statistics.median(copies)
+    out = {"state_mb": mb, "stream_s": round(stream_s, 4),
+           "stream_gb_per_s": round(mb / 1024 / stream_s, 2), "copy_s": round(copy_s, 4),
+           "copy_gb_per_s": round(mb / 1024 / copy_s, 2), "runs": reps}
+    print(f"transfer alone {mb:.0f} MB: stream {stream_s:.3f} s ({out['stream_gb_per_s']} GB/s), "
+          f"memory copy {copy_s:.3f} s ({out['copy_gb_per_s']} GB/s), median of {reps}")
+    return out
+
+
 def run_sync(a):
     out = subprocess.run([str(BIN / "hvd-edl-run"), "-np", "3", sys.executable, __file__,
                           "--worker", "--sizes", a.sizes, "--reps", str(a.reps),
@@ -199,7 +239,7 @@ def main() -> int:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--switch", action=argparse.BooleanOptionalAction, default=True,
                    help="also measure the switch's sync phase in a real scale-out")
-    p.add_argument("--only", choices=("sync", "switch"),
+    p.add_argument("--only", choices=("sync", "switch", "transfer"),
                    help="run one part (writes --out all the same)")
     p.add_argument("--model-mb", type=float, default=100.0,
                    help="frozen parameters of the scale-out job (MB, default %(default)s)")
@@ -226,12 +266,14 @@ def main() -> int:
     load = os.getloadavg()
     result = {"benchmark": "TorchState sync among 3 workers: before (broadcast_object) and "
                            "after (stream)", "load_before": [round(x, 2) for x in load]}
-    if a.only != "switch":
+    if a.only in (None, "transfer"):
+        result["transfer_alone"] = transfer_alone(max(sizes), a.reps)
+    if a.only in (None, "sync"):
         rows = run_sync(a)
         if rows is None:
             return 1
         result["results"] = rows
-    if a.only == "sync":
+    if a.only in ("sync", "transfer"):
         a.switch = False
     if a.switch:
         result["switch"] = switch_phases(a.model_mb, changes, 5, 180.0)

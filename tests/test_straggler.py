@@ -26,10 +26,11 @@ def test_slow_worker_is_replaced_in_one_switch_and_a_healthy_job_sees_no_straggl
     clean_dir.mkdir()
     from conftest import Job
     slow = Job(slow_dir, flags + ["--straggler-policy", "replace"],
-               long_digits(slow_dir, "--slow-worker", "localhost:1:3"),
+               long_digits(slow_dir, "--step-delay", "0.03", "--slow-worker", "localhost:1:3"),
                hosts="localhost:2\n127.0.0.1:1")
     # the same job at the same time without the slow worker, policy evict: nothing may fire
-    clean = Job(clean_dir, flags + ["--straggler-policy", "evict"], long_digits(clean_dir),
+    clean = Job(clean_dir, flags + ["--straggler-policy", "evict"],
+                long_digits(clean_dir, "--step-delay", "0.03"),
                 hosts="localhost:2\n127.0.0.1:1")
     try:
         ev = slow.wait_generation(1)

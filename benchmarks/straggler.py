@@ -19,7 +19,8 @@ every 0.5 s, asks the workers nothing; samples = steps x 16 per rank), over
 
 and for the clean job over the same (wall-clock) intervals.  Detection time: from the
 wall-clock time in the worker's "slow-worker: ... from now (T)" line to the time of the
-launcher's "straggler" note in the event log.  Goal (issue 16): detection <= 10 s, after >= 0.9 x the clean job.
+launcher's "straggler" note in the event log.  Goal (issue 16): detection <= 10 s, after >= 0.9
+x the clean job.
 
     .venv/bin/python benchmarks/straggler.py            # about 2-3 minutes
     .venv/bin/python benchmarks/straggler.py --only replace

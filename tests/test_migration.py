@@ -1,11 +1,13 @@
 """Job migration (EDL): ``hvd-edl-ctl migrate`` moves the workers of one host to another in one
-stop-free switch; the coordinator's reservation that holds the new workers back until the swap."""
+stop-free switch, and a straggler's replacement through the same swap; the coordinator's
+reservation that holds the new workers back until the swap."""
 import json
+import re
 import subprocess
 
 import pytest
 
-from conftest import VENV_BIN, long_digits
+from conftest import VENV_BIN, Job, long_digits
 from hvd_edl import audit, messages
 from launcher import ctl
 from launcher.coordinator import Coordinator
@@ -50,61 +52,90 @@ def _notes(job, kind):
     return [e for e in lines if e.get("event") == kind]
 
 
-def test_migrate_moves_a_hosts_workers_in_one_replace_generation_rolling_back_nothing(
-        tmp_path, job_factory, monkeypatch, capsys):
+def test_migration_and_straggler_replacement_each_take_one_replace_generation(
+        tmp_path, monkeypatch, capsys):
+    """One job (EDL's job migration, then straggler mitigation on the moved job): ``migrate``
+    moves localhost's 2 workers to 127.0.0.1 in one "replace" generation (nothing rolled back,
+    exactly-once data, localhost drained); one of the moved workers' slot is 3x slow
+    (``--slow-worker``): it is found from its compute time and replaced in one more "replace"
+    generation on another slot.  Beside it, the same job without a slow worker (policy evict)
+    sees no straggler at all (the false-positive check)."""
+    hosts = "localhost:2\n127.0.0.1:4"  # two hosts for the launcher and for Horovod's cross ranks
+    flags = ["-np", "3", "--min-np", "1", "--max-np", "3", "--discovery-interval", "0.2"]
+    moved_dir, clean_dir = tmp_path / "moved", tmp_path / "clean"
+    moved_dir.mkdir()
+    clean_dir.mkdir()
     ledger = tmp_path / "ledger"
-    monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
-    job_file = tmp_path / "job.json"
-    # localhost and 127.0.0.1 are two hosts for the launcher (and for Horovod's cross ranks)
-    job = job_factory(["-np", "3", "--min-np", "1", "--max-np", "3", "--discovery-interval",
-                       "0.2", "--job-file", str(job_file)],
-                      long_digits(tmp_path, "--step-delay", "0.05"),
-                      hosts="localhost:2\n127.0.0.1:3")
-    ev = job.wait_generation(1)
-    assert [m.split("@")[1] for m in ev["members"]] == ["localhost:0", "localhost:1",
-                                                        "127.0.0.1:0"]
-    job.wait_for("the job file", job_file.exists, 30)
+    job_file = moved_dir / "job.json"
+    monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))  # taken at spawn: this job only
+    job = Job(moved_dir, flags + ["--job-file", str(job_file), "--straggler-policy", "replace"],
+              long_digits(moved_dir, "--step-delay", "0.05", "--slow-worker", "127.0.0.1:1:3"),
+              hosts=hosts)
+    monkeypatch.delenv(audit.ENV_AUDIT_DIR)
+    clean = Job(clean_dir, flags + ["--straggler-policy", "evict"],
+                long_digits(clean_dir, "--step-delay", "0.05"), hosts=hosts)
+    try:
+        ev = job.wait_generation(1)
+        assert [m.split("@")[1] for m in ev["members"]] == ["localhost:0", "localhost:1",
+                                                            "127.0.0.1:0"]
+        job.wait_for("the job file", job_file.exists, 30)
+        for args, message in (
+                (["--from", "nosuch", "--to", "127.0.0.1"], "unknown host 'nosuch'"),
+                (["--from", "localhost", "--to", "localhost"], "the same host"),
+                (["--from", "127.0.0.1", "--to", "localhost"],
+                 "localhost cannot take the 1 worker of 127.0.0.1: 0 free usable")):
+            code, _, err = _ctl_here(capsys, job_file, "migrate", *args)
+            assert code == 1 and message in err, (args, err)
+        with pytest.raises(SystemExit) as usage:
+            ctl.main(["--job", str(job_file), "migrate", "--from", "localhost"])
+        assert usage.value.code == 2
 
-    for args, message in ((["--from", "nosuch", "--to", "127.0.0.1"], "unknown host 'nosuch'"),
-                          (["--from", "localhost", "--to", "localhost"], "the same host"),
-                          (["--from", "127.0.0.1", "--to", "localhost"],
-                           "localhost cannot take the 1 worker of 127.0.0.1: 0 free usable")):
-        code, _, err = _ctl_here(capsys, job_file, "migrate", *args)
-        assert code == 1 and message in err, (args, err)
-    with pytest.raises(SystemExit) as usage:
-        ctl.main(["--job", str(job_file), "migrate", "--from", "localhost"])
-    assert usage.value.code == 2
+        r = _ctl(job_file, "migrate", "--from", "localhost", "--to", "127.0.0.1",
+                 "--wait", "120")
+        assert r.returncode == 0, r.stdout + r.stderr + job.output()[-3000:]
+        assert "migrated w1, w2 on localhost to 127.0.0.1 as w4, w5" in r.stdout, r.stdout
+        assert "localhost stays drained" in r.stdout
+        swap = job.wait_generation(2)
+        assert swap["kind"] == "replace" and swap["rolled_back_steps"] == 0, swap
+        assert swap["members"] == ["w3@127.0.0.1:0", "w4@127.0.0.1:1", "w5@127.0.0.1:2"]
+        assert swap["left"] == ["w1@localhost:0", "w2@localhost:1"]
+        # the old workers trained while the new ones built: the switch costs a scale-out's
+        assert swap["stall_s"] < 2.0, swap
+        notes = _notes(job, "migration")
+        assert [n["phase"] for n in notes] == ["start", "done"], notes
+        code, out, _ = _ctl_here(capsys, job_file, "status", "--json")
+        s = json.loads(out)
+        assert s["drained"] == ["localhost"] and s["migration"]["phase"] == "done"
+        code, out, _ = _ctl_here(capsys, job_file, "status")
+        assert "migration:  w1, w2 localhost -> 127.0.0.1: done" in out, out
 
-    r = _ctl(job_file, "migrate", "--from", "localhost", "--to", "127.0.0.1", "--wait", "120")
-    assert r.returncode == 0, r.stdout + r.stderr + job.output()[-3000:]
-    assert "migrated w1, w2 on localhost to 127.0.0.1 as w4, w5" in r.stdout, r.stdout
-    assert "localhost stays drained" in r.stdout
-
-    gens = job.events()
-    assert [e["kind"] for e in gens] == ["start", "replace"], gens
-    swap = gens[1]
-    assert swap["world_size"] == 3 and swap["rolled_back_steps"] == 0
-    assert swap["members"] == ["w3@127.0.0.1:0", "w4@127.0.0.1:1", "w5@127.0.0.1:2"]
-    assert swap["left"] == ["w1@localhost:0", "w2@localhost:1"]
-    assert swap["joined"] == ["w4@127.0.0.1:1", "w5@127.0.0.1:2"]
-    # the old workers trained while the new ones built: the switch costs a scale-out's stall
-    assert swap["stall_s"] < 2.0, swap
-    notes = _notes(job, "migration")
-    assert [n["phase"] for n in notes] == ["start", "done"], notes
-    assert notes[1]["generations"][0]["kind"] == "replace"
-    print(f"migration: stall {swap['stall_s']:.3f} s, phases {swap['phases']}, "
-          f"{notes[1]['seconds']:.1f} s from the request to the end")
-
-    code, out, _ = _ctl_here(capsys, job_file, "status", "--json")
-    s = json.loads(out)
-    assert s["drained"] == ["localhost"] and s["migration"]["phase"] == "done"
-    code, out, _ = _ctl_here(capsys, job_file, "status")
-    assert "migration:  w1, w2 localhost -> 127.0.0.1: done" in out, out
-    job.end_training()
-    assert job.finish() == 0, job.output()[-3000:]
-    assert [e["kind"] for e in job.events()] == ["start", "replace"]  # nothing moved back
-    report = audit.check(ledger, DIGITS_TRAIN)
-    assert (report.repeated, report.missing) == (0, 0), report.to_dict()
+        # w4's slot (127.0.0.1:1) computes 3x slower: found, replaced on a free slot
+        found = job.wait_for("the straggler note", lambda: _notes(job, "straggler"), 60)[0]
+        assert found["worker"] == "w4" and found["phase"] == "found", found
+        assert found["compute_ms"] > 2 * found["median_ms"], found
+        assert found["replacement_slot"] == "127.0.0.1:3"  # localhost is drained
+        assert re.search(r"hvd-edl-run: straggler: worker w4 on 127.0.0.1:1 compute [\d.]+ "
+                         r"ms/step vs median [\d.]+ ms for \d+ s", job.output())
+        third = job.wait_generation(3, timeout_s=90)
+        assert third["kind"] == "replace" and third["rolled_back_steps"] == 0, third
+        assert third["members"] == ["w3@127.0.0.1:0", "w5@127.0.0.1:2", "w6@127.0.0.1:3"]
+        print(f"migration: stall {swap['stall_s']:.3f} s ({notes[1]['seconds']:.1f} s from "
+              f"the request); straggler {found['compute_ms']:.1f} vs {found['median_ms']:.1f} "
+              f"ms/step, replaced with stall {third['stall_s']:.3f} s")
+        clean_gens = clean.events()
+        job.end_training()
+        clean.end_training()
+        assert job.finish() == 0, job.output()[-3000:]
+        assert clean.finish() == 0, clean.output()[-3000:]
+        # nothing moved back (localhost drained, the slow slot resting); the clean job unchanged
+        assert [e["kind"] for e in job.events()] == ["start", "replace", "replace"]
+        assert clean_gens and [e["kind"] for e in clean.events()] == ["start"]
+        assert _notes(clean, "straggler") == [] and "straggler" not in clean.output()
+        report = audit.check(ledger, DIGITS_TRAIN)
+        assert (report.repeated, report.missing) == (0, 0), report.to_dict()
+    finally:
+        job.stop()
+        clean.stop()
 
 
 def test_reserved_ready_worker_joins_only_at_the_swap(tmp_path):

@@ -476,6 +476,20 @@ def main() -> int:
             return 0
     rows: List[dict] = []
     steadies: Dict[str, List[dict]] = {s: [] for s in systems}
+
+    def write() -> dict:
+        """The walks so far into the results file (after each walk: a run cut short keeps
+        what it measured)."""
+        machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        machine["wall_s"] = round(time.time() - t_start, 1)
+        return update_results("switch", {
+            "table": table(rows), "rows": rows, "steady": steadies, "machine": machine,
+            "method": {"sizes": a.sizes, "step_delay_s": a.step_delay,
+                       "settle_steps": a.settle_steps, "reps": a.reps,
+                       "workload": "benchmarks/workload.py (digits CNN, batch 16, 1 thread, "
+                                   "commit every 10 steps)",
+                       "stall": "bench.change_stall / bench.kill_outcome (recovery_s) from "
+                                "the workers' step timelines"}}, out)
     for rep in range(a.reps):
         for system in systems:
             with tempfile.TemporaryDirectory() as tmp:
@@ -488,21 +502,9 @@ def main() -> int:
                     r["rep"] = rep
                 rows += walk.rows
                 steadies[system] += walk.steady
-    machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    machine["wall_s"] = round(time.time() - t_start, 1)
-    tab = table(rows)
-    result = {
-        "table": tab, "rows": rows, "steady": steadies, "machine": machine,
-        "method": {"sizes": a.sizes, "step_delay_s": a.step_delay,
-                   "settle_steps": a.settle_steps, "reps": a.reps,
-                   "workload": "benchmarks/workload.py (digits CNN, batch 16, 1 thread, "
-                               "commit every 10 steps)",
-                   "stall": "bench.change_stall / bench.kill_outcome (recovery_s) from the "
-                            "workers' step timelines"},
-    }
-    data = update_results("switch", result, out)
+            data = write()
     plot(data, out.with_suffix(".png"))
-    print_table(tab)
+    print_table(table(rows))
     for system, st in steadies.items():
         print(f"{system} steady: " + ", ".join(
             f"N={s['workers']}: {s['cores_used']} cores, step {s['step_s_median']} s"

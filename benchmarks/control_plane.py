@@ -133,7 +133,7 @@ def _cpu_s() -> float:
 class Sampler:
     """Peak RSS (bytes) and thread count of this process, sampled every ``period_s``."""
 
-    def __init__(self, period_s: float = 0.1):
+    def __init__(self, period_s: float = 0.25):
         import psutil
         self.me = psutil.Process()
         self.period_s = period_s
@@ -189,6 +189,21 @@ def run_one(n: int, args, out) -> dict:
     sampler = Sampler()
     drv = driver_mod.Driver(spec)
     coord = drv.coord
+    form_s: Dict[int, float] = {}   # seconds the launcher spent in Coordinator._form, by number
+    original_form = coord._form
+
+    def timed_form(participants, previous):
+        t = time.perf_counter()
+        original_form(participants, previous)
+        if coord.current is not None:
+            form_s[coord.current.number] = time.perf_counter() - t
+    coord._form = timed_form
+    import psutil
+    sim_proc = psutil.Process(spawner.proc.pid)
+
+    def sim_cpu_s() -> float:
+        t = sim_proc.cpu_times()
+        return t.user + t.system
     result: List[int] = []
     t_spawn = time.monotonic()
     cpu_spawn = _cpu_s()
@@ -199,12 +214,21 @@ def run_one(n: int, args, out) -> dict:
         return spawner.ask({"op": "gen", "generation": number})
 
     def formed(number: int, size: int):
-        return lambda: (coord.current is not None and coord.current.number >= number
-                        and gen(number)["started"] >= size)
+        def done():
+            last[0] = gen(number)
+            return coord.current is not None and coord.current.number >= number \
+                and last[0]["started"] >= size
+        return done
+    last = [None]
 
     row: dict = {"workers": n, "hosts": len(hosts)}
     # 1. the start
-    _wait(formed(1, n), timeout, f"generation 1 with {n} workers", 0.2)
+    try:
+        _wait(formed(1, n), timeout, f"generation 1 with {n} workers", 0.2)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}; coordinator at generation "
+                           f"{coord.current.number if coord.current else 0}, "
+                           f"simulator: {last[0]}") from None
     g1 = gen(1)
     row["start_s"] = round(g1["last_assigned"] - t_spawn, 3)
     row["start_formation_s"] = round(g1["last_assigned"] - g1["last_report"], 4)
@@ -235,10 +259,12 @@ def run_one(n: int, args, out) -> dict:
     for kind, target in (("scale_in", n - SCALE_STEP), ("scale_out", n)):
         number = coord.current.number + 1
         sampler.window()
-        cpu_a, t_a = _cpu_s(), time.monotonic()
+        cpu_a, t_a, sim_a = _cpu_s(), time.monotonic(), sim_cpu_s()
+        c_a = spawner.ask({"op": "counters"})
         drv.set_target_np(target)
         _wait(formed(number, target), timeout, f"generation {number} ({kind}, {target})", 0.05)
-        cpu_b, t_b = _cpu_s(), time.monotonic()
+        cpu_b, t_b, sim_b = _cpu_s(), time.monotonic(), sim_cpu_s()
+        c_b = spawner.ask({"op": "counters"})
         g = gen(number)
         switches.append({
             "kind": kind, "generation": number, "size": g["size"], "members": g["members"],
@@ -246,6 +272,10 @@ def run_one(n: int, args, out) -> dict:
             "boundary_to_assigned_s": round(g["last_assigned"] - g["first_report"], 4),
             "request_to_started_s": round(t_b - t_a, 3),
             "launcher_cpu_s": round(cpu_b - cpu_a, 3),
+            "launcher_cpu_share": round((cpu_b - cpu_a) / (t_b - t_a), 3),
+            "simulator_cpu_share": round((sim_b - sim_a) / (t_b - t_a), 3),
+            "requests": c_b["total"] - c_a["total"],
+            "launcher_form_s": round(form_s.get(number, float("nan")), 4),
             "launcher_cpu_s_above_steady": round(max(0.0, cpu_b - cpu_a - idle_rate * (t_b - t_a)), 3),
             "threads_peak": sampler.window()})
         _say(f"{n}: {kind} formed in {switches[-1]['formation_s']} s, launcher CPU "
@@ -267,8 +297,12 @@ def run_one(n: int, args, out) -> dict:
     if args.flood_s > 0:
         cpu_a = _cpu_s()
         f = spawner.ask({"op": "flood", "seconds": args.flood_s})
+        cpu = _cpu_s() - cpu_a
         row["requests_per_s"] = round(f["requests"] / f["seconds"], 1)
-        row["flood_cpu_share"] = round((_cpu_s() - cpu_a) / f["seconds"], 3)
+        row["flood_cpu_share"] = round(cpu / f["seconds"], 3)
+        # what one launcher core could answer: the flood is often the simulator's limit here
+        row["launcher_cpu_us_per_request"] = round(1e6 * cpu / max(f["requests"], 1), 1)
+        row["requests_per_launcher_cpu_s"] = round(f["requests"] / max(cpu, 1e-9), 1)
         time.sleep(0.5)
 
         _say(f"{n}: flood {row['requests_per_s']} requests/s")
@@ -344,7 +378,8 @@ def _write(rows: List[dict], args) -> None:
 def _table(rows: List[dict]) -> str:
     cols = [("workers", "workers"), ("formation_s", "formation s"),
             ("launcher_cpu_s_per_switch", "cpu s/switch"), ("launcher_rss_mb", "RSS MB"),
-            ("requests_per_s", "req/s max"), ("steady_cpu_share", "steady cpu"),
+            ("requests_per_s", "req/s max"), ("requests_per_launcher_cpu_s", "req/cpu-s"),
+            ("steady_cpu_share", "steady cpu"),
             ("steady_requests_per_s", "steady req/s"), ("launcher_threads_peak", "threads"),
             ("start_s", "start s")]
     lines = ["  ".join(f"{title:>12}" for _, title in cols)]
@@ -375,9 +410,9 @@ def main(argv=None) -> int:
     p.add_argument("--flood-s", type=float, default=2.0, help="flood length (s); 0: none")
     p.add_argument("--no-mesh", dest="mesh", action="store_false",
                    help="skip the Gloo rendezvous key traffic")
-    p.add_argument("--mesh-full-max", type=int, default=256,
+    p.add_argument("--mesh-full-max", type=int, default=64,
                    help="largest size whose every rank does all its GETs")
-    p.add_argument("--mesh-sample", type=int, default=16,
+    p.add_argument("--mesh-sample", type=int, default=4,
                    help="ranks doing their GETs above --mesh-full-max")
     p.add_argument("--profile", action="store_true", help="py-spy the launcher's switches")
     p.add_argument("--timeout-s", type=float, default=240.0, help="bound on every wait (s)")

@@ -179,7 +179,10 @@ class SimWorker:
             a = await self._switch("join")
             while a.action != "exit":
                 self._enter(a)
-                self.tasks.append(asyncio.ensure_future(self._started(a.generation)))
+                # reported before anything else goes on the main connection (the runtime reports
+                # from a thread with its own session; 1,024 extra connections at each switch
+                # would be the simulator's cost, not the protocol's)
+                await self._started(a.generation)
                 if not self.watching:
                     self.watching = True
                     self.tasks.append(asyncio.ensure_future(self._watch()))
@@ -227,7 +230,8 @@ class SimWorker:
         g = self.sim.gens[generation]
         stall = time.monotonic() - self.boundary_at
         await self.main.post("/started", messages.Started(
-            self.worker_id, generation, stall, self.steps, {"wait_s": stall}), messages.WatchReply)
+            self.worker_id, generation, stall, self.steps, {"wait_s": stall}),
+            messages.WatchReply)
         g["started"] += 1
         g["last_started"] = max(g["last_started"], time.monotonic())
 
@@ -274,10 +278,13 @@ class SimWorker:
             asyncio.ensure_future(self._leave(sig))
 
     async def _leave(self, sig: int) -> None:
+        once = Coordinator(self.sim, self.env)  # the runtime's leave thread: its own session
         try:
-            a = await self.main.post("/leave", messages.Leave(self.worker_id), messages.Assignment)
+            a = await once.post("/leave", messages.Leave(self.worker_id), messages.Assignment)
         except RuntimeError:
             a = messages.Assignment(action="exit")
+        finally:
+            once.close()
         if a.action == "exit":
             self.kill(-sig)
 

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 
 
@@ -115,6 +116,24 @@ def test_wrong_token_is_refused_and_the_right_receiver_gets_every_tensor_in_plac
         raise AssertionError("connected to a closed server")
     except ss.StreamError:
         pass
+    # a receiver that never comes (declared dead: the runtime releases the ring) fails the
+    # sender now, not after the 30 s timeout
+    waiting = ss.StreamServer(tensors, "127.0.0.1", timeout_s=30)
+    failed = []
+
+    def serve():
+        try:
+            waiting.serve(1)
+        except ss.StreamError as e:
+            failed.append(e)
+
+    th = threading.Thread(target=serve)
+    th.start()
+    deadline = time.monotonic() + 10
+    while th.is_alive() and time.monotonic() < deadline:
+        ss.release()
+        th.join(timeout=0.05)
+    assert not th.is_alive() and failed, "release() did not end a blocked accept"
 
 
 def test_scale_out_streams_rank_0s_state_to_the_joiner_only(tmp_path, job_factory):

@@ -86,7 +86,7 @@ def test_wrong_token_is_refused_and_the_right_receiver_gets_every_tensor_in_plac
            "x": [torch.arange(5, dtype=torch.bfloat16), torch.tensor(3.0), torch.zeros(0),
                  torch.arange(16.0).view(4, 4).t(), torch.tensor([True, False])]}
     (skeleton,), tensors, ends = ss.split(obj)
-    assert len(tensors) == ends[0] == 11  # 7 of the model (0.weight once), 4 in x (not the empty one)
+    assert len(tensors) == ends[0] == 11  # 7 of the model (0.weight once), 4 of x (not the empty)
     server = ss.StreamServer(tensors, "127.0.0.1", timeout_s=10)
     served = {}
     th = threading.Thread(target=lambda: served.update(n=server.serve(1)))

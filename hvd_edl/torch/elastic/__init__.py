@@ -207,9 +207,9 @@ class TorchState(ObjectState):
         Under ``hvd-edl-run`` the tensors are streamed (:mod:`hvd_edl.state_stream`) only to
         the ranks that lack them: a member of the previous generation whose committed step
         equals rank 0's holds the same commit and receives only the small header (scalars,
-        samplers, steps) and the model's buffers (see :meth:`_sync_stream`).  Elsewhere, or with ``HVD_EDL_SYNC_STREAM=0``, one
-        ``broadcast_object`` of everything, as before.  ``last_sync`` says what this rank sent
-        and received.
+        samplers, steps) and the model's buffers (see :meth:`_sync_stream`).  Elsewhere, or
+        with ``HVD_EDL_SYNC_STREAM=0``, one ``broadcast_object`` of everything, as before.
+        ``last_sync`` says what this rank sent and received.
 
         Raises:
             HorovodInternalError: a member failed (``state_stream.StreamError`` is one).

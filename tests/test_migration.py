@@ -225,3 +225,42 @@ def test_migration_is_abandoned_when_a_new_worker_dies_while_building(tmp_path):
         assert note["event"] == "migration" and note["phase"] == "abandoned"
     finally:
         rdv.close()
+
+
+def test_moving_every_member_hands_the_state_over_in_two_switches(tmp_path):
+    """Unit level: when every member is on the source host no member stays to hand the state
+    to the new workers inside one ring: the oldest leaver stays one generation more as rank 0
+    (a scale-out), then leaves (a scale-in); the migration ends after both, the source
+    drained."""
+    from launcher.migration import Migration, Phase
+    coord = Coordinator(min_np=1, max_np=4, elastic=True, events=EventLog(None),
+                        rendezvous=_Rendezvous(), rendezvous_addr="127.0.0.1")
+    for i in (1, 2):
+        coord.add_worker(WorkerRecord(f"w{i}", "localhost", i - 1, i, 0.0, initial=True))
+    for i in (1, 2):
+        coord.ready(messages.Ready(f"w{i}"))
+    driver = _Driver(coord, {"localhost": 2, "127.0.0.1": 2})
+    m = Migration("localhost", "127.0.0.1", ["w1", "w2"], [("127.0.0.1", 0), ("127.0.0.1", 1)])
+    m.advance(driver, 1.0)
+    for w in m.joiners:
+        coord.ready(messages.Ready(w))
+    m.advance(driver, 2.0)
+    assert m.phase == Phase.SWAPPING and driver.drained == {"localhost"}
+
+    def boundary(generation, members, step):
+        for w in members:
+            coord.switch(messages.SwitchRequest(w, generation, "update", step, step, wait_s=0))
+        g = coord.current
+        for w in g.continuing:
+            coord.started(messages.Started(w, g.number, 0.1, step, {}))
+        return g
+
+    g2 = boundary(1, ["w1", "w2"], 10)
+    assert (g2.kind, g2.members) == ("scale_out", ["w1", "w3", "w4"])  # w1 hands the state on
+    m.advance(driver, 3.0)
+    assert m.phase == Phase.SWAPPING
+    g3 = boundary(2, ["w1", "w3", "w4"], 20)
+    assert (g3.kind, g3.members) == ("scale_in", ["w3", "w4"])
+    m.advance(driver, 4.0)
+    assert m.phase == Phase.DONE
+    assert [g["kind"] for g in m.result()["generations"]] == ["scale_out", "scale_in"]

@@ -9,7 +9,8 @@ API (``/ctl/profile``); it runs in a thread of the launcher:
    offers now); a bad one refuses the profile before anything changes;
 2. per size: the target world size is set (``Driver.set_target_np``: a normal stop-free
    scale-out or graceful scale-in, nothing rolled back, exactly-once data), then it waits until
-   a generation of that size formed and its switch is over (``Coordinator.settled``), then
+   a generation of that size formed and its switch is over (every continuing member trains
+   again; leavers still exiting are not waited for), then
    ``settle_s`` more seconds (default 2 s, at least ``Telemetry.WINDOW_S - seconds`` so that the
    per-worker means cover only the new size), then measures for ``seconds``: the job's samples/s
    (``Telemetry.throughput``) and the members' mean step, compute and wait seconds per step;
@@ -159,7 +160,7 @@ class Profiler:
 
     def _reach(self, n: int, timeout_s: float = SIZE_TIMEOUT_S, set_target: bool = True) -> int:
         """Set the target to ``n`` (unless ``set_target`` is False: it is already set) and wait until
-        a generation of ``n`` workers formed and settled; returns its number.
+        a generation of ``n`` workers formed and its switch is over; returns its number.
 
         Raises:
             ProfileAborted: the job failed or is ending, or ``n`` workers did not form within
@@ -170,12 +171,14 @@ class Profiler:
         deadline = time.monotonic() + timeout_s
         while True:
             self._check_job()
-            s = d.coord.snapshot()
-            if s["world_size"] == n and d.coord.settled():
-                return s["generation"]
+            with d.coord.lock:  # formed, its switch over, no member at a boundary; leavers
+                g = d.coord.current  # still exiting do not train and are not waited for
+                size = len(g.members) if g is not None else 0
+                if size == n and g.logged and not d.coord.reports:
+                    return g.number
             if time.monotonic() > deadline:
                 raise ProfileAborted(f"no generation of {n} workers formed within "
-                                     f"{timeout_s:g} s (world size {s['world_size']})")
+                                     f"{timeout_s:g} s (world size {size})")
             time.sleep(POLL_S)
 
     def _check_job(self) -> None:

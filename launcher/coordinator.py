@@ -148,6 +148,7 @@ class Coordinator:
         self._silence_checked_at = float("-inf")
         self.released: set = set()  # generations a member of which was declared dead or died
         self.on_fence: Callable[[WorkerRecord, float], None] = lambda rec, silent_s: None
+        self._beat_step = -1  # see _last_reported_step
         self.progress = ProgressBoard()  # steps / epoch / samples the watchers report
         self.telemetry = Telemetry()  # step / compute / wait times the heartbeats carry
         # --checkpoint-dir (a launcher.checkpoint_dir.CheckpointDir; None: no checkpoints) and
@@ -224,6 +225,8 @@ class Coordinator:
                 return messages.BeatReply(fenced=True)
             self.liveness.beat(rec.worker_id, now)
             g = self.current
+            if g is not None and msg.generation == g.number and msg.step > self._beat_step:
+                self._beat_step = msg.step
             if g is not None and self.elastic and not self.finishing and not self.stopping \
                     and now - self._silence_checked_at >= SILENCE_CHECK_S:
                 # one scan of the members per SILENCE_CHECK_S, not one per beat (N beats
@@ -715,10 +718,11 @@ class Coordinator:
             return None
 
     def _last_reported_step(self) -> int:
-        """The highest step the current generation's members reported (watch polls)."""
+        """The highest step the current generation's members reported (watch polls, and the
+        heartbeats: a status may be long past when every member is killed at once)."""
         g = self.current
         steps = [self.progress.latest[w].step for w in g.members if w in self.progress.latest]
-        return max(steps + [g.step])
+        return max(steps + [g.step, self._beat_step])
 
     def _form(self, participants: List[str], previous: List[str]) -> None:
         restore = self._restore_paths(participants, previous)
@@ -786,6 +790,7 @@ class Coordinator:
                          restored_from=str(restore[0][0]) if restore else "",
                          restored_step=restore[0][1]["steps"] if restore else -1)
         self.current = gen
+        self._beat_step = -1  # the highest step a member of this generation beat with
         self.history.append(gen)
         self.telemetry.on_members(number, participants)
         self.reports = {}

@@ -23,7 +23,10 @@ it), else ``$HVD_EDL_JOB``, else the only running job's file in the default dire
 printed, the job is unchanged), 2 bad usage, 3 no job found, an unsafe job file or the job
 cannot be reached, 4 ``scale --wait S`` or ``migrate --wait S`` ran out (a migration goes on): the new target stays in force (the job grows or
 shrinks when it can) but no generation of that size formed within S seconds; or ``checkpoint
---wait S`` ran out before the checkpoint was written.
+--wait S`` ran out before the checkpoint was written, or ``profile --wait S`` before the
+profile ended (it goes on).  ``profile`` exits 2 when the job refuses it (a size outside
+[--min-np, --max-np] or above the usable slots, a profile already running: nothing changed) and
+1 when it was aborted (the job returned to its size).
 """
 from __future__ import annotations
 

@@ -274,8 +274,7 @@ class Profiler:
                 model_info = {**model.describe(), "loso_mape_percent": mape,
                               "predicted_samples_per_s": {
                                   str(k): round(model.samples_per_s(k), 3)
-                                  for k in range(1, max(d.spec.max_np if d.spec.max_np < 10 ** 6
-                                                        else 0, max(sizes) + 2) + 1)}}
+                                  for k in range(1, min(d.spec.max_np, 2 * max(sizes)) + 1)}}
             except ValueError as e:
                 model_info = {"error": str(e)}
         if model is not None and error is None:

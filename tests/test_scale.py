@@ -1,0 +1,119 @@
+"""Horovod's Gloo set-up with our patch 0004 (``cmake/patches/0004-gloo-fast-init.patch``):
+real processes, real Horovod over Gloo, our rendezvous server; no launcher (unit level).
+
+With ``HVD_EDL_GLOO_FAST_INIT=1`` (what hvd_edl's runtime sets) four ranks on one host form
+their rings from one full mesh instead of four, the rendezvous sees well under half the
+requests, and collectives on the global ring and on a registered process set (whose contexts
+are built from the shared local one) still give the right answers, across a re-init.
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from launcher.rendezvous import ENV_TOKEN, GenerationRendezvous
+
+ROOT = Path(__file__).resolve().parent.parent
+N = 4
+
+RANK_SCRIPT = r"""
+import json, os, sys
+import torch
+import horovod.torch as hvd
+for line in sys.stdin:   # one generation a line: {"port", "token"}; an empty line ends
+    if not line.strip():
+        break
+    g = json.loads(line)
+    os.environ["HOROVOD_GLOO_RENDEZVOUS_PORT"] = str(g["port"])
+    os.environ["HOROVOD_GLOO_RENDEZVOUS_TOKEN"] = g["token"]
+    pair = hvd.ProcessSet([0, 1])
+    hvd.init(process_sets=[pair])
+    total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum, name="g")
+    sub = None
+    if hvd.rank() < 2:
+        sub = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum, name="p",
+                            process_set=pair).item()
+    hvd.allreduce(torch.zeros(1), name="done")  # ranks 2, 3 must not shut down before the pair
+    hvd.shutdown()
+    print(json.dumps({"rank": int(os.environ["HOROVOD_RANK"]),
+                      "total": total.item(), "pair": sub}), flush=True)
+"""
+
+
+class CountingRendezvous(GenerationRendezvous):
+    """Our rendezvous server, counting the requests each generation's store answers."""
+
+    def __init__(self, *args, **kwargs):
+        self.requests = {}
+        super().__init__(*args, **kwargs)
+
+    async def _answer(self, store, request, body):
+        self.requests[store.port] = self.requests.get(store.port, 0) + 1
+        return await super()._answer(store, request, body)
+
+
+def _run_ring(fast: bool, rdv: CountingRendezvous, generation: int):
+    """N ranks initialise twice (two generations, each its own rendezvous); returns each
+    init's per-rank results and the requests each generation's rendezvous answered."""
+    procs = []
+    for rank in range(N):
+        env = dict(os.environ)
+        env.update({"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(N),
+                    "HOROVOD_LOCAL_RANK": str(rank), "HOROVOD_LOCAL_SIZE": str(N),
+                    "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1",
+                    "HOROVOD_HOSTNAME": "localhost", "HOROVOD_CONTROLLER": "gloo",
+                    "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": "lo",
+                    "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+                    "HOROVOD_GLOO_TIMEOUT_SECONDS": "20", "PYTHONSAFEPATH": "1",
+                    "HVD_EDL_GLOO_FAST_INIT": "1" if fast else "0"})
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], env=env, cwd=ROOT,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      text=True))
+    inits, requests = [], []
+    try:
+        for g in (generation, generation + 1):
+            port = rdv.open(g, ["localhost"])   # seals the one before: open it once it is done
+            line = json.dumps({"port": port, "token": rdv.token(g)}) + "\n"
+            for p in procs:
+                p.stdin.write(line)
+                p.stdin.flush()
+            answers = []
+            for p in procs:
+                out = p.stdout.readline()
+                while out and not out.startswith("{"):  # Horovod's log lines, if any
+                    sys.stderr.write(out)
+                    out = p.stdout.readline()
+                assert out, f"a rank ended with code {p.wait(timeout=30)}"
+                answers.append(json.loads(out))
+            inits.append(answers)
+            requests.append(rdv.requests.get(port, 0))
+        for p in procs:
+            p.stdin.write("\n")
+            p.stdin.flush()
+            assert p.wait(timeout=30) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return inits, requests
+
+
+def test_fast_gloo_init_forms_the_same_rings_from_far_fewer_rendezvous_requests():
+    rdv = CountingRendezvous("127.0.0.1")
+    try:
+        upstream, upstream_requests = _run_ring(False, rdv, 1)
+        fast, fast_requests = _run_ring(True, rdv, 3)
+    finally:
+        rdv.close()
+    for inits in (upstream, fast):
+        assert len(inits) == 2  # both generations formed
+        for answers in inits:
+            assert sorted(r["rank"] for r in answers) == list(range(N))
+            for r in answers:
+                assert r["total"] == sum(range(N))
+                assert r["pair"] == (3.0 if r["rank"] < 2 else None)
+    # four full meshes of 4 ranks (about 2.5 N^2 requests each) against one, keys read once
+    for before, after in zip(upstream_requests, fast_requests):
+        assert 0 < after < 0.4 * before, (upstream_requests, fast_requests)

@@ -226,8 +226,9 @@ def init_ab(n: int, rounds: int) -> List[dict]:
     """``n`` ranks of ``benchmarks/scale_worker.py`` on this host initialise Horovod ``2 *
     rounds`` times (after one unrecorded warm-up), each against a fresh generation of our rendezvous server, patch 0004 on and
     off in turn (ABAB...: both see the same load).  Per init: the slowest rank's ``hvd.init()``
-    (seconds), the requests the rendezvous answered and this process's CPU seconds (the
-    rendezvous server's event loop runs here, as in the launcher).
+    (seconds), the requests the rendezvous answered, this process's CPU seconds (the
+    rendezvous server's event loop runs here, as in the launcher) and the ranks' CPU seconds in
+    ``hvd.init()`` together (against 2 cores: whether the set-up is CPU-bound).
 
     Raises:
         RuntimeError: a rank ended or answered a wrong allreduce.
@@ -267,6 +268,7 @@ def init_ab(n: int, rounds: int) -> List[dict]:
             rows.append({"workers": n, "fast_init": fast, "round": i // 2,
                          "init_s": round(max(x["init_s"] for x in answers), 4),
                          "shutdown_s": round(max(x["shutdown_s"] for x in answers), 4),
+                         "ranks_init_cpu_s": round(sum(x["init_cpu_s"] for x in answers), 4),
                          "rendezvous_requests": rdv.requests.get(port, 0),
                          "rendezvous_cpu_s": round(time.process_time() - cpu0, 4)})
     finally:
@@ -296,7 +298,7 @@ def init_table(rows: List[dict]) -> List[dict]:
                 out.append({"workers": n, "fast_init": fast, **{
                     k: round(statistics.median(r[k] for r in rs), 4)
                     for k in ("init_s", "shutdown_s", "rendezvous_requests",
-                              "rendezvous_cpu_s")}, "n": len(rs)})
+                              "rendezvous_cpu_s", "ranks_init_cpu_s")}, "n": len(rs)})
     return out
 
 
@@ -406,10 +408,12 @@ def print_table(rows: List[dict]) -> None:
 
 
 def print_init_table(rows: List[dict]) -> None:
-    print(f"{'N':>3} {'Gloo set-up':12} {'init s':>7} {'requests':>9} {'server CPU s':>12}")
+    print(f"{'N':>3} {'Gloo set-up':12} {'init s':>7} {'requests':>9} {'server CPU s':>12} "
+          f"{'ranks CPU s':>11}")
     for r in rows:
         print(f"{r['workers']:>3} {'patch 0004' if r['fast_init'] else 'upstream':12} "
-              f"{r['init_s']:>7.3f} {r['rendezvous_requests']:>9} {r['rendezvous_cpu_s']:>12.3f}")
+              f"{r['init_s']:>7.3f} {r['rendezvous_requests']:>9} {r['rendezvous_cpu_s']:>12.3f} "
+              f"{r['ranks_init_cpu_s']:>11.3f}")
 
 
 def main() -> int:

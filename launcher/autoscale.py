@@ -359,7 +359,8 @@ class Autoscaler:
         with self._lock:
             self.decisions.append(rec)
         d.coord.telemetry.count("autoscale")
-        self._note(f"{current} -> {want} workers, predicted {pred['samples_per_s']:.1f} "
+        move = f"holds {want} workers" if want == current else f"{current} -> {want} workers"
+        self._note(f"{move}, predicted {pred['samples_per_s']:.1f} "
                    f"samples/s: {why}", phase="decision", **{k: rec[k] for k in (
                        "from", "to", "bounds", "predicted_samples_per_s", "prediction")})
 

@@ -83,6 +83,30 @@ def _is_slow_slot(spec) -> bool:
         and os.environ.get("HOROVOD_LOCAL_RANK") == str(spec[1])
 
 
+class _Slowdown:
+    """``--slow-worker``: after each step, sleep (FACTOR-1) x this step's compute as the launcher
+    measures it (``hvd_edl.telemetry``: the step's time outside collectives, less the previous
+    sleep), so that the launcher sees FACTOR x the compute of an unslowed worker; outside
+    hvd-edl-run, (FACTOR-1) x ``fallback_s`` (forward, backward, data loading)."""
+
+    def __init__(self, factor: float):
+        self.factor = factor
+        self.last_sleep_s = 0.0
+        self.seen = None  # (steps, compute_s) totals at the previous sleep
+
+    def sleep(self, fallback_s: float) -> None:
+        from hvd_edl import telemetry
+        t = telemetry.timer()
+        base = fallback_s
+        if t is not None:
+            steps, compute, _ = t.totals
+            if self.seen is not None and steps > self.seen[0]:
+                base = (compute - self.seen[1]) / (steps - self.seen[0]) - self.last_sleep_s
+            self.seen = (steps, compute)
+        self.last_sleep_s = (self.factor - 1.0) * max(base, 0.0)
+        time.sleep(self.last_sleep_s)
+
+
 class DigitsCNN(nn.Module):
     """(N, 1, 8, 8) images -> (N, 10) logits."""
 
@@ -170,6 +194,7 @@ def main():
         time.sleep(args.build_delay)
     state = hvd.elastic.TorchState(model, optimizer, train_sampler=sampler, epoch=0, step=0)
     slow = args.slow_worker if _is_slow_slot(args.slow_worker) else None
+    slowed = _Slowdown(slow[2]) if slow else None
     slow_from = []  # monotonic time the slowness starts (set at the first step)
 
     @hvd.elastic.run
@@ -180,15 +205,18 @@ def main():
                    mininterval=3.0, file=sys.stderr, ascii=True, desc=f"size {hvd.size()}")
         while state.epoch < args.epochs:
             model.train()
+            last_end = None  # end of the previous step's own work (its data loading counts)
             for batch_idx, (x, y) in enumerate(loader):
                 before = sampler.consumed
-                t_compute = time.perf_counter()
+                t_compute = time.perf_counter() if last_end is None else last_end
                 optimizer.zero_grad()
                 loss = F.cross_entropy(model(x.to(device)), y.to(device))
                 if weight is not None:  # fixed global batch: the rank's share of the mean
                     loss = loss * weight(batch_idx)
                 loss.backward()
-                compute_s = time.perf_counter() - t_compute  # forward + backward, no waiting
+                # this step's compute outside collectives: the commit and data loading since the
+                # previous step's end, forward and backward
+                compute_s = time.perf_counter() - t_compute
                 optimizer.step()
                 if entered is not None:  # this generation's first step: where it ran
                     _device_check(model, time.monotonic() - entered)
@@ -206,7 +234,8 @@ def main():
                         print(f"slow-worker: {slow[0]}:{slow[1]} computes {slow[2]:g}x slower "
                               f"from now ({time.time():.3f})", flush=True)
                     if time.monotonic() >= slow_from[0]:
-                        time.sleep((slow[2] - 1.0) * (compute_s + args.step_delay))
+                        slowed.sleep(compute_s + args.step_delay)
+                last_end = time.perf_counter()
                 if state.step % args.commit_every == 0:
                     state.commit()
             state.epoch += 1

@@ -140,8 +140,8 @@ def switch_phases(model_mb: float, changes, settle_steps: int, timeout_s: float)
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from bench import Job
     out = {}
-    # workload.py lives in benchmarks/, whose profile.py would shadow the standard library's
-    # (torch imports cProfile, which imports profile): keep the script's folder off sys.path
+    # a script's folder is not put first on sys.path: a benchmarks/ module named like one of
+    # the standard library's could not shadow it in the workers
     os.environ["PYTHONSAFEPATH"] = "1"
     for mode, env in (("broadcast", "0"), ("stream", "1")):
         os.environ["HVD_EDL_SYNC_STREAM"] = env

@@ -49,6 +49,7 @@ GLOO_ADDRESS_BYTES = 136   # sizeof(gloo::transport::tcp::Address::Impl): sockad
 STORE_POLL_S = 0.01        # HTTPStore::wait's sleep between polls
 STORE_TRIES = 3            # HTTPStore::PerformHTTP's MAX_RETRY_TIMES
 STORE_RETRY_S = 0.5        # ... and RETRY_WAITING_TIME_MILLSEC
+GLOO_TIMEOUT_S = 30.0      # HOROVOD_GLOO_TIMEOUT_SECONDS' default: a key's longest wait
 
 
 class HttpConnection:
@@ -412,7 +413,10 @@ class Simulator:
                 for i in range(size):
                     if i == rank:
                         continue
+                    waited = time.monotonic() + GLOO_TIMEOUT_S
                     while await self._store(a, "GET", f"/{scope}/{i}") is None:
+                        if time.monotonic() > waited:  # Gloo's "Wait timeout" (30 s)
+                            raise RuntimeError(f"key {scope}/{i} not there after 30 s")
                         await asyncio.sleep(STORE_POLL_S)
                     await self._store(a, "GET", f"/{scope}/{i}")
         except RuntimeError as e:

@@ -79,7 +79,10 @@ REQUEST_TIMEOUT_S = 3.0      # to send a request's head or body (Horovod's serve
 MAX_KEYS = 100_000           # keys of one generation (Gloo: a few per rank and rendezvous)
 KEY_OVERHEAD_BYTES = 64      # what a key costs beyond its name, counted against MAX_STORE_BYTES
 GLOO_ADDRESS_BYTES = 136     # one pair address in Gloo's full-mesh key (tcp::Address::Impl)
-MAX_CONNECTIONS = 1024       # concurrent connections per server (a rank holds one at a time)
+MAX_CONNECTIONS = 4096       # concurrent connections per server (a rank holds one at a time,
+                             # but a closed one is counted until the loop sees it end: at 1,024
+                             # ranks a cap of 1,024 turned PUTs away, and Horovod's store gives
+                             # up after 3 tries: benchmarks/control_plane.py)
 MAX_HEADER_BYTES = 16 << 10  # request line and headers (Horovod sends about 150 bytes)
 MAX_HEADERS = 32
 BACKLOG = 1024               # every rank of a large job connects at once

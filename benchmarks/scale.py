@@ -482,12 +482,20 @@ def main() -> int:
     steadies: Dict[str, List[dict]] = {s: [] for s in systems}
 
     def write() -> dict:
-        """The walks so far into the results file (after each walk: a run cut short keeps
-        what it measured)."""
+        """The walks so far into the results file (after each walk, and when interrupted: a
+        run cut short keeps what it measured); rows and steady figures of systems this run did
+        not walk stay (``--systems`` run by run)."""
         machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         machine["wall_s"] = round(time.time() - t_start, 1)
+        old = {}
+        if out.exists():
+            with filelock.FileLock(str(out) + ".lock", timeout=60):
+                old = json.loads(out.read_text()).get("switch", {})
+        kept = [r for r in old.get("rows", []) if r["system"] not in systems]
+        kept_steady = {k: v for k, v in old.get("steady", {}).items() if k not in systems}
         return update_results("switch", {
-            "table": table(rows), "rows": rows, "steady": steadies, "machine": machine,
+            "table": table(kept + rows), "rows": kept + rows,
+            "steady": {**kept_steady, **steadies}, "machine": machine,
             "method": {"sizes": a.sizes, "step_delay_s": a.step_delay,
                        "settle_steps": a.settle_steps, "reps": a.reps,
                        "workload": "benchmarks/workload.py (digits CNN, batch 16, 1 thread, "
@@ -498,8 +506,12 @@ def main() -> int:
         for system in systems:
             with tempfile.TemporaryDirectory() as tmp:
                 walk = Walk(system, a, Path(tmp))
+                interrupted = False
                 try:
                     walk.run()
+                except KeyboardInterrupt:
+                    interrupted = True
+                    walk.log("interrupted: keeping what was measured")
                 finally:
                     walk.job.finish()
                 for r in walk.rows:
@@ -507,6 +519,11 @@ def main() -> int:
                 rows += walk.rows
                 steadies[system] += walk.steady
             data = write()
+            if interrupted:
+                break
+        else:
+            continue
+        break
     plot(data, out.with_suffix(".png"))
     print_table(table(rows))
     for system, st in steadies.items():

@@ -483,19 +483,22 @@ def main() -> int:
 
     def write() -> dict:
         """The walks so far into the results file (after each walk, and when interrupted: a
-        run cut short keeps what it measured); rows and steady figures of systems this run did
-        not walk stay (``--systems`` run by run)."""
+        run cut short keeps what it measured); rows and steady figures of systems or sizes this
+        run did not walk stay (``--systems``, ``--sizes`` run by run)."""
         machine["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
         machine["wall_s"] = round(time.time() - t_start, 1)
         old = {}
         if out.exists():
             with filelock.FileLock(str(out) + ".lock", timeout=60):
                 old = json.loads(out.read_text()).get("switch", {})
-        kept = [r for r in old.get("rows", []) if r["system"] not in systems]
-        kept_steady = {k: v for k, v in old.get("steady", {}).items() if k not in systems}
+        kept = [r for r in old.get("rows", [])
+                if r["system"] not in systems or r["workers"] not in a.sizes]
+        kept_steady = {k: [x for x in v if k not in systems or x["workers"] not in a.sizes]
+                       for k, v in old.get("steady", {}).items()}
         return update_results("switch", {
             "table": table(kept + rows), "rows": kept + rows,
-            "steady": {**kept_steady, **steadies}, "machine": machine,
+            "steady": {**kept_steady, **{k: kept_steady.get(k, []) + v
+                                         for k, v in steadies.items()}}, "machine": machine,
             "method": {"sizes": a.sizes, "step_delay_s": a.step_delay,
                        "settle_steps": a.settle_steps, "reps": a.reps,
                        "workload": "benchmarks/workload.py (digits CNN, batch 16, 1 thread, "

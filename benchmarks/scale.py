@@ -62,18 +62,6 @@ VARIANTS = {  # name in the results: (bench.Job's system, environment for the la
 
 # ---- measuring ----------------------------------------------------------------------------------
 
-def job_cpu_s(job: Job) -> float:
-    """CPU seconds (user + system) used so far by the launcher and every live process under it."""
-    total = 0.0
-    for p in job.processes():
-        try:
-            t = p.cpu_times()
-            total += t.user + t.system
-        except psutil.NoSuchProcess:
-            pass
-    return total
-
-
 def steady(job: Job, size: int, window_s: float) -> dict:
     """How busy the machine is while ``job`` trains at ``size`` workers: the job's CPU cores in
     use over ``window_s`` seconds (a sum over processes alive at both ends, so processes that

@@ -113,7 +113,7 @@ class Walk:
         saved = dict(os.environ)
         # inherited by the launcher and its workers; PYTHONSAFEPATH: a script's folder is not
         # put first on sys.path, so a benchmarks/ module named like the standard library's
-        # (profile.py) cannot shadow it in the workers
+        # cannot shadow it in the workers
         os.environ.update({"PYTHONSAFEPATH": "1", **env})
         try:
             self.job = Job(self.kind, tmp, 1, step_delay=a.step_delay, max_np=max(a.sizes),

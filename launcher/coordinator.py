@@ -675,12 +675,15 @@ class Coordinator:
             if any(w not in self.reports for w in previous):
                 return  # not every member is at the boundary yet
         staying = [w for w in previous if self.workers[w].state == WorkerState.MEMBER]
-        if previous and not staying and ready:
+        handover = bool(previous and not staying and ready)
+        if handover:
             # every member leaves and only joiners would remain: the oldest leaver stays one
             # more generation as rank 0 to hand the committed state over (sync), and leaves at
-            # the next boundary; otherwise the joiners would start from their initial state
+            # the next boundary; otherwise the joiners would start from their initial state.
+            # It does not count against --max-np (at --max-np 1 it would leave no room for
+            # the joiner, and the ring would re-form around the leaver at every boundary)
             staying = previous[:1]
-        room = self.max_np - len(staying)
+        room = self.max_np - (0 if handover else len(staying))
         joiners = [w.worker_id for w in ready[:max(room, 0)]]
         participants = staying + joiners
         if len(participants) < self.min_np:

@@ -313,13 +313,18 @@ class Driver:
         drained = self._drained()
         allowed = {(h, s) for h, slots in self.hosts.items() if h not in drained
                    for s in range(slots)}
+        # the replacements are spawned before anyone is asked to leave: a ring whose every
+        # member leaves trains on while a replacement builds, and the coordinator must never
+        # see the leavers without the pending replacement (it would switch to no one)
         active = [w for w in self.coord.live_workers() if w.state != WorkerState.LEAVING]
-        for w in active:  # scale-in: host gone or drained, or its slots shrank
-            if (w.host, w.slot) not in allowed:
-                self._ask_to_leave(w, self._leave_reason(w, drained))
+        leavers = [(w, self._leave_reason(w, drained)) for w in active
+                   if (w.host, w.slot) not in allowed]  # host gone or drained, slots shrank
         if self.coord.finishing:
+            for w, reason in leavers:
+                self._ask_to_leave(w, reason)
             return
-        active = [w for w in self.coord.live_workers() if w.state != WorkerState.LEAVING]
+        gone = {w.worker_id for w, _ in leavers}
+        active = [w for w in active if w.worker_id not in gone]
         members = set(self.coord.current.members) if self.coord.current else set()
         # scale-in to the target: workers not yet in a ring first, then the youngest members
         # (the highest ranks: the others keep their ranks, rank 0 keeps the state)
@@ -327,12 +332,15 @@ class Driver:
         excess = sorted((w for w in active if w.worker_id not in self.coord.reserved),
                         key=lambda w: (w.worker_id in members, -w.order))
         for w in excess[:max(0, len(excess) - self._target())]:
-            self._ask_to_leave(w, f"scale: above the target world size {self._target()}")
-        active = [w for w in self.coord.live_workers() if w.state != WorkerState.LEAVING]
+            leavers.append((w, f"scale: above the target world size {self._target()}"))
+            gone.add(w.worker_id)
+        active = [w for w in active if w.worker_id not in gone]
         want = sum(len(v) for v in usable.values())
         for _ in range(max(0, want - len(active))):
             if not self._spawn_one(initial=False, usable=usable):
                 break
+        for w, reason in leavers:
+            self._ask_to_leave(w, reason)
         usable_now = self.coord.usable_count()
         if usable_now < self.spec.min_np:
             self.below_min_since = self.below_min_since or now

@@ -161,10 +161,16 @@ class TorchState(ObjectState):
         self._spare_model = self._spare_optimizer = None  # the second set (checkpoints only)
         self._synced_generation = None  # the generation of the last sync (None: never synced)
         self.last_sync: Dict[str, Any] = {}  # what the last sync() sent and received (bytes)
+        # commits made by this lineage of the state (every rank saves at the same commits; a
+        # sync hands rank 0's count on): equal counts and steps mean the same commit, also for
+        # a script whose optimizer steps are not counted, or survivors of a failure that struck
+        # between one rank's save and another's
+        self._commit_seq = 0
         self.save()
 
     def save(self) -> None:
         super().save()
+        self._commit_seq += 1
         pending: list = []
         copies: list = []
         # --checkpoint-dir: while a background write reads the last commit's buffers, this
@@ -243,7 +249,8 @@ class TorchState(ObjectState):
     def _header(self, rt) -> Dict[str, Any]:
         return {"scalars": {k: getattr(self, k) for k in self._saved_state},
                 "samplers": {k: s.state_dict() for k, s in self._samplers.items()},
-                "steps": rt.steps if rt is not None else 0}
+                "steps": rt.steps if rt is not None else 0,
+                "commit_seq": self._commit_seq}
 
     def _sync_stream(self, rt, held: int) -> Dict[str, Any]:
         """Rank 0 streams the model and optimizer state to the ranks whose ``held`` step
@@ -253,9 +260,9 @@ class TorchState(ObjectState):
         skeleton) in one small ``broadcast_object``."""
         rank, size = _hvd.rank(), _hvd.size()
         error = checkpoint.restore_into(self) if rank == 0 else None
-        steps = _hvd.allgather(torch.tensor([held], dtype=torch.int64),
+        steps = _hvd.allgather(torch.tensor([[held, self._commit_seq]], dtype=torch.int64),
                                name="hvd_edl.sync.held").tolist()
-        lacks = [r != 0 and (steps[0] < 0 or steps[r] < 0 or steps[r] != steps[0])
+        lacks = [r != 0 and (steps[0][0] < 0 or steps[r][0] < 0 or steps[r] != steps[0])
                  for r in range(size)]
         header: Any = None
         server = None
@@ -361,6 +368,7 @@ class TorchState(ObjectState):
     def _load_header(self, rt, header: Dict[str, Any]) -> None:
         self._saved_state = header["scalars"]
         self._set_attrs()
+        self._commit_seq = header.get("commit_seq", self._commit_seq)
         if rt is not None:
             rt.steps = header["steps"]
 

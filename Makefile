@@ -41,6 +41,10 @@ demo: setup
 test: setup
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS) tests
 
+# The variations left out of make test (marker long: about 4 minutes), then nothing else.
+test-long: setup
+	$(VENV)/bin/python -m pytest -m long $(PYTEST_ARGS) tests
+
 # hvd_edl vs Horovod Elastic vs static Horovod (about 15 minutes on 2 cores): benchmarks/results/
 bench: setup
 	$(VENV)/bin/python benchmarks/bench.py

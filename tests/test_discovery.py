@@ -163,6 +163,7 @@ BAD_OUTPUTS = [  # (case, script body, what the one log line must say)
 ]
 
 
+@pytest.mark.long
 def test_bad_discovery_output_is_logged_once_and_the_job_goes_on(tmp_path, job_factory):
     """One job, fed each bad output in turn: each gives exactly one launcher line naming the
     script and the problem (no repeat while it persists), no generation change, and a line

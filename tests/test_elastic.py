@@ -1,6 +1,7 @@
 """The elastic core through hvd-edl-run: stop-free scale-out, graceful scale-in, failures, and
 host discovery changes.  Membership and step continuity are asserted, not timings (the stall
 figures live in benchmarks/switch.py)."""
+import pytest
 import signal
 import sys
 
@@ -71,6 +72,7 @@ def _kill_one_of_three(tmp_path, job_factory, victim):
     _assert_continuity(events)
 
 
+@pytest.mark.long
 def test_when_every_state_holder_dies_the_restart_is_reported(tmp_path, job_factory):
     """Both members of a ring that started at step s > 0 are killed: the replacements start from
     their initial state, and the event log says so (state_lost, at least s steps rolled back)
@@ -120,6 +122,7 @@ def test_too_few_workers_for_longer_than_elastic_timeout_fails_clearly(tmp_path,
     assert "fewer than --min-np 2 workers available for 3 s" in job.output()
 
 
+@pytest.mark.long
 def test_two_discovery_changes_within_one_second_are_both_acted_on(tmp_path, job_factory):
     job = job_factory(ELASTIC, long_digits(tmp_path), hosts="localhost:2")
     job.wait_generation(1)
@@ -135,6 +138,7 @@ def test_two_discovery_changes_within_one_second_are_both_acted_on(tmp_path, job
     _assert_continuity(job.events())
 
 
+@pytest.mark.long
 def test_host_added_while_first_workers_build_their_model(tmp_path, job_factory):
     job = job_factory(ELASTIC, long_digits(tmp_path, "--build-delay", "4"), hosts="localhost:2")
     job.wait_for("w2 to start", lambda: job.worker_pid("w2"), 30)

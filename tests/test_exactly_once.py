@@ -1,5 +1,6 @@
 """Exactly-once data and world-size-independent training through hvd-edl-run, checked from the
 audit ledger (``HVD_EDL_AUDIT_DIR``) of real workers under real membership changes and kills."""
+import pytest
 import signal
 
 import torch
@@ -61,6 +62,7 @@ def test_tiny_final_batch_repeats_are_declared_and_nothing_is_missing(tmp_path, 
     assert (report.repeated, report.missing) == (0, 0), report.to_dict()
 
 
+@pytest.mark.long
 def test_fixed_global_batch_matches_one_worker_across_three_changes(tmp_path, job_factory):
     """2 -> 3 -> 2 -> 3 workers with a fixed global batch of 48 end within 1e-4 (max abs
     difference / max abs value) of one worker running the same epochs."""

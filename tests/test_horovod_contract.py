@@ -75,7 +75,7 @@ def test_horovod_environment_is_set_at_spawn_and_updated_at_join(tmp_path, job_f
 DATASET = 9003  # odd: no world size divides it
 
 
-@pytest.mark.parametrize("record_index", ["zero", "global"])
+@pytest.mark.parametrize("record_index", ["zero", pytest.param("global", marks=pytest.mark.long)])
 def test_horovod_counting_of_record_batch_keeps_exactly_once(tmp_path, job_factory, monkeypatch,
                                                              record_index):
     """A Horovod-style script calls ``record_batch(0, B)`` (or with a step counter kept across

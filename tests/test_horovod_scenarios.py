@@ -100,7 +100,7 @@ def _run(tmp: Path, schedule=None, hosts=None, exit_schedule=None, exit_mode="ex
     return p.returncode, p.stdout, records
 
 
-@pytest.mark.parametrize("slots, np_, max_np", [(2, 2, 4), (1, 1, 2)])
+@pytest.mark.parametrize("slots, np_, max_np", [(2, 2, 4), pytest.param(1, 1, 2, marks=pytest.mark.long)])
 def test_hosts_added_and_removed(tmp_path, slots, np_, max_np):
     schedule = [(0, [f"localhost:{slots}"]),
                 (1, [f"localhost:{slots}", f"127.0.0.1:{slots}"]),
@@ -169,6 +169,7 @@ def test_too_few_workers_past_the_elastic_timeout_fails(tmp_path):
     assert "fewer than --min-np 4 workers" in out
 
 
+@pytest.mark.long
 def test_reset_limit(tmp_path):
     schedule = [(0, ["localhost:2"]), (1, ["localhost:2", "127.0.0.1:2"]),
                 (None, ["127.0.0.1:2"])]
@@ -182,6 +183,7 @@ def test_reset_limit(tmp_path):
     assert len(results) == 3
 
 
+@pytest.mark.long
 def test_failed_slot_comes_back_after_a_growing_cooldown(tmp_path):
     """Horovod's exponential back-off scenario: the worker that started as rank 3 fails at epochs
     1 and 3 (its replacement fails again at epoch 3 only if it joined before, which depends on

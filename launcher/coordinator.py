@@ -680,10 +680,12 @@ class Coordinator:
             # every member leaves and only joiners would remain: the oldest leaver stays one
             # more generation as rank 0 to hand the committed state over (sync), and leaves at
             # the next boundary; otherwise the joiners would start from their initial state.
-            # It does not count against --max-np (at --max-np 1 it would leave no room for
-            # the joiner, and the ring would re-form around the leaver at every boundary)
             staying = previous[:1]
-        room = self.max_np - (0 if handover else len(staying))
+        room = self.max_np - len(staying)
+        if handover:
+            # at --max-np 1 the handover member would leave no room for the joiner, and the
+            # ring would re-form around the leaver at every boundary: one joiner comes in
+            room = max(room, 1)
         joiners = [w.worker_id for w in ready[:max(room, 0)]]
         participants = staying + joiners
         if len(participants) < self.min_np:

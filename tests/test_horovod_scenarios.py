@@ -139,6 +139,9 @@ def test_single_rank_failure(tmp_path, exit_mode, fixed_hosts):
     assert exit_mode != "exception" or "w1@localhost:0 failed (exit code 1)" in out, out[-3000:]
 
 
+# marker long: racy (seen once in 3 full runs): when rank 0 is still in epoch 0's last
+# collective as the others raise, it waits for a ring that cannot form (until --elastic-timeout)
+@pytest.mark.long
 def test_all_ranks_failure_ends_the_job_with_the_scripts_error(tmp_path):
     """Every rank raises at epoch 1, batch 0: nobody holds the state.  Horovod fails the job;
     so does hvd_edl, at once, with the script's exit code and its error, and never restarts the

@@ -263,6 +263,8 @@ class WorkerRuntime:
         env.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
         # our patched Horovod (cmake/patches/0004): no second rendezvous of the same processes
         env.setdefault("HVD_EDL_GLOO_FAST_INIT", "1")
+        # (cmake/patches/0005): synchronize() sleeps until its handle is done, no sched_yield spin
+        env.setdefault("HVD_EDL_BLOCKING_WAIT", "1")
         # NCCL communicators belong to one ring: shutdown aborts them, and the next ring's first
         # GPU collective creates its own (ncclUniqueId sent over that ring's Gloo controller)
         if self.elastic:

@@ -48,7 +48,7 @@ PIECE_BYTES = 8 << 20   # most bytes handed to one sendmsg / recvmsg_into call
 MAX_BUFFERS = 512       # most buffers in one call (Linux's IOV_MAX is 1024)
 TOKEN_BYTES = 32
 _ACCEPTED, _REFUSED, _DONE = b"\x01", b"\x00", b"\x02"
-_ALL, _PREFIX = b"A", b"P"  # what a receiver asks for, after its token
+_ALL, _PREFIX, _NOTHING = b"A", b"P", b"N"  # what a receiver asks for, after its token
 
 
 class StreamError(HorovodInternalError):
@@ -322,6 +322,7 @@ class StreamServer:
         self.parallel = PARALLEL if parallel is None else parallel
         self.token = secrets.token_bytes(TOKEN_BYTES)
         self.refused = 0  # connections whose token was wrong
+        self.receivers = 0  # connections that asked for the stream or its prefix (not nothing)
         try:
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
             self._listener = _track(socket.socket(family, socket.SOCK_STREAM))
@@ -340,8 +341,9 @@ class StreamServer:
 
     def serve(self, receivers: int) -> int:
         """Accept ``receivers`` connections with the right token (wrong ones are refused and
-        not counted) and send each the whole stream or its prefix, as it asks; returns once
-        each acknowledged all bytes, with the bytes sent in all.
+        not counted) and send each the whole stream, its prefix or nothing, as it asks; returns
+        once each acknowledged, with the bytes sent in all (``self.receivers``: how many asked
+        for the stream or its prefix).
 
         Raises:
             StreamError: a receiver did not connect, stalled or failed within the timeout.
@@ -428,7 +430,11 @@ class StreamServer:
     def _send_to(self, conn: socket.socket, part: bytes) -> int:
         try:
             conn.sendall(_ACCEPTED)
-            n = _send_all(conn, self._views[:self._prefix] if part == _PREFIX else self._views)
+            if part == _NOTHING:
+                n = 0
+            else:
+                n = _send_all(conn, self._views[:self._prefix] if part == _PREFIX else self._views)
+                self.receivers += 1  # one sending thread per connection: += under the GIL
             if _recv_exactly(conn, 1) != _DONE:
                 raise StreamError("state stream: the receiver did not confirm")
             return n
@@ -436,12 +442,23 @@ class StreamServer:
             raise StreamError(f"state stream: sending to a receiver failed: {e}") from None
 
 
+def decline(endpoint: Dict[str, Any], timeout_s: float = TIMEOUT_S) -> int:
+    """A member that holds everything: connect to ``endpoint``, send the token and ask for
+    nothing (the sender counts every member, so none needs a collective to say who lacks what);
+    returns 0, the bytes received.
+
+    Raises:
+        TokenRefused, StreamError: as :func:`receive`.
+    """
+    return receive(endpoint, [], timeout_s, part=_NOTHING)
+
+
 def receive(endpoint: Dict[str, Any], dests: Sequence[Any], timeout_s: float = TIMEOUT_S,
-            prefix: bool = False) -> int:
+            prefix: bool = False, part: Optional[bytes] = None) -> int:
     """A receiver's end: connect to ``endpoint`` (:meth:`StreamServer.endpoint`), send the token
     and receive every tensor of the stream (with ``prefix``, of its prefix) into ``dests``
     (contiguous CPU tensors, in stream order, as :func:`fill` returns them).  Returns the bytes
-    received.
+    received.  (``part``: :func:`decline`'s request for nothing.)
 
     Raises:
         TokenRefused: the sender refused the token.
@@ -449,7 +466,10 @@ def receive(endpoint: Dict[str, Any], dests: Sequence[Any], timeout_s: float = T
             operation) or closed early, or ``dests`` do not add up to the bytes it sends.
     """
     views = [_byte_view(t) for t in dests]
-    expected = int(endpoint.get("prefix_nbytes" if prefix else "nbytes", -1))
+    if part is None:
+        part = _PREFIX if prefix else _ALL
+    expected = 0 if part == _NOTHING else int(
+        endpoint.get("prefix_nbytes" if prefix else "nbytes", -1))
     if sum(len(v) for v in views) != expected:
         raise StreamError(f"state stream: destinations hold {sum(len(v) for v in views)} "
                           f"bytes, the sender sends {expected}")
@@ -462,7 +482,7 @@ def receive(endpoint: Dict[str, Any], dests: Sequence[Any], timeout_s: float = T
     _track(sock)
     try:
         sock.settimeout(timeout_s)
-        sock.sendall(bytes.fromhex(str(endpoint["token"])) + (_PREFIX if prefix else _ALL))
+        sock.sendall(bytes.fromhex(str(endpoint["token"])) + part)
         status = sock.recv(1)
         if status == _REFUSED:
             raise TokenRefused("state stream: rank 0 refused this receiver's token")

@@ -183,3 +183,29 @@ if __name__ == "__main__":
     a = p.parse_args()
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     worker(a.out, a.stop)
+
+
+def test_each_receiver_gets_what_it_asks_for_and_a_holder_nothing():
+    """Three receivers of one server (what ``TorchState.sync`` does without a collective saying
+    who lacks what): everything, the prefix (the model's buffers), nothing; the server counts
+    the two that received and the bytes each part weighs."""
+    import torch
+    from hvd_edl import state_stream as ss
+    src = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    (buffers, params), tensors, ends = ss.split(
+        {k: v for k, v in src.state_dict().items() if "running" in k or "batches" in k},
+        {k: v for k, v in src.state_dict().items() if "running" not in k and "batches" not in k})
+    server = ss.StreamServer(tensors, "127.0.0.1", timeout_s=10, prefix=ends[0])
+    served = {}
+    th = threading.Thread(target=lambda: served.update(n=server.serve(3)))
+    th.start()
+    _, all_dests = ss.fill((buffers, params))
+    _, prefix_dests = ss.fill(buffers)
+    got_all = ss.receive(server.endpoint(), all_dests, timeout_s=10)
+    got_prefix = ss.receive(server.endpoint(), prefix_dests, timeout_s=10, prefix=True)
+    got_nothing = ss.decline(server.endpoint(), timeout_s=10)
+    th.join(timeout=10)
+    assert not th.is_alive()
+    assert 0 < got_prefix == server.prefix_nbytes < got_all == server.nbytes
+    assert got_nothing == 0 and server.receivers == 2
+    assert served["n"] == got_all + got_prefix

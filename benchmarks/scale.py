@@ -54,7 +54,8 @@ OUT = RESULTS / "scale.json"
 KINDS = ("scale_out", "scale_in", "failure")
 VARIANTS = {  # name in the results: (bench.Job's system, environment for the launcher)
     "hvd_edl": ("hvd_edl", {}),
-    # hvd_edl on Horovod's own Gloo set-up: our patch 0004 off (six rendezvous per init)
+    # hvd_edl on Horovod's own Gloo set-up: our patches 0004 and 0006 off (six rendezvous per
+    # init, a 10 ms loop tick per connect)
     "hvd_edl_upstream_init": ("hvd_edl", {"HVD_EDL_GLOO_FAST_INIT": "0"}),
     "horovod_elastic": ("horovod_elastic", {}),
 }
@@ -155,6 +156,10 @@ class Walk:
             if e is not None:
                 row["event_stall_s"] = e["stall_s"]
                 row["phases"] = e.get("phases", {})
+            else:  # say which generations formed instead
+                row["generations_after"] = [
+                    f'{x["kind"]} {x.get("previous_world_size")}->{x["world_size"]}'
+                    for x in self.job.events() if x["time"] >= t]
         self.rows.append(row)
         stall = row.get("stall_s", row.get("recovery_s"))
         self.log(f"{kind} {old}->{new}: {stall} s {row.get('phases', '')}")
@@ -166,7 +171,8 @@ class Walk:
         if t is None:
             return False
         # survivors at n-1, then (hvd_edl) the replacement brings the ring back to n
-        self.settle(n - 1, t, self.a.change_timeout)
+        if not self.settle(n - 1, t, self.a.change_timeout):
+            self.log(f"kill at {n}: no ring of {n - 1} trained {self.a.settle_steps} steps")
         back = self.settle(n, t, self.a.change_timeout)
         out = kill_outcome(self.job.timelines(), self.job.killed_pid, t, n)
         if not out["survives"]:
@@ -195,7 +201,7 @@ class Walk:
                     return
 
 
-# ---- Gloo set-up alone, patch 0004 on and off --------------------------------------------------
+# ---- Gloo set-up alone, patches 0004 + 0006 on and off ----------------------------------------
 
 class CountingRendezvous(GenerationRendezvous):
     """Our rendezvous server (``launcher.rendezvous``), counting the requests each generation's
@@ -212,7 +218,7 @@ class CountingRendezvous(GenerationRendezvous):
 
 def init_ab(n: int, rounds: int) -> List[dict]:
     """``n`` ranks of ``benchmarks/scale_worker.py`` on this host initialise Horovod ``2 *
-    rounds`` times (after one unrecorded warm-up), each against a fresh generation of our rendezvous server, patch 0004 on and
+    rounds`` times (after one unrecorded warm-up), each against a fresh generation of our rendezvous server, patches 0004 + 0006 on and
     off in turn (ABAB...: both see the same load).  Per init: the slowest rank's ``hvd.init()``
     (seconds), the requests the rendezvous answered, this process's CPU seconds (the
     rendezvous server's event loop runs here, as in the launcher) and the ranks' CPU seconds in
@@ -349,7 +355,7 @@ def plot(data: dict, path: Path) -> None:
                 ax.plot(*zip(*sorted(pts)), styles[system], marker=markers[kind],
                         label=f"{system} {kind.replace('_', '-')}")
     ab = data.get("switch", {}).get("gloo_init_ab", {}).get("table", [])
-    for fast, label in ((False, "hvd.init() alone, upstream"), (True, "hvd.init() alone, patch 0004")):
+    for fast, label in ((False, "hvd.init() alone, upstream"), (True, "hvd.init() alone, patches 0004+0006")):
         pts = [(r["workers"], r["init_s"]) for r in ab if r["fast_init"] == fast]
         if pts:
             ax.plot(*zip(*sorted(pts)), ":", color="grey" if not fast else "black",
@@ -399,7 +405,7 @@ def print_init_table(rows: List[dict]) -> None:
     print(f"{'N':>3} {'Gloo set-up':12} {'init s':>7} {'requests':>9} {'server CPU s':>12} "
           f"{'ranks CPU s':>11}")
     for r in rows:
-        print(f"{r['workers']:>3} {'patch 0004' if r['fast_init'] else 'upstream':12} "
+        print(f"{r['workers']:>3} {'patched' if r['fast_init'] else 'upstream':12} "
               f"{r['init_s']:>7.3f} {r['rendezvous_requests']:>9} {r['rendezvous_cpu_s']:>12.3f} "
               f"{r['ranks_init_cpu_s']:>11.3f}")
 

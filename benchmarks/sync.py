@@ -286,7 +286,16 @@ def main() -> int:
                    if mode + "_error" in result["switch"] else ""))
     result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     RESULTS.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps(result, indent=1) + "\n")
+    out = Path(a.out)
+    if a.only is not None and out.exists():  # a partial run keeps the other parts' figures
+        try:
+            kept = json.loads(out.read_text())
+        except ValueError:
+            kept = {}
+        for key in ("transfer_alone", "results", "switch"):
+            if key not in result and key in kept:
+                result[key] = kept[key]
+    out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"load average before {result['load_before']}, after {result['load_after']}")
     print(f"wrote {a.out}")
     return 0

@@ -137,6 +137,9 @@ class Coordinator:
         self.departures = 0  # workers that exited or were fenced (a /switch poll's answer)
         self._reported_upto = 0  # members of the current generation [0, this) need no report
         self._wanted_cache = (None, 0.0, False)  # (key, when, _change_wanted()) for the replies
+        # workers in state READY (kept by _move): a scan of every worker per _ready() call grew
+        # as N^2 per switch (1,024 workers: benchmarks/control_plane.py)
+        self._ready_ids: set = set()
         self.finishing = False
         self.stopping = False  # the launcher is terminating every worker (SIGTERM means die)
         self.failure: Optional[str] = None
@@ -165,6 +168,8 @@ class Coordinator:
     def add_worker(self, rec: WorkerRecord) -> None:
         with self.cond:
             self.workers[rec.worker_id] = rec
+            if rec.state == WorkerState.READY:
+                self._ready_ids.add(rec.worker_id)
         self.telemetry.add_worker(rec.worker_id, rec.host, rec.slot)
 
     def live_workers(self) -> List[WorkerRecord]:
@@ -179,7 +184,7 @@ class Coordinator:
             rec.exit_code = code
             self.departures += 1
             if code == 0:
-                rec.move(WorkerState.EXITED)
+                self._move(rec, WorkerState.EXITED)
                 if was in (WorkerState.MEMBER, WorkerState.LEAVING) and self.current is not None \
                         and worker_id in self.current.members:
                     # a member finished its script: the job is ending; form no more generations.
@@ -194,7 +199,7 @@ class Coordinator:
                     self.finishing = True
             else:
                 fenced = rec.fenced
-                rec.move(WorkerState.DEAD)
+                self._move(rec, WorkerState.DEAD)
                 if not fenced:
                     self._member_lost(rec)
                     self._check_script_failure(rec)
@@ -247,7 +252,7 @@ class Coordinator:
         """Declare a silent member dead (lock held): it is never a member again (its requests are
         answered "exit" or "fenced"), its generation is released and re-formed without it."""
         rec.fenced = True
-        rec.move(WorkerState.DEAD)
+        self._move(rec, WorkerState.DEAD)
         self.departures += 1
         self._member_lost(rec)
         self.liveness.forget(rec.worker_id)
@@ -295,7 +300,7 @@ class Coordinator:
         if rec.state not in (WorkerState.PENDING, WorkerState.READY, WorkerState.MEMBER):
             return False
         is_member = self.current is not None and worker_id in self.current.members
-        rec.move(WorkerState.LEAVING)
+        self._move(rec, WorkerState.LEAVING)
         if not is_member:
             self.assignments[worker_id] = messages.Assignment(action="exit",
                                                               reason="scaled in")
@@ -445,7 +450,7 @@ class Coordinator:
         with self.cond:
             rec = self._worker(msg.worker_id)
             if rec.state == WorkerState.PENDING:
-                rec.move(WorkerState.READY)
+                self._move(rec, WorkerState.READY)
                 rec.ready_at = time.monotonic()
             self._try_form()
             self.cond.notify_all()
@@ -607,9 +612,21 @@ class Coordinator:
         self._reported_upto = i
         return i >= len(members)
 
+    def _move(self, rec: WorkerRecord, state: WorkerState) -> None:
+        """``rec.move(state)`` (lock held), keeping the index of READY workers.
+
+        Raises:
+            ValueError: a transition the life cycle does not have.
+        """
+        rec.move(state)
+        if rec.state == WorkerState.READY:
+            self._ready_ids.add(rec.worker_id)
+        else:
+            self._ready_ids.discard(rec.worker_id)
+
     def _ready(self) -> List[WorkerRecord]:
-        return sorted((w for w in self.workers.values() if w.state == WorkerState.READY
-                       and w.worker_id not in self.reserved), key=lambda w: w.order)
+        return sorted((self.workers[w] for w in self._ready_ids if w not in self.reserved),
+                      key=lambda w: w.order)
 
     def _change_wanted(self) -> bool:
         if self.current is None or self.finishing or self.failure or not self.elastic:
@@ -750,7 +767,7 @@ class Coordinator:
         for rank, w in enumerate(participants):
             rec = self.workers[w]
             if rec.state == WorkerState.READY:
-                rec.move(WorkerState.MEMBER)
+                self._move(rec, WorkerState.MEMBER)
             rec.rank = rank
             labels.append(rec.label)
             local_rank = local_counts[rec.host]

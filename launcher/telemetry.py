@@ -97,6 +97,8 @@ class Telemetry:
         self._workers: Dict[str, _Worker] = {}
         self._order = 0
         self._members: List[str] = []
+        self._rank_of: Dict[str, int] = {}  # member -> rank: a list's index() per worker made
+                                            # workers() O(N^2) (1,024 workers: control_plane.py)
         self._generation = 0
         self._samples: Deque[Tuple[float, int]] = deque()  # (arrival, samples) of beats
         self._counters: Dict[str, int] = {k: 0 for k in COUNTER_KINDS}
@@ -119,6 +121,7 @@ class Telemetry:
         with self._lock:
             self._generation = int(generation)
             self._members = list(members)
+            self._rank_of = {m: i for i, m in enumerate(self._members)}
 
     def on_generation(self, event) -> None:
         """A generation change was logged (a ``launcher.events.GenerationEvent``): its
@@ -187,7 +190,7 @@ class Telemetry:
         with self._lock:
             members = [self._workers[m] for m in self._members if m in self._workers]
             rest = sorted((w for w in self._workers.values() if w.worker_id not in
-                           self._members), key=lambda w: w.order)
+                           self._rank_of), key=lambda w: w.order)
             return [self._stats(w) for w in members + rest]
 
     def job(self) -> dict:
@@ -250,7 +253,7 @@ class Telemetry:
 
     def _stats(self, w: _Worker) -> WorkerStats:
         beats = list(w.beats)
-        rank = self._members.index(w.worker_id) if w.worker_id in self._members else -1
+        rank = self._rank_of.get(w.worker_id, -1)
         stats = WorkerStats(w.worker_id, w.host, w.slot, rank, steps=w.steps,
                             updated_at=w.updated_at, step=w.step)
         if len(beats) >= 2:

@@ -133,3 +133,26 @@ def test_top_level_broadcasts_of_a_static_script_do_not_hang_a_joiner(tmp_path, 
     (tmp_path / "stop").touch()
     assert job.finish() == 0, job.output()[-3000:]
     assert steps >= 0
+
+
+def test_broadcast_object_hands_rank_0s_object_to_every_rank(tmp_path):
+    """``hvd.broadcast_object`` (one broadcast for a pickle that fits the first, two otherwise):
+    under the launcher every rank ends with rank 0's objects, at the sizes around the first
+    broadcast's room and beyond; alone, the object comes back as it was."""
+    script = str(HOROVOD_STYLE / "broadcast_object_main.py")
+    two = subprocess.run([LAUNCHER, "-np", "2", sys.executable, script], capture_output=True,
+                         text=True, timeout=120, cwd=str(tmp_path))
+    assert two.returncode == 0, two.stdout[-3000:] + two.stderr[-3000:]
+    lines = {}
+    for line in two.stdout.splitlines():  # "[rank]<stdout>:name digest"
+        if "<stdout>:" in line:
+            rank, text = line.split("<stdout>:", 1)
+            lines.setdefault(rank, []).append(text.split())
+    assert len(lines) == 2, two.stdout[-3000:]
+    a, b = lines.values()
+    assert a[-1][0] == b[-1][0] == "done" and len(a) == len(b) == 6
+    assert a[:-1] == b[:-1]  # every object: the same digest on both ranks (rank 0's)
+    env = dict(os.environ, HVD_EDL_QUIET="1")
+    alone = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120,
+                           cwd=str(tmp_path), env=env)
+    assert alone.returncode == 0 and "done 0 1" in alone.stdout, alone.stdout + alone.stderr

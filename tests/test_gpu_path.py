@@ -88,8 +88,10 @@ def test_nccl_patch_applies_after_the_others(tmp_path):
     if not sdists or shutil.which("patch") is None:
         pytest.skip("no Horovod sdist in build/horovod (make setup downloads it)")
     with tarfile.open(sdists[0]) as t:
+        # Horovod's own sources and Gloo's (patch 0006), not the other third-party trees
         t.extractall(tmp_path, members=[m for m in t.getmembers()
-                                        if "/third_party/" not in m.name])
+                                        if "/third_party/" not in m.name
+                                        or "/third_party/gloo/gloo/" in m.name])
     src = next(tmp_path.iterdir())
     patches = sorted(glob.glob(str(ROOT / "cmake" / "patches" / "*.patch")))
     patches += sorted(glob.glob(str(ROOT / "cmake" / "patches" / "nccl" / "*.patch")))

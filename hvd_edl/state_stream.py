@@ -260,12 +260,17 @@ def _untrack(sock: socket.socket) -> None:
         pass
 
 
+_released = 0  # release() calls so far (an accept that fails after one says so)
+
+
 def release() -> int:
     """Shut down (``SHUT_RDWR``) every socket of a transfer in progress in this process, so that
     a send, receive or accept blocked on a lost peer fails now; returns how many.  Called by
     ``WorkerRuntime.release_ring`` (any thread)."""
+    global _released
     with _active_lock:
         socks = list(_active)
+        _released += 1
     for s in socks:
         try:
             s.shutdown(socket.SHUT_RDWR)
@@ -402,9 +407,13 @@ class StreamServer:
 
     def _accept(self) -> Optional[Tuple[socket.socket, bytes]]:
         self._listener.settimeout(self.timeout_s)
+        released = _released
         try:
             conn, _ = self._listener.accept()
         except OSError as e:
+            if _released != released:
+                raise StreamError("state stream: released while waiting for a receiver (a "
+                                  "member of the ring was lost)") from None
             raise StreamError(f"state stream: a receiver did not connect within "
                               f"{self.timeout_s:.0f} s ({e})") from None
         _track(conn)

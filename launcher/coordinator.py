@@ -831,7 +831,10 @@ class Coordinator:
         step = max((r.step for r in reps), default=0)
         rolled_back = max((r.steps_before_restore - r.step for r in reps), default=0)
         if failed:
-            return "failure", min((r.step for r in reps), default=0), max(rolled_back, 0)
+            # the step every survivor restored to; a report below the generation's start comes
+            # from a joiner that never finished its sync (it holds no commit of this ring)
+            synced = [r.step for r in reps if r.step >= self.current.step]
+            return "failure", min(synced or [r.step for r in reps] or [0]), max(rolled_back, 0)
         size, before = len(participants), len(self.current.members)
         if size == before:  # as many left as joined (a job moving hosts, a slot swapped)
             kind = "replace"

@@ -200,7 +200,9 @@ def _cmdline(pid: int) -> List[str]:
 
 
 def _all_args() -> str:
-    return subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    # ww: unlimited width (without a terminal ps cuts each line at 80 columns, which hid
+    # train_digits.py, and would hide a secret, behind a long checkout path)
+    return subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True).stdout
 
 
 def test_secret_never_in_any_argv(cluster, cluster_job, tmp_path):

@@ -3,20 +3,13 @@ is the commit its survivors restored, also when a joiner that never finished its
 among the reporters (its count is 0: it holds no commit of the ring).  Unit level: a real
 ``Coordinator`` fed the workers' messages; no processes, no rendezvous servers."""
 from hvd_edl import messages
-from launcher.coordinator import Coordinator
-from launcher.events import EventLog
 from launcher.registry import WorkerRecord
 
-from test_migration import _Rendezvous
+from test_migration import _ring_of_two
 
 
 def test_a_failure_reports_the_survivors_restored_step_not_a_joiners_zero():
-    coord = Coordinator(min_np=1, max_np=4, elastic=True, events=EventLog(None),
-                        rendezvous=_Rendezvous(), rendezvous_addr="127.0.0.1")
-    for i in (1, 2):
-        coord.add_worker(WorkerRecord(f"w{i}", "localhost", i - 1, i, 0.0, initial=True))
-    for i in (1, 2):
-        coord.ready(messages.Ready(f"w{i}"))
+    coord = _ring_of_two()
     assert coord.current.members == ["w1", "w2"]
     coord.add_worker(WorkerRecord("w3", "localhost", 2, 3, 0.0))
     coord.ready(messages.Ready("w3"))

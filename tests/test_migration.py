@@ -30,6 +30,17 @@ class _Rendezvous:
     def close(self):
         pass
 
+
+def _ring_of_two(events=None, rendezvous=None) -> Coordinator:
+    """A real coordinator (unit tests: no servers) whose generation 1 is w1, w2 on localhost."""
+    coord = Coordinator(min_np=1, max_np=4, elastic=True, events=events or EventLog(None),
+                        rendezvous=rendezvous or _Rendezvous(), rendezvous_addr="127.0.0.1")
+    for i in (1, 2):
+        coord.add_worker(WorkerRecord(f"w{i}", "localhost", i - 1, i, 0.0, initial=True))
+    for i in (1, 2):
+        coord.ready(messages.Ready(f"w{i}"))
+    return coord
+
 CTL = str(VENV_BIN / "hvd-edl-ctl")
 DIGITS_TRAIN = 1347
 
@@ -144,12 +155,7 @@ def test_reserved_ready_worker_joins_only_at_the_swap(tmp_path):
     the generation formed at the next boundary replaces one with the other."""
     rdv = _Rendezvous()
     try:
-        coord = Coordinator(min_np=1, max_np=4, elastic=True, events=EventLog(None),
-                            rendezvous=rdv, rendezvous_addr="127.0.0.1")
-        for i in (1, 2):
-            coord.add_worker(WorkerRecord(f"w{i}", "localhost", i - 1, i, 0.0, initial=True))
-        for i in (1, 2):
-            coord.ready(messages.Ready(f"w{i}"))
+        coord = _ring_of_two(rendezvous=rdv)
         assert coord.current.members == ["w1", "w2"]
         coord.add_worker(WorkerRecord("w3", "127.0.0.1", 0, 3, 0.0))
         coord.reserve("w3")
@@ -201,12 +207,7 @@ def test_migration_is_abandoned_when_a_new_worker_dies_while_building(tmp_path):
     rdv = _Rendezvous()
     try:
         events = EventLog(str(tmp_path / "events.jsonl"))
-        coord = Coordinator(min_np=1, max_np=4, elastic=True, events=events, rendezvous=rdv,
-                            rendezvous_addr="127.0.0.1")
-        for i in (1, 2):
-            coord.add_worker(WorkerRecord(f"w{i}", "localhost", i - 1, i, 0.0, initial=True))
-        for i in (1, 2):
-            coord.ready(messages.Ready(f"w{i}"))
+        coord = _ring_of_two(events, rdv)
         driver = _Driver(coord, {"localhost": 2, "127.0.0.1": 2})
         m = Migration("localhost", "127.0.0.1", ["w1", "w2"],
                       [("127.0.0.1", 0), ("127.0.0.1", 1)])
@@ -233,12 +234,7 @@ def test_moving_every_member_hands_the_state_over_in_two_switches(tmp_path):
     (a scale-out), then leaves (a scale-in); the migration ends after both, the source
     drained."""
     from launcher.migration import Migration, Phase
-    coord = Coordinator(min_np=1, max_np=4, elastic=True, events=EventLog(None),
-                        rendezvous=_Rendezvous(), rendezvous_addr="127.0.0.1")
-    for i in (1, 2):
-        coord.add_worker(WorkerRecord(f"w{i}", "localhost", i - 1, i, 0.0, initial=True))
-    for i in (1, 2):
-        coord.ready(messages.Ready(f"w{i}"))
+    coord = _ring_of_two()
     driver = _Driver(coord, {"localhost": 2, "127.0.0.1": 2})
     m = Migration("localhost", "127.0.0.1", ["w1", "w2"], [("127.0.0.1", 0), ("127.0.0.1", 1)])
     m.advance(driver, 1.0)

@@ -265,6 +265,9 @@ class WorkerRuntime:
         env.setdefault("HVD_EDL_GLOO_FAST_INIT", "1")
         # (cmake/patches/0005): synchronize() sleeps until its handle is done, no sched_yield spin
         env.setdefault("HVD_EDL_BLOCKING_WAIT", "1")
+        # (cmake/patches/0008): a Gloo message that does not fit its posted receive (a ring
+        # breaking) fails that pair, not the whole process
+        env.setdefault("HVD_EDL_GLOO_PAIR_ERRORS", "1")
         # NCCL communicators belong to one ring: shutdown aborts them, and the next ring's first
         # GPU collective creates its own (ncclUniqueId sent over that ring's Gloo controller)
         if self.elastic:

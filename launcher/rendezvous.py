@@ -47,9 +47,10 @@ Gloo's own timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``).
 
 With our patch 0007 (``HVD_EDL_GLOO_FAST_INIT=1``) Gloo's ``connectFullMesh`` asks for all the keys
 it needs in one ``POST /<scope>/multi_get`` (the keys one per line; the answer, each value behind
-its 4-byte big-endian length), held the same way until every key exists: three requests per rank
-and rendezvous (its two PUTs and the multi_get) instead of one per key and peer, 48 instead of
-456 for a 16-rank ``hvd.init()`` (``benchmarks/scale.py --parts init``).
+its 4-byte big-endian length, about a megabyte an answer), held the same way until every key
+exists: three requests per rank and rendezvous (its two PUTs and the multi_get) instead of one per
+key and peer, 48 instead of 456 for a 16-rank ``hvd.init()`` (``benchmarks/scale.py --parts
+init``).
 
 Residual risk: the token travels in clear text, like the rest of the rendezvous; whoever can
 read a member's traffic or environment (root, or that member's own user) can use it while its
@@ -95,6 +96,7 @@ MAX_HEADERS = 32
 BACKLOG = 1024               # every rank of a large job connects at once
 MULTI_GET = "multi_get"        # POST /<scope>/multi_get: many keys in one request (patch 0007)
 MULTI_GET_MAX_KEYS = 1024     # keys per multi_get request (Horovod's side sends 64 at most)
+MULTI_GET_MAX_BYTES = 1 << 20  # a multi_get answer ends after the value that reaches this
 TOKEN_HEADER = "X-Hvd-Edl-Rendezvous-Token"   # sent by our patch of Horovod's HTTPStore
 ENV_TOKEN = "HOROVOD_GLOO_RENDEZVOUS_TOKEN"   # where the patched HTTPStore reads it
 
@@ -420,7 +422,10 @@ class GenerationRendezvous:
         ``connectFullMesh`` calls once instead of a request per key): the body names up to
         ``MULTI_GET_MAX_KEYS`` keys, one per line; held like a GET until every key exists
         (at most ``HOLD_S`` in all), then 200 with each value in order behind its length (4
-        bytes, big-endian), or 404 when one is still missing."""
+        bytes, big-endian), or 404 when one is still missing.  An answer stops after the value
+        that brings it to ``MULTI_GET_MAX_BYTES`` (the patched client asks again for the
+        keys left): at 1,024 ranks a peer's key holds 139 kB of pair addresses, and 64 of
+        them in one answer per rank would hold gigabytes of the launcher's memory at once."""
         if name != MULTI_GET:
             return self._refuse(store, 404, "POST only to /<scope>/multi_get", request)
         try:
@@ -436,10 +441,13 @@ class GenerationRendezvous:
             return self._refuse(store, 400, f"multi_get: 1 to {MULTI_GET_MAX_KEYS} printable "
                                             "keys, one per line", request)
         deadline = self._loop.time() + HOLD_S
-        parts = []
+        parts, size = [], 0
         for k in keys:
+            if size >= MULTI_GET_MAX_BYTES:
+                break  # the client asks again for the rest
             value = await self._held_value(store, scope, k, deadline)
             if value is None:
                 return Response(404, b"", content_type="text/plain")
             parts += (len(value).to_bytes(4, "big"), value)
+            size += 4 + len(value)
         return Response(200, b"".join(parts), content_type="application/octet-stream")

@@ -111,3 +111,24 @@ def test_multi_get_keeps_every_guard_of_a_get(rdv):
     assert _multi_get(port, tok, too_many).status_code == 400
     rdv.open(2, ["localhost"])  # generation 1 is sealed now
     assert _multi_get(port, tok, ["0"]).status_code == 403
+
+
+def test_a_multi_get_answer_stops_near_its_byte_cap_and_the_rest_can_be_asked(rdv, monkeypatch):
+    """At 1,024 ranks a key holds 139 kB: answers are cut after the value that reaches
+    MULTI_GET_MAX_BYTES (at least one value each), and asking again for the rest gets it."""
+    monkeypatch.setattr(rendezvous, "MULTI_GET_MAX_BYTES", 1000)
+    port = rdv.open(1, ["localhost"])
+    tok = rdv.token(1)
+    for k in range(5):
+        requests.put(f"http://127.0.0.1:{port}/global/{k}", data=bytes([k]) * 600,
+                     headers={TOKEN_HEADER: tok}, timeout=10)
+    keys, got = [str(k) for k in range(5)], []
+    while len(got) < len(keys):
+        r = _multi_get(port, tok, keys[len(got):])
+        assert r.status_code == 200
+        values = _frames(r.content)
+        assert 1 <= len(values) <= 2  # 604 bytes each: the second reaches the cap
+        got += values
+    assert got == [bytes([k]) * 600 for k in range(5)]
+    monkeypatch.setattr(rendezvous, "MULTI_GET_MAX_BYTES", 100)
+    assert len(_frames(_multi_get(port, tok, keys).content)) == 1  # one value past the cap

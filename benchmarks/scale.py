@@ -54,7 +54,7 @@ OUT = RESULTS / "scale.json"
 KINDS = ("scale_out", "scale_in", "failure")
 VARIANTS = {  # name in the results: (bench.Job's system, environment for the launcher)
     "hvd_edl": ("hvd_edl", {}),
-    # hvd_edl on Horovod's own Gloo set-up: our patches 0004 and 0006 off (six rendezvous per
+    # hvd_edl on Horovod's own Gloo set-up: our patches 0004, 0006 and 0007 off (six rendezvous per
     # init, a 10 ms loop tick per connect)
     "hvd_edl_upstream_init": ("hvd_edl", {"HVD_EDL_GLOO_FAST_INIT": "0"}),
     "horovod_elastic": ("horovod_elastic", {}),
@@ -201,7 +201,7 @@ class Walk:
                     return
 
 
-# ---- Gloo set-up alone, patches 0004 + 0006 on and off ----------------------------------------
+# ---- Gloo set-up alone, patches 0004 + 0006 + 0007 on and off ---------------------------------
 
 class CountingRendezvous(GenerationRendezvous):
     """Our rendezvous server (``launcher.rendezvous``), counting the requests each generation's
@@ -218,7 +218,7 @@ class CountingRendezvous(GenerationRendezvous):
 
 def init_ab(n: int, rounds: int) -> List[dict]:
     """``n`` ranks of ``benchmarks/scale_worker.py`` on this host initialise Horovod ``2 *
-    rounds`` times (after one unrecorded warm-up), each against a fresh generation of our rendezvous server, patches 0004 + 0006 on and
+    rounds`` times (after one unrecorded warm-up), each against a fresh generation of our rendezvous server, patches 0004 + 0006 + 0007 on and
     off in turn (ABAB...: both see the same load).  Per init: the slowest rank's ``hvd.init()``
     (seconds), the requests the rendezvous answered, this process's CPU seconds (the
     rendezvous server's event loop runs here, as in the launcher) and the ranks' CPU seconds in
@@ -355,7 +355,7 @@ def plot(data: dict, path: Path) -> None:
                 ax.plot(*zip(*sorted(pts)), styles[system], marker=markers[kind],
                         label=f"{system} {kind.replace('_', '-')}")
     ab = data.get("switch", {}).get("gloo_init_ab", {}).get("table", [])
-    for fast, label in ((False, "hvd.init() alone, upstream"), (True, "hvd.init() alone, patches 0004+0006")):
+    for fast, label in ((False, "hvd.init() alone, upstream"), (True, "hvd.init() alone, patches 0004+0006+0007")):
         pts = [(r["workers"], r["init_s"]) for r in ab if r["fast_init"] == fast]
         if pts:
             ax.plot(*zip(*sorted(pts)), ":", color="grey" if not fast else "black",

@@ -141,3 +141,13 @@ def long_digits(tmp: Path, *extra: str) -> List[str]:
 
 def summary(tmp: Path) -> dict:
     return json.loads((tmp / "summary.json").read_text())
+
+
+@pytest.fixture
+def rdv():
+    """A real :class:`launcher.rendezvous.GenerationRendezvous` on 127.0.0.1 (in this process),
+    closed after the test."""
+    from launcher.rendezvous import GenerationRendezvous
+    r = GenerationRendezvous("127.0.0.1")
+    yield r
+    r.close()

@@ -8,18 +8,10 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
 import requests
 
 from launcher import rendezvous
-from launcher.rendezvous import MULTI_GET_MAX_KEYS, TOKEN_HEADER, GenerationRendezvous
-
-
-@pytest.fixture
-def rdv():
-    r = GenerationRendezvous("127.0.0.1")
-    yield r
-    r.close()
+from launcher.rendezvous import MULTI_GET_MAX_KEYS, TOKEN_HEADER
 
 
 def _frames(body: bytes):

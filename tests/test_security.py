@@ -24,7 +24,7 @@ from conftest import VENV_BIN, Job, long_digits
 from hvd_edl import messages
 from launcher import coordinator_server, rendezvous
 from launcher.coordinator_server import CoordinatorServer
-from launcher.rendezvous import TOKEN_HEADER, GenerationRendezvous
+from launcher.rendezvous import TOKEN_HEADER
 
 CTL = str(VENV_BIN / "hvd-edl-ctl")
 
@@ -146,13 +146,6 @@ def test_rendezvous_keys_planted_during_a_scale_change_nothing_and_the_job_survi
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert job.job.wait_generation(before + 2, timeout_s=120)["kind"] == "scale_in"
-
-
-@pytest.fixture
-def rdv():
-    r = GenerationRendezvous("127.0.0.1")
-    yield r
-    r.close()
 
 
 def test_rendezvous_without_the_token_reads_plants_and_deletes_nothing(rdv):

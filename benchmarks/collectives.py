@@ -3,14 +3,17 @@ the 16-rank switch's time goes beyond the Gloo set-up).
 
 N ranks (``--ranks``, default 16) start, initialise once (warm-up: imports, first sockets), shut
 down, then initialise again against a fresh generation of our rendezvous server, as at a switch
-(``HVD_EDL_GLOO_FAST_INIT=1``, ``HVD_EDL_BLOCKING_WAIT=1``: what hvd_edl's workers set), and run
-``--rounds`` rounds of an allgather of two int64s, a broadcast of 64 KiB (``broadcast_object``'s
-first broadcast) and an allreduce of one float, each under a new name (Horovod negotiates it).
-Prints the slowest rank's ``hvd.init()`` and, per operation, the median over rounds of the
-slowest rank's time (seconds).  ``HOROVOD_CYCLE_TIME`` and the other Horovod variables pass
-through from the environment.
+(``HVD_EDL_GLOO_FAST_INIT=1``, ``HVD_EDL_BLOCKING_WAIT=1``, ``HVD_EDL_IDLE_WAIT_MS``: what
+hvd_edl's workers set), and run ``--rounds`` rounds of an allgather of two int64s, a
+broadcast of 64 KiB (``broadcast_object``'s first broadcast) and an allreduce of one float, each
+under a new name (Horovod negotiates it); then all stay idle ``--idle-s`` seconds.  Prints the
+slowest rank's ``hvd.init()``, per operation the median over rounds of the slowest rank's time
+(seconds), and the CPU cores the idle ranks used (their process CPU time over the window: only
+Horovod's background loops run).  ``HOROVOD_CYCLE_TIME`` and the other Horovod variables pass
+through from the environment; ``HVD_EDL_IDLE_WAIT_MS=0`` runs upstream's idle loop (patch 0009
+off), ``=200`` the patched one (by default the workers' rule: patched with a core per rank).
 
-    .venv/bin/python benchmarks/collectives.py [--ranks 16] [--rounds 3]
+    .venv/bin/python benchmarks/collectives.py [--ranks 16] [--rounds 3] [--idle-s 2]
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from hvd_edl.runtime import idle_wait_ms  # noqa: E402
 from launcher.rendezvous import GenerationRendezvous  # noqa: E402
 
 RANK = r"""
@@ -42,7 +46,11 @@ times = {k: [] for k in ops}
 for i in range(int(sys.argv[1])):
     for k, op in ops.items():
         t = time.monotonic(); op(i); times[k].append(time.monotonic() - t)
-print("RESULT " + json.dumps({"init_s": init_s, "times": times}), flush=True)
+hvd.allreduce(torch.ones(1), name="idle")  # every rank done with the rounds
+c0, w0 = time.process_time(), time.monotonic()
+time.sleep(float(sys.argv[2]))  # idle: only Horovod's background loop runs
+idle = (time.process_time() - c0) / (time.monotonic() - w0)
+print("RESULT " + json.dumps({"init_s": init_s, "times": times, "idle_cores": idle}), flush=True)
 hvd.shutdown()
 """
 
@@ -63,6 +71,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--idle-s", type=float, default=2.0,
+                   help="idle window after the rounds: every rank's CPU time over it (seconds)")
     a = p.parse_args()
     if a.ranks < 2 or a.rounds < 1:
         p.error("--ranks must be at least 2, --rounds at least 1")
@@ -80,8 +90,11 @@ def main() -> int:
                        HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1",
                        HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
                        HOROVOD_GLOO_RENDEZVOUS_TOKEN=rdv.token(2),
-                       HVD_EDL_GLOO_FAST_INIT="1", HVD_EDL_BLOCKING_WAIT="1")
-            procs.append(subprocess.Popen([sys.executable, "-c", RANK, str(a.rounds)], env=env,
+                       HVD_EDL_GLOO_FAST_INIT="1", HVD_EDL_BLOCKING_WAIT="1",
+                       HVD_EDL_IDLE_WAIT_MS=os.environ.get("HVD_EDL_IDLE_WAIT_MS",
+                                                           idle_wait_ms(n)))
+            procs.append(subprocess.Popen([sys.executable, "-c", RANK, str(a.rounds),
+                                          str(a.idle_s)], env=env,
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           text=True))
         for q in procs:
@@ -100,6 +113,9 @@ def main() -> int:
                 q.wait()
         rdv.close()
     print(f"{n} ranks: hvd.init() {max(r['init_s'] for r in results):.3f} s (slowest rank)")
+    idle = sum(r["idle_cores"] for r in results)
+    print(f"  idle: {idle:.2f} cores in use by the {n} ranks (Horovod's background loops, "
+          f"{a.idle_s:.0f} s window)")
     for op in results[0]["times"]:
         slowest = [max(r["times"][op][i] for r in results) for i in range(a.rounds)]
         print(f"  {op:14s} {statistics.median(slowest) * 1000:6.1f} ms median of {a.rounds} "

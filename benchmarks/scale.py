@@ -57,6 +57,9 @@ VARIANTS = {  # name in the results: (bench.Job's system, environment for the la
     # hvd_edl on Horovod's own Gloo set-up: our patches 0004, 0006 and 0007 off (six rendezvous per
     # init, a 10 ms loop tick per connect)
     "hvd_edl_upstream_init": ("hvd_edl", {"HVD_EDL_GLOO_FAST_INIT": "0"}),
+    # hvd_edl with patch 0009's idle loop at every size (hvd_edl's workers use it only with a
+    # core per rank: here at 2 workers, not at 4-16)
+    "hvd_edl_idle_wait": ("hvd_edl", {"HVD_EDL_IDLE_WAIT_MS": "200"}),
     "horovod_elastic": ("horovod_elastic", {}),
 }
 
@@ -345,14 +348,15 @@ def plot(data: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, 2 if cp_rows else 1, figsize=(13 if cp_rows else 7.5, 4.8),
                              squeeze=False)
     ax = axes[0, 0]
-    styles = {"hvd_edl": "-", "hvd_edl_upstream_init": "-.", "horovod_elastic": "--"}
+    styles = {"hvd_edl": "-", "hvd_edl_upstream_init": "-.", "hvd_edl_idle_wait": ":",
+              "horovod_elastic": "--"}
     markers = {"scale_out": "o", "scale_in": "s", "failure": "x"}
     for system in VARIANTS:
         for kind in KINDS:
             pts = [(r["workers"], r["stall_s"]) for r in data.get("switch", {}).get("table", [])
                    if r["system"] == system and r["kind"] == kind and r["stall_s"] is not None]
             if pts:
-                ax.plot(*zip(*sorted(pts)), styles[system], marker=markers[kind],
+                ax.plot(*zip(*sorted(pts)), styles.get(system, "-"), marker=markers[kind],
                         label=f"{system} {kind.replace('_', '-')}")
     ab = data.get("switch", {}).get("gloo_init_ab", {}).get("table", [])
     for fast, label in ((False, "hvd.init() alone, upstream"), (True, "hvd.init() alone, patches 0004+0006+0007")):

@@ -44,6 +44,28 @@ destroyed (``ncclCommDestroy`` waits for operations in flight: forever when a pe
 NCCL error while a GPU operation completes fails that operation (``HorovodInternalError``), as
 under Horovod Elastic's ``HOROVOD_ELASTIC=1``, which we cannot set (it makes the Gloo set-up ask
 Horovod's own rendezvous for rank and size)."""
+IDLE_WAIT_MS = "200"
+"""``HVD_EDL_IDLE_WAIT_MS``'s default (milliseconds; cmake/patches/0009): the longest an idle
+background loop sleeps before its next cycle.  A tensor enqueued or ``hvd.shutdown()`` wakes it at
+once; only a collective that needs a rank with nothing queued (a peer's shutdown seen by a rank
+that does not call it, a tensor that rank never submits) waits up to this long."""
+
+
+def idle_wait_ms(local_size: int, cores: Optional[int] = None) -> str:
+    """``HVD_EDL_IDLE_WAIT_MS`` for a worker whose host runs ``local_size`` ranks on ``cores``
+    CPUs (default: the CPUs this process may run on): :data:`IDLE_WAIT_MS` with a core or more per
+    rank, "0" (upstream's busy loop) with fewer.  Measured here (2 cores, cmake/patches/0009):
+    2 and 8 ranks kept their step time (103 and 123-128 ms) with the idle loops' CPU down from
+    0.36 to 0.05 and from 1.1-1.2 to 0.30-0.35 cores; 16 ranks (8 a core) stepped slower (0.22-0.23
+    -> 0.26 s in benchmarks/scale.py), their wake-ups costing more than the busy loops' CPU."""
+    if cores is None:
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            cores = os.cpu_count() or 1
+    return IDLE_WAIT_MS if local_size <= cores else "0"
+
+
 LEAVER_WAIT_S = 10.0  # longest a scaled-in worker waits for the next generation to train (s)
 
 
@@ -268,6 +290,9 @@ class WorkerRuntime:
         # (cmake/patches/0008): a Gloo message that does not fit its posted receive (a ring
         # breaking) fails that pair, not the whole process
         env.setdefault("HVD_EDL_GLOO_PAIR_ERRORS", "1")
+        # (cmake/patches/0009): with a core per local rank, an idle background loop sleeps until
+        # a tensor is enqueued or IDLE_WAIT_MS pass, instead of a ring collective every 1 ms
+        env.setdefault("HVD_EDL_IDLE_WAIT_MS", idle_wait_ms(a.local_size))
         # NCCL communicators belong to one ring: shutdown aborts them, and the next ring's first
         # GPU collective creates its own (ncclUniqueId sent over that ring's Gloo controller)
         if self.elastic:

@@ -66,6 +66,7 @@ def idle_wait_ms(local_size: int, cores: Optional[int] = None) -> str:
     return IDLE_WAIT_MS if local_size <= cores else "0"
 
 
+_USER_IDLE_WAIT_MS = os.environ.get("HVD_EDL_IDLE_WAIT_MS")  # as the user set it, if at all
 LEAVER_WAIT_S = 10.0  # longest a scaled-in worker waits for the next generation to train (s)
 
 
@@ -292,7 +293,9 @@ class WorkerRuntime:
         env.setdefault("HVD_EDL_GLOO_PAIR_ERRORS", "1")
         # (cmake/patches/0009): with a core per local rank, an idle background loop sleeps until
         # a tensor is enqueued or IDLE_WAIT_MS pass, instead of a ring collective every 1 ms
-        env.setdefault("HVD_EDL_IDLE_WAIT_MS", idle_wait_ms(a.local_size))
+        # (Horovod reads it at every hvd.init(): each ring gets its own host's rule, unless the
+        # user set the variable)
+        env["HVD_EDL_IDLE_WAIT_MS"] = _USER_IDLE_WAIT_MS or idle_wait_ms(a.local_size)
         # NCCL communicators belong to one ring: shutdown aborts them, and the next ring's first
         # GPU collective creates its own (ncclUniqueId sent over that ring's Gloo controller)
         if self.elastic:

@@ -20,23 +20,38 @@ collective; a connection with a wrong token is refused (:class:`TokenRefused` on
 does not count as a receiver.  :func:`release` shuts every socket of a running transfer down
 (the runtime calls it when the coordinator declares a member of the ring dead).
 
+Rank 0's port faces anyone who can reach it, so connections are accepted and authenticated
+concurrently (one ``selectors`` loop on the serving thread, no thread per connection): a
+process on this machine owned by another user is closed at once (:mod:`hvd_edl.peer_uid`, as
+the launcher's servers do); every other connection must send its token within
+``TOKEN_TIMEOUT_S`` of being accepted, and at most ``MAX_PENDING`` wait for theirs (past it the
+oldest is closed).  A receiver sends its token in the same moment it connects, so silent or
+slow connections neither delay it nor count as one; the wait for the receivers is bounded by
+``timeout_s`` since the last one that authenticated, however many others come.
+
 The idea: EDL (arXiv 1909.11985) hands a joiner the model from a live member instead of a
 checkpoint, and its cost is what the stall is made of; the one-pickled-tensor broadcast this
 replaces is Horovod's ``broadcast_object`` (``horovod/torch/functions.py``).
 """
 from __future__ import annotations
 
+import collections
 import copy
+import errno
 import hmac
 import logging
 import os
 import secrets
+import selectors
 import socket
 import threading
+import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from horovod.common.exceptions import HorovodInternalError
+
+from hvd_edl import peer_uid
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +62,15 @@ PARALLEL = os.environ.get("HVD_EDL_STREAM_PARALLEL", "1") != "0"
 PIECE_BYTES = 8 << 20   # most bytes handed to one sendmsg / recvmsg_into call
 MAX_BUFFERS = 512       # most buffers in one call (Linux's IOV_MAX is 1024)
 TOKEN_BYTES = 32
+TOKEN_TIMEOUT_S = float(os.environ.get("HVD_EDL_STREAM_TOKEN_TIMEOUT_S", "2"))
+"""Longest a connection to rank 0 may take to send its token once accepted (seconds).  A
+receiver sends it with no round trip in between (right after ``connect``): it is usually in the
+socket before the accept, and 2 s leave room for a descheduled receiver on loaded cores and for
+a lost segment's retransmissions (Linux's minimum RTO is 0.2 s) while bounding how long a silent
+connection holds a slot."""
+MAX_PENDING = 64
+"""Most accepted connections waiting for their token at once; one more closes the oldest."""
+_LOG_EVERY = 100  # a kind of refusal is logged the first time and every 100th time
 _ACCEPTED, _REFUSED, _DONE = b"\x01", b"\x00", b"\x02"
 _ALL, _PREFIX, _NOTHING = b"A", b"P", b"N"  # what a receiver asks for, after its token
 
@@ -304,29 +328,47 @@ class StreamServer:
     32-byte random token; :meth:`serve` streams ``tensors`` (contiguous CPU tensors, as
     :func:`split` returns them) to a given number of receivers.
 
+    Connections are accepted and authenticated concurrently on the serving thread (module
+    docstring): another user's local process is closed unread, a wrong token refused, a
+    connection silent for ``token_timeout_s`` closed, the oldest waiting one closed when
+    ``max_pending`` wait; none of them counts as a receiver or delays one.  The counters
+    :attr:`refused`, :attr:`other_users`, :attr:`silent` and :attr:`turned_away` say how many.
+
     Args:
         tensors: what to send, in stream order.
         prefix: how many of the first tensors a receiver asking for the prefix gets (the
             module buffers, which members holding the commit receive too).
         address: interface address to listen on (:func:`transfer_address`).
-        timeout_s: bound of every socket operation (seconds).
+        timeout_s: bound of every socket operation, and of the wait for the next receiver
+            (seconds).
         parallel: one sending thread per receiver rather than one after another (default
             :data:`PARALLEL`).
+        token_timeout_s: how long an accepted connection may take to send its token (seconds;
+            default :data:`TOKEN_TIMEOUT_S`, at most ``timeout_s``).
+        max_pending: most connections waiting for their token at once (default
+            :data:`MAX_PENDING`).
 
     Raises:
         StreamError: the socket cannot be opened.
     """
 
     def __init__(self, tensors: Sequence[Any], address: str, timeout_s: float = TIMEOUT_S,
-                 parallel: Optional[bool] = None, prefix: int = 0):
+                 parallel: Optional[bool] = None, prefix: int = 0,
+                 token_timeout_s: Optional[float] = None, max_pending: int = MAX_PENDING):
         self._views = [_byte_view(t) for t in tensors]
         self.nbytes = sum(len(v) for v in self._views)
         self._prefix = prefix
         self.prefix_nbytes = sum(len(v) for v in self._views[:prefix])
         self.timeout_s = timeout_s
+        self.token_timeout_s = min(TOKEN_TIMEOUT_S if token_timeout_s is None
+                                   else token_timeout_s, timeout_s)
+        self.max_pending = max(1, int(max_pending))
         self.parallel = PARALLEL if parallel is None else parallel
         self.token = secrets.token_bytes(TOKEN_BYTES)
-        self.refused = 0  # connections whose token was wrong
+        self.refused = 0      # connections whose token was wrong
+        self.other_users = 0  # local connections owned by another user, closed unread
+        self.silent = 0       # connections that closed or sent no whole token in time
+        self.turned_away = 0  # waiting connections closed because max_pending were waiting
         self.receivers = 0  # connections that asked for the stream or its prefix (not nothing)
         try:
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
@@ -345,13 +387,15 @@ class StreamServer:
                 "nbytes": self.nbytes, "prefix_nbytes": self.prefix_nbytes}
 
     def serve(self, receivers: int) -> int:
-        """Accept ``receivers`` connections with the right token (wrong ones are refused and
-        not counted) and send each the whole stream, its prefix or nothing, as it asks; returns
+        """Accept ``receivers`` connections with the right token (others are closed and not
+        counted) and send each the whole stream, its prefix or nothing, as it asks; returns
         once each acknowledged, with the bytes sent in all (``self.receivers``: how many asked
         for the stream or its prefix).
 
         Raises:
-            StreamError: a receiver did not connect, stalled or failed within the timeout.
+            StreamError: no next receiver authenticated within ``timeout_s`` (however many
+                other connections came), a receiver stalled or failed within the timeout, or
+                :func:`release` was called.
         """
         errors: List[BaseException] = []
         threads: List[threading.Thread] = []
@@ -369,13 +413,13 @@ class StreamServer:
                 _untrack(conn)
 
         conns: List[socket.socket] = []
+        door = _Door(self)
         try:
-            accepted = 0
-            while accepted < receivers and not errors:
-                got = self._accept()
+            deadline = time.monotonic() + self.timeout_s
+            while len(conns) < receivers and not errors:
+                got = door.next(deadline, lambda: bool(errors))
                 if got is None:
-                    continue
-                accepted += 1
+                    break  # a sending thread failed: reported below
                 conns.append(got[0])
                 if self.parallel:
                     th = threading.Thread(target=send, args=got, daemon=True,
@@ -384,6 +428,7 @@ class StreamServer:
                     threads.append(th)
                 else:
                     send(*got)
+                deadline = time.monotonic() + self.timeout_s
         except BaseException:
             for conn in conns:  # the other receivers fail now, not after the timeout
                 try:
@@ -392,9 +437,11 @@ class StreamServer:
                     pass
             raise
         finally:
+            door.close()
             for th in threads:
                 th.join()
             _untrack(self._listener)
+            self._log_refusals(len(conns))
         if errors:
             e = errors[0]
             raise e if isinstance(e, StreamError) else StreamError(
@@ -405,36 +452,13 @@ class StreamServer:
         """Stop listening (when :meth:`serve` is not called)."""
         _untrack(self._listener)
 
-    def _accept(self) -> Optional[Tuple[socket.socket, bytes]]:
-        self._listener.settimeout(self.timeout_s)
-        released = _released
-        try:
-            conn, _ = self._listener.accept()
-        except OSError as e:
-            if _released != released:
-                raise StreamError("state stream: released while waiting for a receiver (a "
-                                  "member of the ring was lost)") from None
-            raise StreamError(f"state stream: a receiver did not connect within "
-                              f"{self.timeout_s:.0f} s ({e})") from None
-        _track(conn)
-        conn.settimeout(self.timeout_s)
-        try:
-            token = _recv_exactly(conn, TOKEN_BYTES + 1)
-            token, part = token[:TOKEN_BYTES], token[TOKEN_BYTES:]
-        except (OSError, StreamError) as e:
-            log.warning("state stream: a connection sent no token (%s): closed", e)
-            _untrack(conn)
-            return None
-        if not hmac.compare_digest(token, self.token):
-            self.refused += 1
-            log.warning("state stream: refused a connection with a wrong token")
-            try:
-                conn.sendall(_REFUSED)
-            except OSError:
-                pass
-            _untrack(conn)
-            return None
-        return conn, part
+    def _log_refusals(self, served: int) -> None:
+        closed = self.refused + self.other_users + self.silent + self.turned_away
+        if closed:
+            log.warning("state stream: %d receiver(s) served; %d other connection(s) closed: "
+                        "%d wrong token, %d another user's, %d no token within %.1f s, %d past "
+                        "%d waiting", served, closed, self.refused, self.other_users,
+                        self.silent, self.token_timeout_s, self.turned_away, self.max_pending)
 
     def _send_to(self, conn: socket.socket, part: bytes) -> int:
         try:
@@ -449,6 +473,179 @@ class StreamServer:
             return n
         except OSError as e:
             raise StreamError(f"state stream: sending to a receiver failed: {e}") from None
+
+
+class _Door:
+    """Accepts connections to a :class:`StreamServer`'s listener and authenticates them
+    concurrently on the calling thread: one ``selectors`` loop, no thread per connection, each
+    connection at most ``token_timeout_s`` and at most ``max_pending`` of them at once."""
+
+    def __init__(self, server: StreamServer):
+        self.server = server
+        self.listener = server._listener
+        self.listener.setblocking(False)
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.listener, selectors.EVENT_READ)
+        # connection -> [token deadline (monotonic), bytes so far, peer], oldest first
+        self.pending: "collections.OrderedDict[socket.socket, list]" = collections.OrderedDict()
+        self.ready: "collections.deque[Tuple[socket.socket, bytes]]" = collections.deque()
+        self.released = _released
+        self.local_addrs: Optional[frozenset] = None  # read at the first connection
+
+    def next(self, deadline: float, stop: Callable[[], bool]
+             ) -> Optional[Tuple[socket.socket, bytes]]:
+        """The next connection that sent the right token, as (socket, blocking with the server's
+        timeout; the part it asks for); None as soon as ``stop()`` holds.
+
+        Raises:
+            StreamError: none before ``deadline`` (``time.monotonic()``), or :func:`release`
+                was called, or accepting failed for good.
+        """
+        while not self.ready:
+            if stop():
+                return None
+            if _released != self.released:
+                raise StreamError("state stream: released while waiting for a receiver (a "
+                                  "member of the ring was lost)")
+            now = time.monotonic()
+            if now >= deadline:
+                raise StreamError(f"state stream: a receiver did not connect within "
+                                  f"{self.server.timeout_s:.0f} s")
+            wake = deadline
+            if self.pending:  # the oldest waits longest (one token timeout for all)
+                wake = min(wake, next(iter(self.pending.values()))[0])
+            for key, _ in self.sel.select(min(max(wake - now, 0.0), 0.25)):
+                if key.fileobj is self.listener:
+                    self._accept()
+                else:
+                    self._read(key.fileobj)
+            self._expire(time.monotonic())
+        return self.ready.popleft()
+
+    def close(self) -> None:
+        """Close every connection not handed out yet, and the selector (not the listener)."""
+        for conn in list(self.pending):
+            _untrack(conn)
+        self.pending.clear()
+        while self.ready:
+            _untrack(self.ready.popleft()[0])
+        self.sel.close()
+
+    def _accept(self) -> None:
+        server = self.server
+        for _ in range(server.max_pending):  # then back to select: the waiting ones read too
+            try:
+                conn, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:
+                if _released != self.released:
+                    return  # next() says so
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    if self.pending:
+                        self._drop(next(iter(self.pending)), "turned_away",
+                                   f"out of descriptors ({e.strerror}): closed the oldest "
+                                   f"connection waiting for its token")
+                        continue
+                    log.warning("state stream: cannot accept a connection: %s", e)
+                    time.sleep(0.05)  # bounded by next()'s deadline
+                    return
+                if e.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                    continue  # that connection went away before the accept
+                raise StreamError(f"state stream: accepting a receiver failed: {e}") from None
+            _track(conn)
+            peer = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else str(addr)
+            try:
+                conn.setblocking(False)
+                uid = self._other_user(conn)
+            except OSError as e:
+                self.pending[conn] = [0.0, bytearray(), peer]
+                self._drop(conn, "silent", f"closed before sending its token ({e})")
+                continue
+            if uid is not None:
+                server.other_users += 1
+                self._note(server.other_users, f"closed a connection from {peer}: owned by "
+                                                f"uid {uid}, not this job's user")
+                _untrack(conn)
+                continue
+            self.pending[conn] = [time.monotonic() + server.token_timeout_s, bytearray(), peer]
+            self.sel.register(conn, selectors.EVENT_READ)
+            self._read(conn)  # a receiver's token is usually there already
+            if len(self.pending) > server.max_pending:
+                self._drop(next(iter(self.pending)), "turned_away",
+                           f"{server.max_pending} connections waiting for their token: "
+                           f"closed the oldest")
+
+    def _other_user(self, conn: socket.socket) -> Optional[int]:
+        if self.local_addrs is None:
+            try:
+                self.local_addrs = peer_uid.local_addresses()
+            except Exception:  # noqa: BLE001 - psutil failing: loopback is still checked
+                log.debug("state stream: cannot list this machine's addresses", exc_info=True)
+                self.local_addrs = frozenset()
+        return peer_uid.other_users_peer(conn, self.local_addrs)
+
+    def _read(self, conn: socket.socket) -> None:
+        entry = self.pending.get(conn)
+        if entry is None:
+            return
+        buf = entry[1]
+        try:
+            data = conn.recv(TOKEN_BYTES + 1 - len(buf))
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            self._drop(conn, "silent", f"failed before sending its whole token ({e})")
+            return
+        if not data:
+            self._drop(conn, "silent", f"closed after {len(buf)} of {TOKEN_BYTES + 1} bytes "
+                                       f"of its token")
+            return
+        buf += data
+        if len(buf) < TOKEN_BYTES + 1:
+            return
+        self._forget(conn)
+        token, part = bytes(buf[:TOKEN_BYTES]), bytes(buf[TOKEN_BYTES:])
+        if not hmac.compare_digest(token, self.server.token):
+            self.server.refused += 1
+            self._note(self.server.refused, f"refused a connection from {entry[2]} with a "
+                                            f"wrong token")
+            try:
+                conn.send(_REFUSED)
+            except OSError:
+                pass
+            _untrack(conn)
+            return
+        conn.settimeout(self.server.timeout_s)
+        self.ready.append((conn, part))
+
+    def _expire(self, now: float) -> None:
+        while self.pending:
+            conn, entry = next(iter(self.pending.items()))
+            if entry[0] > now:
+                return
+            self._drop(conn, "silent", f"sent no token within {self.server.token_timeout_s:.1f}"
+                                       f" s of being accepted")
+
+    def _forget(self, conn: socket.socket) -> Optional[list]:
+        entry = self.pending.pop(conn, None)
+        try:
+            self.sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        return entry
+
+    def _drop(self, conn: socket.socket, kind: str, why: str) -> None:
+        entry = self._forget(conn)
+        count = getattr(self.server, kind) + 1
+        setattr(self.server, kind, count)
+        self._note(count, f"closed a connection from {entry[2] if entry else '?'}: {why}")
+        _untrack(conn)
+
+    @staticmethod
+    def _note(count: int, what: str) -> None:
+        if count == 1 or count % _LOG_EVERY == 0:
+            log.warning("state stream: %s (%d of this kind so far)", what, count)
 
 
 def decline(endpoint: Dict[str, Any], timeout_s: float = TIMEOUT_S) -> int:

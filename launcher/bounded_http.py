@@ -1,6 +1,7 @@
 """A small HTTP/1.1 server on asyncio whose every resource is bounded *before* a request is
-authenticated: the launcher's servers (the coordinator with its control API, and each Gloo
-rendezvous) face anyone who can reach their port.
+authenticated: the launcher's servers (the coordinator with its control API, each Gloo
+rendezvous, and the Prometheus metrics of ``--metrics-port``) face anyone who can reach their
+port.
 
 What a client without the job's secret can hold, per server:
 
@@ -33,7 +34,7 @@ import logging
 import resource
 import socket
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Dict, FrozenSet, Optional, Set
+from typing import Awaitable, Callable, Dict, FrozenSet, Optional, Set, Tuple
 
 from launcher import peer_uid
 
@@ -97,12 +98,14 @@ class Request:
 @dataclass
 class Response:
     """What a handler answers.  ``authenticated``: the request proved it came from the job, so
-    its connection may be kept open ``idle_timeout_s``; ``close``: close after answering."""
+    its connection may be kept open ``idle_timeout_s``; ``close``: close after answering;
+    ``headers``: further (name, value) header lines (e.g. ``Content-Encoding``)."""
     status: int
     body: bytes = b""
     content_type: str = "application/json"
     close: bool = False
     authenticated: bool = False
+    headers: Tuple[Tuple[str, str], ...] = ()
 
 
 class BodyReader:
@@ -296,6 +299,8 @@ class BoundedHTTPServer:
         head = [_status_line(self.version, resp.status),
                 b"Content-Type: %s\r\n" % resp.content_type.encode(),
                 b"Content-Length: %d\r\n" % len(resp.body)]
+        head.extend(b"%s: %s\r\n" % (name.encode("latin-1"), value.encode("latin-1"))
+                    for name, value in resp.headers)
         if close and self.keep_alive:
             head.append(b"Connection: close\r\n")
         if resp.status >= 400 and resp.status != 404:  # 404: a rendezvous key not there yet
@@ -399,6 +404,11 @@ class BoundedHTTPServer:
                     resp = await self.handler(request, body_reader)
                 except HttpError:
                     raise
+                except ConnectionError as e:  # the peer left mid-request (e.g. a worker exiting
+                    # while it sent its body): nothing to answer, not a bug
+                    log.debug("%s: %s closed the connection during %s %s (%s)", self.name,
+                              peer or "a peer", request.method, request.path[:80], e)
+                    return
                 except Exception:  # noqa: BLE001 - a handler's bug must not reach the loop
                     log.exception("%s: error serving %s %s", self.name, request.method,
                                   request.path[:80])

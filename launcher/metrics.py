@@ -2,8 +2,15 @@
 
 A custom collector (prometheus-client's ``Collector`` protocol: ``collect()`` yields metric
 families) reads :class:`launcher.telemetry.Telemetry` when ``/metrics`` is scraped: no thread or
-state per metric, nothing on the training path.  Served by prometheus-client's own HTTP server
-(``start_http_server``) on the launcher's bind address.
+state per metric, nothing on the training path.  prometheus-client's own WSGI app
+(``make_wsgi_app``: the same exposition as its ``start_http_server``, the text format, OpenMetrics
+when asked for, gzip when accepted, ``?name[]=`` filters, any path) answers each request, served on
+the launcher's bind address by the bounded server of :mod:`launcher.bounded_http` on one asyncio
+thread: at most ``MAX_CONNECTIONS`` connections (503 past it), a request head of 16 KiB sent
+within ``HEADER_TIMEOUT_S`` (408), one request per connection, a listen backlog of 1,024, and no
+thread per connection (prometheus-client's server started one per connection, never timed a
+head out and had a backlog of 5: 275 slow connections made 285 launcher threads).  Anyone who
+can reach the port may scrape, as before (a Prometheus server usually runs as its own user).
 
 =========================================  =========  ============================================
 metric                                     type       what
@@ -28,14 +35,25 @@ means are over ``Telemetry.window_s`` (5 s).
 """
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
-from typing import Callable, Iterator
+import threading
+from typing import Callable, Iterator, List, Tuple
+from urllib.parse import unquote
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 
+from launcher.bounded_http import (BodyReader, BoundedHTTPServer, Limits, Request, Response,
+                                   connection_cap, listen_socket)
 from launcher.telemetry import COUNTER_KINDS, Telemetry
+
+log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 1024  # a Prometheus server holds one; the rest is room for a flood of slow ones
+HEADER_TIMEOUT_S = 5.0  # to send the request head on a new connection (a scrape sends it at once)
 
 # stalls run from ~0.1 s (a stop-free scale-out) to tens of seconds (a timeout-bound failure)
 STALL_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -120,7 +138,8 @@ def _le(bound: float) -> str:
 
 
 class MetricsServer:
-    """prometheus-client's HTTP server for one :class:`JobCollector`.
+    """``/metrics`` of one :class:`JobCollector`: prometheus-client's WSGI app behind the bounded
+    server (module docstring), on a daemon thread running one asyncio loop.
 
     Args:
         collector: what ``/metrics`` shows.
@@ -134,9 +153,22 @@ class MetricsServer:
     def __init__(self, collector: JobCollector, bind_addr: str, port: int):
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(collector)
-        self._httpd, self._thread = start_http_server(port, addr=bind_addr,
-                                                      registry=self.registry)
-        self.port = self._httpd.server_port
+        self._app = make_wsgi_app(self.registry)
+        self.limits = Limits(max_connections=connection_cap(MAX_CONNECTIONS),
+                             header_timeout_s=HEADER_TIMEOUT_S)
+        self._sock = listen_socket(bind_addr, port, self.limits.backlog)
+        self.port = self._sock.getsockname()[1]
+        self.http = BoundedHTTPServer(self._handle, self.limits, name="metrics",
+                                      keep_alive=False, same_user_only=False)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="metrics",
+                                        daemon=True)
+        self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self.http.start(self._sock), self._loop).result(30)
+        except BaseException:
+            self.stop()
+            raise
 
     def url(self, host: str) -> str:
         """``http://host:port/metrics`` (IPv6 hosts bracketed)."""
@@ -144,6 +176,30 @@ class MetricsServer:
         return f"http://{host}:{self.port}/metrics"
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        """Stop serving and close every connection (waits at most about 5 s)."""
+        if self._thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(self.http.shutdown(), self._loop).result(5)
+            except Exception:  # noqa: BLE001 - stopping anyway
+                log.debug("metrics: closing connections failed", exc_info=True)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+        self._sock.close()
 
+    async def _handle(self, request: Request, body_reader: BodyReader) -> Response:
+        """One request through prometheus-client's WSGI app (its methods, paths and formats)."""
+        path, _, query = request.path.partition("?")
+        environ = {"REQUEST_METHOD": request.method, "PATH_INFO": unquote(path, "latin-1"),
+                   "QUERY_STRING": query, "SERVER_PROTOCOL": request.version}
+        for name in ("accept", "accept-encoding"):
+            if name in request.headers:
+                environ["HTTP_" + name.upper().replace("-", "_")] = request.headers[name]
+        answer: List[Tuple[str, List[Tuple[str, str]]]] = []
+        body = b"".join(self._app(environ, lambda status, headers: answer.append(
+            (status, headers))))
+        status, headers = answer[0]
+        content_type = next((v for k, v in headers if k.lower() == "content-type"),
+                            "text/plain; charset=utf-8")
+        return Response(int(status.split(" ", 1)[0]), body, content_type, close=True,
+                        headers=tuple((k, v) for k, v in headers
+                                      if k.lower() != "content-type"))

@@ -207,3 +207,57 @@ def test_metrics_status_and_top_of_a_running_elastic_job(tmp_path, job_factory):
     assert piped.returncode == 0, out
     assert "\x1b[" not in out and "worker  rank  host:slot" in out
     assert out.rstrip().splitlines()[-1].startswith("hvd-edl-ctl: the job ended")
+
+
+# ---- the metrics server under slow connections (issue 26, item 3) ----------------------------
+
+def test_slow_connections_to_metrics_get_no_thread_each_and_a_scrape_still_answers(monkeypatch):
+    """Before: prometheus-client's server started a thread per connection, never timed a request
+    head out and had a backlog of 5 (275 slow connections: 285 launcher threads).  Now 275 slow
+    connections (half silent, half half a head) from another process cost no thread, a scrape
+    meanwhile answers at once with prometheus-client's exposition (text, OpenMetrics, gzip), and
+    each slow one gets 408 at the head timeout."""
+    import gzip
+    import time
+    import psutil
+    import requests
+    from prometheus_client import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
+    from launcher import metrics
+    from test_stream_security import Attacker
+    monkeypatch.setattr(metrics, "HEADER_TIMEOUT_S", 1.0, raising=False)
+    tel = Telemetry(window_s=2.0)
+    tel.add_worker("w1", "hostA", 0)
+    tel.on_members(1, ["w1"])
+    tel.observe("w1", 1, 100.0, 5, 0.35, 0.15, 80)
+    tel.on_generation(_gen(2, "scale_out", 0.15))
+    server = metrics.MetricsServer(metrics.JobCollector(tel, lambda: 2), "127.0.0.1", 0)
+    me = psutil.Process()
+    try:
+        url = server.url("127.0.0.1")
+        assert requests.get(url, timeout=10).status_code == 200
+        threads = me.num_threads()
+        attackers = [Attacker(server.port, 138, limit_s=8),
+                     Attacker(server.port, 137, b"GET /metrics HTTP/1.1\r\nHost: a", limit_s=8)]
+        t0 = time.monotonic()
+        plain = requests.get(url, timeout=10)
+        open_metrics = requests.get(url, timeout=10,
+                                    headers={"Accept": "application/openmetrics-text"})
+        raw = requests.get(url, timeout=10, stream=True, headers={"Accept-Encoding": "gzip"})
+        scrape_s = time.monotonic() - t0
+        during = me.num_threads()
+        results = [a.result() for a in attackers]
+    finally:
+        server.stop()
+    assert during <= threads + 2, (threads, during)  # before: one more per connection
+    assert scrape_s < 2.0, scrape_s
+    assert plain.status_code == 200 and plain.content == generate_latest(server.registry)
+    assert plain.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert open_metrics.content == openmetrics_latest(server.registry)
+    assert open_metrics.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert raw.headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(raw.raw.read()) == generate_latest(server.registry)
+    closed = [s for r in results for s in r["closed_s"]]
+    answers = {bytes.fromhex(g)[:12] for r in results for g in r["got"]}
+    assert all(s is not None and s < 1.0 + 2.0 for s in closed), closed  # the head timeout
+    assert answers == {b"HTTP/1.0 408"}, answers

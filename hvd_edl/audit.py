@@ -17,7 +17,12 @@ The checker (``python -m hvd_edl.audit DIR --dataset-size N``) keeps the *commit
 generation that resumes from step ``s0`` supersedes every line of earlier generations with a step
 after ``s0`` (work rolled back by a failure).  Per epoch it counts indices used more than once
 (``repeated``, besides the sampler's declared ``repeats``) and, for complete epochs, indices never
-used (``missing``).  Exit status 1 when any epoch has repeated or missing indices.
+used (``missing``).  An epoch is complete once ``set_epoch`` started a later one (or once its
+committed steps used all N indices).  An epoch never completed (the job failed or was stopped
+halfway) cannot be proved exactly-once, so it fails the audit, as does a ledger without a single
+step, unless ``--allow-incomplete`` is given (a job meant to end mid-epoch: its incomplete epochs
+are then checked for repeats only).  Exit status 1 when any epoch has repeated or missing
+indices, or is incomplete and not allowed; 2 for a usage error.
 """
 from __future__ import annotations
 
@@ -103,9 +108,16 @@ class EpochReport:
 
 @dataclass
 class AuditReport:
-    """All epochs; ``ok`` when no epoch has repeated or missing indices."""
+    """All epochs; ``ok`` when no epoch has repeated or missing indices, and every epoch is
+    complete (or ``allow_incomplete``)."""
     dataset_size: int
     epochs: List[EpochReport] = field(default_factory=list)
+    allow_incomplete: bool = False
+
+    @property
+    def incomplete(self) -> List[EpochReport]:
+        """Epochs with steps that were never completed (see :func:`check`)."""
+        return [e for e in self.epochs if not e.complete]
 
     @property
     def repeated(self) -> int:
@@ -117,12 +129,39 @@ class AuditReport:
 
     @property
     def ok(self) -> bool:
-        return self.repeated == 0 and self.missing == 0
+        """No repeated or missing index; unless ``allow_incomplete``, also at least one epoch
+        audited and none incomplete."""
+        if self.repeated or self.missing:
+            return False
+        return self.allow_incomplete or (bool(self.epochs) and not self.incomplete)
+
+    def verdict(self) -> str:
+        """The one-line outcome: ``OK``, or ``FAILED`` and why."""
+        if self.ok:
+            return "OK" + (f" ({_names(self.incomplete)} incomplete, allowed)"
+                           if self.incomplete else "")
+        why = []
+        if self.repeated or self.missing:
+            why.append(f"{self.repeated} repeated, {self.missing} missing")
+        if not self.allow_incomplete and not self.epochs:
+            why.append("no step recorded")
+        elif not self.allow_incomplete and self.incomplete:
+            why.append(f"{_names(self.incomplete)} incomplete (the job ended mid-epoch: its "
+                       f"missing indices cannot be counted; --allow-incomplete accepts that)")
+        return "FAILED: " + "; ".join(why)
 
     def to_dict(self) -> dict:
         return {"dataset_size": self.dataset_size, "repeated": self.repeated,
-                "missing": self.missing, "ok": self.ok,
+                "missing": self.missing,
+                "incomplete": [{"sampler": e.sampler, "epoch": e.epoch} for e in self.incomplete],
+                "allow_incomplete": self.allow_incomplete, "ok": self.ok,
                 "epochs": [asdict(e) for e in self.epochs]}
+
+
+def _names(epochs: List[EpochReport]) -> str:
+    """``"sampler epoch 3"``, ``"train epoch 1, val epoch 1"`` (at most 10 named)."""
+    text = ", ".join(f"{e.sampler or 'sampler'} epoch {e.epoch}" for e in epochs[:10])
+    return text + (f" and {len(epochs) - 10} more" if len(epochs) > 10 else "")
 
 
 def read_records(directory: Path) -> List[dict]:
@@ -159,9 +198,14 @@ def committed(records: Iterable[dict]) -> List[dict]:
     return [r for r, a in zip(records, alive) if a]
 
 
-def check(directory: Path, dataset_size: int) -> AuditReport:
+def check(directory: Path, dataset_size: int, allow_incomplete: bool = False) -> AuditReport:
     """Count repeated and missing indices per epoch in the committed progress of a ledger
-    directory.  ``dataset_size``: N, the sampler's ``len(dataset)``.
+    directory.  ``dataset_size``: N, the sampler's ``len(dataset)``; ``allow_incomplete``: the
+    report is ``ok`` even with incomplete epochs (a job meant to end mid-epoch).
+
+    An epoch is complete when ``set_epoch`` started a later one (its ``epoch`` record), or when
+    its committed steps used every one of the N indices (a script that calls ``set_epoch`` at
+    the start of each epoch never closes its last one).
 
     Raises:
         FileNotFoundError: ``directory`` does not exist.
@@ -185,7 +229,7 @@ def check(directory: Path, dataset_size: int) -> AuditReport:
             key = (r.get("sampler", ""), r["epoch"] - 1)
             complete.add(key)
             skipped[key] = r.get("skipped", 0)
-    report = AuditReport(dataset_size)
+    report = AuditReport(dataset_size, allow_incomplete=allow_incomplete)
     for key in sorted(steps):
         seen_steps = set()
         counts: Counter = Counter()
@@ -198,7 +242,8 @@ def check(directory: Path, dataset_size: int) -> AuditReport:
             seen_steps.add(ident)
             counts.update(r["indices"])
             declared += len(r.get("repeats", ()))
-        e = EpochReport(sampler=key[0], epoch=key[1], complete=key in complete,
+        e = EpochReport(sampler=key[0], epoch=key[1],
+                        complete=key in complete or len(counts) >= dataset_size,
                         used=sum(counts.values()), distinct=len(counts),
                         repeated=sum(c - 1 for c in counts.values() if c > 1),
                         declared_repeats=declared, skipped=skipped.get(key, 0),
@@ -214,10 +259,15 @@ def main(argv=None) -> int:
                                 description="Check an audit ledger for exactly-once data.")
     p.add_argument("directory", type=Path)
     p.add_argument("--dataset-size", type=int, required=True, help="N, len(dataset)")
+    p.add_argument("--allow-incomplete", action="store_true",
+                   help="pass a job that ended mid-epoch (its last epoch is checked for repeats "
+                        "only); without it an incomplete epoch fails the audit")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     a = p.parse_args(argv)
+    if a.dataset_size < 1:
+        p.error(f"--dataset-size must be >= 1, got {a.dataset_size}")
     try:
-        report = check(a.directory, a.dataset_size)
+        report = check(a.directory, a.dataset_size, a.allow_incomplete)
     except FileNotFoundError as e:
         p.error(str(e))
     if a.json:
@@ -228,8 +278,8 @@ def main(argv=None) -> int:
                   f"{a.dataset_size}, repeated {e.repeated}, "
                   f"missing {e.missing if e.complete else '- (incomplete)'}, declared repeats "
                   f"{e.declared_repeats}, rolled-back steps {e.rolled_back_steps}")
-        print(f"audit: repeated {report.repeated}, missing {report.missing}: "
-              f"{'OK' if report.ok else 'FAILED'}")
+        print(f"audit: repeated {report.repeated}, missing {report.missing}, incomplete "
+              f"epochs {len(report.incomplete)}: {report.verdict()}")
     return 0 if report.ok else 1
 
 

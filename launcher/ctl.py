@@ -7,7 +7,7 @@
     hvd-edl-ctl list                      running jobs: pid, command, hosts, world size, started
     hvd-edl-ctl scale --np N [--wait S]   target world size N within [--min-np, --max-np]
     hvd-edl-ctl drain HOST                workers on HOST leave gracefully; none placed there
-    hvd-edl-ctl undrain HOST              HOST may be used again
+    hvd-edl-ctl undrain HOST              HOST may be used again (an unknown HOST is refused)
     hvd-edl-ctl checkpoint [--wait S]     rank 0 writes a checkpoint at its next commit; prints
                                           its path once written (--checkpoint-dir jobs)
     hvd-edl-ctl profile --sizes 1,2,4 [--seconds S] [--out DIR]
@@ -20,9 +20,11 @@
 The job is found through ``--job FILE`` or ``--job PID`` (the launcher's pid, as ``list`` shows
 it), else ``$HVD_EDL_JOB``, else the only running job's file in the default directory
 (:mod:`launcher.control`).  Exit codes: 0 done, 1 the job refused the request (the reason is
-printed, the job is unchanged), 2 bad usage, 3 no job found, an unsafe job file or the job
-cannot be reached, 4 ``scale --wait S`` or ``migrate --wait S`` ran out (a migration goes on): the new target stays in force (the job grows or
-shrinks when it can) but no generation of that size formed within S seconds; or ``checkpoint
+printed, the job is unchanged), 2 bad usage (e.g. ``--timeout`` not a positive number of seconds,
+a HOST that is not an RFC 1123 name or IP address), 3 no job found, an unsafe job file or the job
+cannot be reached, 4 ``scale --wait S`` or ``migrate --wait S`` ran out (a migration goes on):
+the new target stays in force (the job grows or shrinks when it can) but no generation of that
+size formed within S seconds; or ``checkpoint
 --wait S`` ran out before the checkpoint was written, or ``profile --wait S`` before the
 profile ended (it goes on).  ``profile`` exits 2 when the job refuses it (a size outside
 [--min-np, --max-np] or above the usable slots, a profile already running: nothing changed) and
@@ -39,6 +41,7 @@ from typing import List, Optional
 
 from launcher.control import (ControlClient, ControlError, default_job_dir, find_job_file,
                               running_jobs)
+from launcher.hosts import HostSpecError, check_host
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 3
@@ -56,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--job", metavar="FILE|PID",
                    help="the job file hvd-edl-run printed at start, or its pid (default "
                         "$HVD_EDL_JOB, else the only running job)")
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default 30)")
+    p.add_argument("--timeout", type=_positive_seconds, default=30.0, metavar="S",
+                   help="seconds per request, > 0 (default 30)")
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     st = sub.add_parser("status", help="generation and its age, world size, current step and "
                         "epoch, samples/s, workers, last stall")
@@ -69,16 +73,16 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="running jobs: pid, command, hosts, world size, started")
     sc = sub.add_parser("scale", help="set the target world size")
     sc.add_argument("--np", type=int, required=True, help="target number of workers")
-    sc.add_argument("--wait", type=float, default=0.0, metavar="S",
+    sc.add_argument("--wait", type=_seconds, default=0.0, metavar="S",
                     help="then wait up to S seconds until a generation of that size formed "
                          "(exit 4 if none did: the target stays set)")
     dr = sub.add_parser("drain", help="move every worker off HOST, place none there")
-    dr.add_argument("host")
+    dr.add_argument("host", type=_host)
     ud = sub.add_parser("undrain", help="let HOST be used again")
-    ud.add_argument("host")
+    ud.add_argument("host", type=_host)
     ck = sub.add_parser("checkpoint", help="write a checkpoint at the next commit and print "
                         "its path (exit 4 if none was written within --wait)")
-    ck.add_argument("--wait", type=float, default=60.0, metavar="S",
+    ck.add_argument("--wait", type=_seconds, default=60.0, metavar="S",
                     help="seconds to wait for it (default 60)")
     pr = sub.add_parser("profile", help="walk the job through world sizes stop-free, measure "
                         "its throughput at each and return (profile.json, profile.png)")
@@ -90,13 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds of training at a new size before measuring (default 2)")
     pr.add_argument("--out", default=".", metavar="DIR",
                     help="folder for profile.json and profile.png (default .)")
-    pr.add_argument("--wait", type=float, default=None, metavar="S",
+    pr.add_argument("--wait", type=_seconds, default=None, metavar="S",
                     help="seconds to wait for the profile (default: a bound from the sizes; "
                          "exit 4 when it ran out: the profile goes on)")
     mg = sub.add_parser("migrate", help="move the workers on one host to another in one "
                         "stop-free switch; the source host stays drained")
-    mg.add_argument("--from", dest="source", required=True, metavar="HOST")
-    mg.add_argument("--to", dest="target", required=True, metavar="HOST")
+    mg.add_argument("--from", dest="source", type=_host, required=True, metavar="HOST")
+    mg.add_argument("--to", dest="target", type=_host, required=True, metavar="HOST")
     mg.add_argument("--wait", type=float, default=120.0, metavar="S",
                     help="seconds to wait for the move to end (default 120; exit 4 if it has "
                          "not: it goes on)")
@@ -178,14 +182,44 @@ def _run_profile(client: ControlClient, a) -> int:
 
 
 def _positive_seconds(text: str) -> float:
+    """argparse type: seconds, a finite number > 0 (``0``, ``-1``, ``nan``, ``inf`` are usage
+    errors, exit 2)."""
     try:
         v = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds (a positive number), got "
-                                         f"{text!r}") from None
+        v = float("nan")
     if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds (a positive number), got {text}")
+        raise argparse.ArgumentTypeError(f"expected seconds (a positive number), got "
+                                         f"{text[:40]!r}")
     return v
+
+
+def _seconds(text: str) -> float:
+    """argparse type: seconds, a finite number >= 0 (``--wait``)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected seconds (a number >= 0), got {text[:40]!r}")
+    return v
+
+
+def _host(text: str) -> str:
+    """argparse type: a host in the launcher's canonical form (:func:`launcher.hosts.check_host`:
+    an RFC 1123 name, lower-cased, or an IP address; ``[::1]`` brackets allowed)."""
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    try:
+        return check_host(text)
+    except HostSpecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _known_hosts(s: dict) -> set:
+    """Hosts a ``status`` answer knows: discovered, drained or running workers."""
+    return set(s.get("hosts", {})) | set(s.get("drained", [])) | \
+        {w["host"] for w in s.get("workers", [])}
 
 
 def _duration(seconds: float) -> str:
@@ -406,6 +440,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             r = client.call("migrate", **{"from": a.source, "to": a.target, "wait": a.wait})
             return _print_migration(r, a.wait)
         else:
+            if a.cmd == "undrain":  # the job takes any name for undrain: check it here
+                known = _known_hosts(client.call("status"))
+                if a.host not in known:
+                    names = sorted(known)
+                    more = f" and {len(names) - 10} more" if len(names) > 10 else ""
+                    print(f"hvd-edl-ctl: error: unknown host {a.host!r} (not discovered, not "
+                          f"drained, no worker on it); the job knows "
+                          f"{', '.join(names[:10]) or 'none'}{more}", file=sys.stderr)
+                    return EXIT_REFUSED
             r = client.call(a.cmd, host=a.host)
             print(f"hvd-edl-ctl: drained hosts: {', '.join(r['drained']) or 'none'}")
             if r.get("warning"):

@@ -1,21 +1,47 @@
 """Host lists in Horovod's syntax: ``host[:slots]``, comma separated (``-H``) or one a line
 (``--hostfile``, host discovery output).  IPv6 addresses are written in brackets, ``[::1]:2``
-(a bare ``::1`` is ambiguous with ``host:slots`` and rejected)."""
+(a bare ``::1`` is ambiguous with ``host:slots`` and rejected).
+
+Every host is checked and put in one canonical form where it enters (:func:`check_host`):
+
+* a name follows RFC 1123: at most 253 characters, dot-separated labels of 1 to 63 letters,
+  digits and hyphens, none starting or ending with a hyphen (underscores are tolerated, as
+  resolvers do for container service names); it is lower-cased, as DNS compares names;
+* an IPv4 address is four decimal numbers (``10.0.0.7``).  A name the C resolver would take for
+  an address in another spelling (``0``, ``127.1``, ``0x7f000001``, ``017.0.0.1``) is refused
+  instead of being ssh'd to under a name that hides where it points;
+* an IPv6 address (in brackets) is written in its compressed form (``[0:0::1]`` -> ``::1``,
+  ``[::FFFF:7F00:1]`` -> ``::ffff:127.0.0.1``);
+* the unspecified addresses ``0.0.0.0`` and ``::`` are not hosts and are refused.
+
+Which hosts are this machine (:func:`is_local`, spawned without ssh) is decided without any
+network lookup, which can hang: loopback addresses (IPv4-mapped ones included), ``localhost``,
+this machine's hostname, and the names ``/etc/hosts`` gives a loopback address or lists beside
+this machine's hostname -- all compared without regard to case.  Anything else, e.g. another
+namespace's ``10.x.x.x``, is remote.
+"""
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, FrozenSet, List, Optional, Tuple
 
 MAX_SLOTS_PER_HOST = 1024   # more is a typo or garbage, and the driver walks every slot
+MAX_NAME_CHARS = 253        # RFC 1035 / 1123: a name's text, without a final dot
+MAX_LABEL_CHARS = 63
+HOSTS_FILE = "/etc/hosts"
+MAX_HOSTS_FILE_BYTES = 1 << 20
 
-_NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9_.\-]*[A-Za-z0-9_])?"
-_HOST_RE = re.compile(rf"^(?:(?P<name>{_NAME})|\[(?P<v6>[^\[\]]+)\])(?::(?P<slots>.*))?$")
+_LABEL = re.compile(r"[a-z0-9_](?:[a-z0-9_\-]*[a-z0-9_])?")
+_HOST_RE = re.compile(r"^(?:(?P<name>[^\[\]:\s]+)|\[(?P<v6>[^\[\]\s]+)\])(?::(?P<slots>.*))?$")
+_ZONE = re.compile(r"[A-Za-z0-9_.\-]{1,15}")  # an interface name (IFNAMSIZ) or index
 
 
 class HostSpecError(ValueError):
-    """A host entry that does not follow ``host[:slots]`` with slots a positive integer."""
+    """A host entry that does not follow ``host[:slots]`` with a valid host (see the module
+    docstring) and slots a positive integer."""
 
 
 def _show(text: str, limit: int = 80) -> str:
@@ -23,13 +49,72 @@ def _show(text: str, limit: int = 80) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
-def parse_host_entry(entry: str, default_slots: Optional[int] = 1) -> Tuple[str, Optional[int]]:
-    """``"node1:4"`` -> ``("node1", 4)``; ``"[::1]:2"`` -> ``("::1", 2)``; ``"node1"`` ->
-    ``("node1", default_slots)`` (``None`` keeps "no slots given" visible to the caller).
+def _inet_aton_accepts(name: str) -> bool:
+    """Whether the C resolver reads ``name`` as an IPv4 address (``inet_aton``: ``0``,
+    ``127.1``, ``0x7f000001``...); a pure parse, no lookup."""
+    try:
+        socket.inet_aton(name)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def check_host(host: str) -> str:
+    """The canonical form of one host (a name or an IP address, IPv6 without brackets), see the
+    module docstring: ``"Node-1.Example.COM"`` -> ``"node-1.example.com"``, ``"0:0::1"`` ->
+    ``"::1"``.
 
     Raises:
-        HostSpecError: unknown host syntax, a bare or invalid IPv6 address, or slots not an
-            integer in [1, MAX_SLOTS_PER_HOST].
+        HostSpecError: not an RFC 1123 name, a dotted-quad IPv4 or an IPv6 address; longer than
+            253 characters; or an unspecified address.  The message shows at most 80 characters
+            of ``host``.
+    """
+    if not isinstance(host, str) or not host:
+        raise HostSpecError("empty host name")
+    if ":" in host:
+        try:
+            ip = ipaddress.IPv6Address(host)
+        except ValueError:
+            raise HostSpecError(f"{_show(host)} is not an IPv6 address") from None
+        if ip.is_unspecified:
+            raise HostSpecError(f"{_show(host)} is the unspecified address, not a host")
+        if ip.scope_id is not None and not _ZONE.fullmatch(ip.scope_id):
+            raise HostSpecError(f"{_show(host)}: {_show(ip.scope_id)} is not an interface name")
+        if ip.ipv4_mapped is not None:  # the same text on every Python version
+            return f"::ffff:{ip.ipv4_mapped}" + (f"%{ip.scope_id}" if ip.scope_id else "")
+        return str(ip)
+    name = host.lower()
+    if len(name) > MAX_NAME_CHARS:
+        raise HostSpecError(f"host name {_show(host)} is {len(host)} characters long (at most "
+                            f"{MAX_NAME_CHARS})")
+    labels = name.split(".")
+    # a name cannot end in a number (RFC 1123 2.1); what inet_aton takes is an address
+    if re.fullmatch(r"[0-9]+", labels[-1]) or _inet_aton_accepts(name):
+        try:
+            ip4 = ipaddress.IPv4Address(name)
+        except ValueError:
+            raise HostSpecError(f"{_show(host)} is neither a host name nor an IPv4 address "
+                                f"(write IPv4 addresses as four decimal numbers, e.g. "
+                                f"127.0.0.1)") from None
+        if ip4.is_unspecified:
+            raise HostSpecError(f"{_show(host)} is the unspecified address, not a host")
+        return str(ip4)
+    for label in labels:
+        if len(label) > MAX_LABEL_CHARS or not _LABEL.fullmatch(label):
+            raise HostSpecError(f"{_show(host)} is not a valid host name (RFC 1123: labels of 1 "
+                                f"to {MAX_LABEL_CHARS} letters, digits and hyphens, separated "
+                                f"by dots)")
+    return name
+
+
+def parse_host_entry(entry: str, default_slots: Optional[int] = 1) -> Tuple[str, Optional[int]]:
+    """``"node1:4"`` -> ``("node1", 4)``; ``"[::1]:2"`` -> ``("::1", 2)``; ``"node1"`` ->
+    ``("node1", default_slots)`` (``None`` keeps "no slots given" visible to the caller).  The
+    host comes back in :func:`check_host`'s canonical form.
+
+    Raises:
+        HostSpecError: unknown host syntax, a bare IPv6 address, an invalid host (see
+            :func:`check_host`), or slots not an integer in [1, MAX_SLOTS_PER_HOST].
     """
     entry = entry.strip()
     m = _HOST_RE.match(entry)
@@ -38,13 +123,10 @@ def parse_host_entry(entry: str, default_slots: Optional[int] = 1) -> Tuple[str,
             raise HostSpecError(f"IPv6 address {_show(entry)} must be written in brackets, "
                                 f"e.g. [::1]:2")
         raise HostSpecError(f"unknown host syntax {_show(entry)} (expected host[:slots])")
-    host = m.group("name")
-    if host is None:
-        host = m.group("v6")
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            raise HostSpecError(f"{_show(entry)}: {_show(host)} is not an IPv6 address") from None
+    name, v6 = m.group("name"), m.group("v6")
+    if v6 is not None and ":" not in v6:
+        raise HostSpecError(f"{_show(entry)}: {_show(v6)} is not an IPv6 address")
+    host = check_host(name if name is not None else v6)
     slots_text = m.group("slots")
     if slots_text is None:
         return host, default_slots
@@ -62,7 +144,11 @@ def format_host_entry(host: str, slots: Optional[int] = None) -> str:
 
 
 def parse_hosts_arg(text: str) -> Dict[str, int]:
-    """``-H a:2,b:1`` -> ``{"a": 2, "b": 1}`` (order kept; a repeated host is an error)."""
+    """``-H a:2,b:1`` -> ``{"a": 2, "b": 1}`` (order kept; a repeated host is an error).
+
+    Raises:
+        HostSpecError: see :func:`parse_host_entry`; or a host listed twice.
+    """
     return _collect((p, None) for p in text.split(",") if p.strip())
 
 
@@ -72,8 +158,8 @@ def parse_host_lines(text: str, default_slots: Optional[int] = 1) -> Dict[str, O
 
     Raises:
         HostSpecError: a malformed line (the message gives its number and text) or a host
-            listed twice (rejected rather than adding the slots up: a duplicate is far more
-            often a broken script than a wish).
+            listed twice, in any spelling (rejected rather than adding the slots up: a
+            duplicate is far more often a broken script than a wish).
     """
     entries: List[Tuple[str, int]] = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -99,11 +185,55 @@ def _collect(entries, default_slots: Optional[int] = 1) -> Dict[str, Optional[in
     return hosts
 
 
+_hosts_file_cache: Dict[str, tuple] = {}
+
+
+def _names_of_this_machine(hostname: str, path: str) -> FrozenSet[str]:
+    """Names ``path`` (``/etc/hosts``) gives a loopback address or lists on the line of
+    ``hostname``, lower-cased; re-read only when the file changes, at most 1 MiB of it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return frozenset()
+    key = (st.st_ino, st.st_mtime_ns, st.st_size, hostname)
+    cached = _hosts_file_cache.get(path)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    names = set()
+    try:
+        with open(path, "rb") as f:
+            text = f.read(MAX_HOSTS_FILE_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        fields = line.split("#", 1)[0].lower().split()
+        if len(fields) < 2:
+            continue
+        ip = parse_ip(fields[0])
+        if (ip is not None and ip.is_loopback) or hostname in fields[1:]:
+            names.update(n.rstrip(".") for n in fields[1:])
+    result = frozenset(names)
+    _hosts_file_cache[path] = (key, result)
+    return result
+
+
 def is_local(host: str) -> bool:
-    """True for loopback names and addresses and this machine's own name (spawned without ssh)."""
-    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
-        return True
-    return host.startswith("127.") or host == "::1"
+    """True when ``host`` is provably this machine (spawned without ssh): a loopback or
+    unspecified IP address (IPv4-mapped IPv6 included), ``localhost``, this machine's hostname,
+    or a name ``/etc/hosts`` maps to loopback or lists beside that hostname; names are compared
+    without regard to case or a final dot.  Never does a network lookup (a DNS query of a
+    remote name can hang); everything else, e.g. ``10.0.0.7``, is remote."""
+    text = host.strip()
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    ip = parse_ip(text)
+    if ip is not None:
+        return ip.is_loopback or ip.is_unspecified
+    name = text.lower().rstrip(".")
+    if not name:
+        return False
+    me = socket.gethostname().lower().rstrip(".")
+    return name in ("localhost", me) or name in _names_of_this_machine(me, HOSTS_FILE)
 
 
 def parse_ip(addr: str):

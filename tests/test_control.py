@@ -1,7 +1,9 @@
 """hvd-edl-ctl against real jobs: scale out and in through the stop-free protocol, status, drain,
 refused requests that leave the job untouched."""
 import json
+import logging
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -9,6 +11,7 @@ import time
 import pytest
 
 from conftest import VENV_BIN, long_digits
+from hvd_edl import messages
 from launcher import control
 
 CTL = str(VENV_BIN / "hvd-edl-ctl")
@@ -128,3 +131,82 @@ def test_job_file_of_a_killed_launcher_is_not_taken_for_a_process_reusing_its_pi
     finally:
         later.kill()
         later.wait()
+
+
+# ---- usage errors, unknown hosts, workers that hang up -------------------------------------------
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_ctl_timeout_that_is_not_a_positive_number_is_a_usage_error(tmp_path, value):
+    """Before: ``--timeout 0|-1|nan`` reached ``requests`` and ended in a raw ``ValueError``
+    traceback, exit 1.  Now exit 2 with argparse's one line, before any job is contacted."""
+    job_file = control.write_job_file(str(tmp_path / "job.json"), "http://127.0.0.1:9", "s")
+    r = _ctl(job_file, "--timeout", value, "status", timeout_s=30)
+    assert r.returncode == 2, r.stderr
+    assert "argument --timeout: expected seconds (a positive number)" in r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.splitlines()) == 2
+
+
+def test_ctl_undrain_of_an_unknown_host_is_refused_and_bad_names_are_usage_errors(
+        tmp_path, job_factory):
+    """Before: ``undrain nosuchhost`` printed ``drained hosts: none`` and exited 0.  Now exit 1
+    with one line naming the host; a host in another spelling (``LOCALHOST``) is the same host;
+    a name that is no host name (5,000 characters, ``0``) is a usage error (exit 2, one short
+    line).  The job is unchanged throughout."""
+    job_file = tmp_path / "job.json"
+    job_factory(["-np", "1", "--min-np", "1", "--max-np", "1", "--job-file", str(job_file)],
+                [sys.executable, "-c", "import time; time.sleep(120)"], hosts="localhost:1")
+    deadline = time.monotonic() + 60
+    while not job_file.exists():
+        assert time.monotonic() < deadline, "no job file"
+        time.sleep(0.05)
+
+    unknown = _ctl(job_file, "undrain", "nosuchhost")
+    assert unknown.returncode == 1, unknown.stdout + unknown.stderr
+    assert unknown.stderr.strip() == ("hvd-edl-ctl: error: unknown host 'nosuchhost' (not "
+                                      "discovered, not drained, no worker on it); the job "
+                                      "knows localhost")
+    same = _ctl(job_file, "undrain", "LOCALHOST")   # known, not drained: nothing to do
+    assert same.returncode == 0 and "drained hosts: none" in same.stdout, same.stderr
+    for cmd in ("drain", "undrain"):
+        for bad in ("x" * 5000, "0"):
+            r = _ctl(job_file, cmd, bad)
+            assert r.returncode == 2, r.stderr[:500]
+            assert len(r.stderr) < 400 and "argument host:" in r.stderr, r.stderr[:500]
+    assert _status(job_file)["drained"] == []
+
+
+def test_a_worker_hanging_up_mid_request_is_one_debug_line_not_a_traceback(caplog):
+    """A client that closes (or resets) its connection while sending a request's body, as a
+    worker exiting during ``/leave`` or ``/watch`` does.  Before: ``coordinator: error serving
+    POST /leave`` with a ``ConnectionResetError`` traceback at ERROR level, for each one (any
+    client could print them: the body is read before the signature is checked).  Now one
+    debug line each, and the server goes on answering."""
+    from launcher.coordinator_server import CoordinatorServer
+    server = CoordinatorServer(object(), messages.new_secret(), "127.0.0.1")
+    port = server.start()
+    head = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+            + messages.AUTH_HEADER.encode() + b": 1 2 3\r\n\r\n{\"worker")
+    try:
+        with caplog.at_level(logging.DEBUG, logger="launcher"):
+            for path, reset in ((b"/leave", False), (b"/watch", True)):
+                s = socket.create_connection(("127.0.0.1", port), timeout=10)
+                if reset:  # close with a TCP reset instead of a FIN
+                    s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                s.sendall(head % path)
+                time.sleep(0.2)  # the server is now reading the body
+                s.close()
+            deadline = time.monotonic() + 10
+            while len([r for r in caplog.records if "closed the connection" in r.message]) < 2:
+                assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+                time.sleep(0.05)
+            records = list(caplog.records)
+            # still serving: an unsigned request gets its 401
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(b"POST /beat HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+                assert s.recv(100).startswith(b"HTTP/1.1 401")
+    finally:
+        server.stop()
+    lines = [r for r in records if "closed the connection" in r.message]
+    assert [r.levelno for r in lines] == [logging.DEBUG, logging.DEBUG]
+    assert "POST /leave" in lines[0].getMessage() and "POST /watch" in lines[1].getMessage()
+    assert not [r for r in records if r.exc_info or r.levelno >= logging.WARNING]

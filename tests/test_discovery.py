@@ -14,6 +14,7 @@ import pytest
 from conftest import LAUNCHER, ROOT, long_digits, summary
 from launcher.cli import parse_spec
 from launcher.discovery import MAX_OUTPUT_BYTES, DiscoveryError, HostDiscoveryScript
+from launcher import hosts
 from launcher.hosts import HostSpecError, format_host_entry, parse_host_entry, parse_host_lines
 
 
@@ -58,6 +59,110 @@ def test_host_listed_twice_is_rejected_not_summed():
     with pytest.raises(HostSpecError, match=r"line 3: host 'a' is listed twice"):
         parse_host_lines("a:1\n# b:2\na:2\n")
     assert parse_host_lines("a:1\n# b:2\n\n[::1]:2\nc slots=3\n") == {"a": 1, "::1": 2, "c": 3}
+
+
+@pytest.mark.parametrize("entry, expected", [
+    ("Node-1.Example.COM:2", ("node-1.example.com", 2)),   # DNS ignores case: one spelling
+    ("LOCALHOST", ("localhost", 1)),
+    ("[::FFFF:7F00:1]:2", ("::ffff:127.0.0.1", 2)),          # IPv4-mapped, one text
+    ("[0:0:0:0:0:0:0:1]", ("::1", 1)),
+    ("my_svc:1", ("my_svc", 1)),                              # container service names
+    ("a" * 63 + "." + "b" * 63, ("a" * 63 + "." + "b" * 63, 1)),
+])
+def test_host_names_are_put_in_one_canonical_form(entry, expected):
+    assert parse_host_entry(entry) == expected
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("x" * 5000 + ":1", "is 5000 characters long (at most 253)"),
+    ("a" * 64 + ".b", "is not a valid host name (RFC 1123"),
+    ("a..b", "is not a valid host name"),
+    ("-a:1", "is not a valid host name"),
+    ("a-.b", "is not a valid host name"),
+    ("h\u00e9te", "is not a valid host name"),
+    ("0:1", "'0' is neither a host name nor an IPv4 address"),        # inet_aton: 0.0.0.0
+    ("127.1:1", "'127.1' is neither a host name nor an IPv4 address"),
+    ("0x7f000001", "'0x7f000001' is neither a host name nor an IPv4 address"),
+    ("017.0.0.1", "'017.0.0.1' is neither"),                          # octal to inet_aton
+    ("10.0.0.256", "'10.0.0.256' is neither"),
+    ("0.0.0.0:2", "'0.0.0.0' is the unspecified address, not a host"),
+    ("[::]:2", "'::' is the unspecified address, not a host"),
+    ("[fe80::1%$(reboot)]", "'$(reboot)' is not an interface name"),
+])
+def test_invalid_host_names_are_refused_in_one_short_line(entry, message):
+    """Before: any run of letters, digits, dots, hyphens and underscores was a host, of any
+    length; ``0`` and ``127.1`` (which ssh and the resolver read as 0.0.0.0 and 127.0.0.1)
+    were remote names and ssh'd to."""
+    with pytest.raises(HostSpecError) as e:
+        parse_host_entry(entry)
+    assert message in str(e.value) and len(str(e.value)) < 200 and "\n" not in str(e.value)
+
+
+def test_a_host_listed_twice_in_two_spellings_is_rejected():
+    with pytest.raises(HostSpecError, match=r"line 2: host 'node1' is listed twice"):
+        parse_host_lines("node1:1\nNODE1:2\n")
+    with pytest.raises(HostSpecError, match=r"host '::1' is listed twice"):
+        hosts.parse_hosts_arg("[::1]:1,[0::1]:1")
+
+
+def test_local_hosts_are_told_apart_without_a_network_lookup(tmp_path, monkeypatch):
+    """Loopback in any spelling, ``localhost`` and this machine's names (any case; /etc/hosts
+    names on a loopback line or beside the hostname) are local; anything else, the cluster's
+    10.x namespace hosts included, is remote.  No resolver call is made (one can hang): each
+    would raise here.  Before: ``LOCALHOST`` and ``::ffff:127.0.0.1`` were remote, and
+    ``socket.getfqdn()`` (a reverse lookup) ran at every spawn."""
+    etc_hosts = tmp_path / "hosts"
+    etc_hosts.write_text("127.0.0.1 localhost\n127.0.1.1 Box.Example.com box # Debian\n"
+                         f"10.1.2.3 {hosts.socket.gethostname()}.corp "
+                         f"{hosts.socket.gethostname()} alias-of-me\n"
+                         "10.0.0.2 h2\n")
+    monkeypatch.setattr(hosts, "HOSTS_FILE", str(etc_hosts))
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("a network lookup")
+    for name in ("getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "getfqdn"):
+        monkeypatch.setattr(hosts.socket, name, no_lookup)
+    me = hosts.socket.gethostname()
+    local = ["localhost", "LOCALHOST", "LocalHost", "127.0.0.1", "127.0.0.2", "::1", "[::1]",
+             "::ffff:127.0.0.1", "::ffff:7f00:1", me, me.upper(), "box", "BOX.example.com",
+             f"{me}.corp", "alias-of-me"]
+    remote = ["10.0.0.2", "h2", "10.1.2.3", "example.com", "::ffff:10.0.0.2", "2001:db8::1",
+              "localhost.example.com", "127.0.0.1.example.com"]
+    assert [h for h in local if not hosts.is_local(h)] == []
+    assert [h for h in remote if hosts.is_local(h)] == []
+
+
+@pytest.mark.parametrize("spelling", ["LOCALHOST", "[::ffff:127.0.0.1]"])
+def test_local_host_spellings_start_workers_without_ssh(tmp_path, spelling):
+    """The real launcher, a static job on ``-H <spelling>:1``: the worker starts here, no ssh.
+    Before: both spellings were taken for remote hosts and ssh'd to (exit 255 without an sshd,
+    a second copy of the job's user session with one)."""
+    marker = tmp_path / "ran"
+    proc = subprocess.run([LAUNCHER, "-np", "1", "-H", f"{spelling}:1", sys.executable, "-c",
+                           f"open({str(marker)!r}, 'w')"],
+                          capture_output=True, text=True, cwd=str(ROOT), timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert marker.exists() and "ssh" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("-H", "x" * 5000 + ":1", "is 5000 characters long"),
+    ("-H", "localhost:1,0:1", "'0' is neither a host name nor an IPv4 address"),
+    ("--hostfile", "localhost:1\n127.1 slots=2\n", "line 2: '127.1' is neither"),
+])
+def test_invalid_hosts_on_the_command_line_are_a_usage_error(tmp_path, flag, value, message):
+    """``-H`` and ``--hostfile`` with a bad host: exit 2 with one short line, nothing started."""
+    if flag == "--hostfile":
+        (tmp_path / "hostfile").write_text(value)
+        value = str(tmp_path / "hostfile")
+    marker = tmp_path / "ran"
+    proc = subprocess.run([LAUNCHER, "-np", "1", flag, value, sys.executable, "-c",
+                           f"open({str(marker)!r}, 'w')"],
+                          capture_output=True, text=True, cwd=str(ROOT), timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert message in line and len(line) < 300, proc.stderr
+    assert len(proc.stderr) < 2000 and not marker.exists()
 
 
 def test_discovery_timeout_defaults_to_5_s():
@@ -123,6 +228,10 @@ FIRST_CALL_CASES = {
     "exit": ("echo scheduler down >&2; exit 4", "exited with code 4: scheduler down"),
     "hang": ("sleep 60", "did not finish within 1 s (--discovery-timeout)"),
     "not executable": (None, "is not executable (chmod +x"),
+    "host name too long": (f"printf 'localhost:1\\n{'x' * 5000}:1\\n'",
+                           "output line 2: host name 'xxxxxxxx"),
+    "shorthand address": ("printf 'localhost:1\\n0:1\\n'",
+                          "output line 2: '0' is neither a host name nor an IPv4 address"),
 }
 
 
@@ -141,6 +250,7 @@ def test_first_discovery_failure_ends_the_launch(tmp_path, case):
     assert (f"hvd-edl-run: error: first host discovery failed, nothing launched: "
             f"host discovery script {script}") in proc.stderr
     assert message in proc.stderr
+    assert max(len(line) for line in proc.stderr.splitlines()) < 400, proc.stderr[:2000]
     assert not started.exists()
 
 
@@ -154,6 +264,10 @@ BAD_OUTPUTS = [  # (case, script body, what the one log line must say)
     ("slots not a number", "echo localhost:two", "got 'two'"),
     ("duplicate host", "printf 'localhost:2\\nlocalhost:1\\n'",
      "output line 2: host 'localhost' is listed twice"),
+    ("host name too long", f"printf 'localhost:2\\n{'y' * 5000}:1\\n'",
+     "output line 2: host name 'yyyyyyyy"),
+    ("shorthand address", "printf 'localhost:2\\n127.1:1\\n'",
+     "output line 2: '127.1' is neither a host name nor an IPv4 address"),
     ("empty output", "true", "printed no hosts"),
     ("over 1 MiB", "yes localhost:2 | head -c 2000000",
      f"printed more than {MAX_OUTPUT_BYTES} bytes (1 MiB limit)"),

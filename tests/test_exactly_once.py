@@ -1,11 +1,16 @@
 """Exactly-once data and world-size-independent training through hvd-edl-run, checked from the
 audit ledger (``HVD_EDL_AUDIT_DIR``) of real workers under real membership changes and kills."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import signal
 
 import torch
 
-from conftest import digits, long_digits, summary
+from conftest import ROOT, digits, long_digits, summary
 from hvd_edl import audit
 
 DIGITS_TRAIN = 1347  # training samples of the digits job (75 % of 1,797)
@@ -93,3 +98,85 @@ def test_fixed_global_batch_matches_one_worker_across_three_changes(tmp_path, jo
     print(f"fixed global batch: {epochs} epochs, max |diff| {diff:.3g}, max |param| "
           f"{scale:.3g}, relative {diff / scale:.3g}")
     assert diff / scale <= 1e-4
+
+
+# ---- the audit's verdict on a job that did not finish its epoch ---------------------------------
+
+_LEDGER_WRITER = textwrap.dedent("""
+    import sys
+    import torch
+    from hvd_edl.sampler import ElasticSampler
+    n, batch, epochs, stop_after, close_at_start = map(int, sys.argv[1:])
+    sampler = ElasticSampler(list(range(n)), shuffle=True, seed=3, batch_size=batch)
+    loader = torch.utils.data.DataLoader(list(range(n)), batch_size=batch, sampler=sampler)
+    steps = 0
+    for epoch in range(epochs):
+        if close_at_start:           # the torch idiom: set_epoch(e) before epoch e
+            sampler.set_epoch(epoch)
+        for i, _ in enumerate(loader):
+            sampler.record_batch(i, batch)
+            steps += 1
+            if steps == stop_after:  # the job fails here, halfway through an epoch
+                sys.exit(0)
+        if not close_at_start:       # Horovod's elastic idiom: set_epoch(e + 1) after epoch e
+            sampler.set_epoch(epoch + 1)
+""")
+
+
+def _ledger(tmp_path, n=40, batch=8, epochs=2, stop_after=0, close_at_start=False):
+    """A real sampler's audit ledger (``HVD_EDL_AUDIT_DIR``) in a process of its own."""
+    ledger = tmp_path / "ledger"
+    env = dict(os.environ, **{audit.ENV_AUDIT_DIR: str(ledger)})
+    subprocess.run([sys.executable, "-c", _LEDGER_WRITER, str(n), str(batch), str(epochs),
+                    str(stop_after), str(int(close_at_start))], env=env, check=True,
+                   cwd=str(ROOT), timeout=120)
+    return ledger
+
+
+def _audit_cli(ledger, n, *flags):
+    return subprocess.run([sys.executable, "-m", "hvd_edl.audit", str(ledger), "--dataset-size",
+                           str(n), *flags], capture_output=True, text=True, cwd=str(ROOT),
+                          timeout=60)
+
+
+def test_audit_of_a_job_that_stopped_mid_epoch_fails_unless_allowed(tmp_path):
+    """A job that ended halfway through epoch 1 (40 samples, batches of 8, 7 steps: epoch 0 and
+    2 batches of epoch 1).  Before: ``missing - (incomplete)`` and then ``audit: repeated 0,
+    missing 0: OK``, exit 0.  Now exit 1 naming the incomplete epoch; ``--allow-incomplete``
+    passes it (exit 0), and still fails repeats."""
+    ledger = _ledger(tmp_path, stop_after=7)
+    r = _audit_cli(ledger, 40)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "sampler epoch 1: 16 distinct of 40, repeated 0, missing - (incomplete)" in r.stdout
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("audit: repeated 0, missing 0, incomplete epochs 1: FAILED: "
+                           "sampler epoch 1 incomplete"), last
+    assert "--allow-incomplete" in last
+
+    allowed = _audit_cli(ledger, 40, "--allow-incomplete")
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    assert allowed.stdout.strip().endswith("OK (sampler epoch 1 incomplete, allowed)")
+    assert audit.check(ledger, 40).ok is False and audit.check(ledger, 40, True).ok is True
+
+    # a repeat is not excused by --allow-incomplete
+    (ledger / "extra.jsonl").write_text(
+        '{"kind": "step", "gen": 0, "step": 99, "epoch": 1, "rank": 1, "size": 1, '
+        '"sampler": "sampler", "indices": [%d]}\n' % audit.read_records(ledger)[-1]["indices"][0])
+    again = _audit_cli(ledger, 40, "--allow-incomplete")
+    assert again.returncode == 1 and "FAILED: 1 repeated, 0 missing" in again.stdout
+
+
+def test_audit_of_finished_jobs_passes_with_either_set_epoch_idiom(tmp_path):
+    """Every epoch closed by ``set_epoch(e + 1)``, or only used in full (``set_epoch(e)`` at the
+    start of each epoch never closes the last one): exit 0.  A ledger with no step: exit 1."""
+    for close_at_start in (False, True):
+        ledger = _ledger(tmp_path / str(close_at_start), epochs=2, close_at_start=close_at_start)
+        r = _audit_cli(ledger, 40)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert r.stdout.strip().splitlines()[-1] == \
+            "audit: repeated 0, missing 0, incomplete epochs 0: OK"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = _audit_cli(empty, 40)
+    assert r.returncode == 1 and "FAILED: no step recorded" in r.stdout
+    assert _audit_cli(empty, 0).returncode == 2   # a usage error

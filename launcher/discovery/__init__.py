@@ -3,12 +3,15 @@
 
 The contract for a discovery script (Horovod's format): print one ``host[:slots]`` a line
 (``[::1]:2`` for IPv6; blank lines and ``#`` comments are ignored) and exit 0, within
-``--discovery-timeout`` seconds, printing at most 1 MiB.  Anything else (a malformed line, slots
-not an integer in [1, 1024], a host listed twice, no hosts at all, a non-zero exit, a hang, a
-script that is missing or not executable) raises :class:`DiscoveryError`; the driver then keeps
-the last good host set and prints one line each time the problem changes (a failing script's
-last stderr line is part of the problem, so a hosts file that goes from bad slots to a duplicate
-host to empty to deleted is reported four times, not once).
+``--discovery-timeout`` seconds, printing at most 1 MiB.  Hosts are RFC 1123 names (at most 253
+characters) or IP literals, see :mod:`launcher.hosts`.  Anything else (a malformed line, an
+invalid host name, slots not an integer in [1, 1024], a host listed twice, no hosts at all, a
+non-zero exit, a hang, a script that is missing or not executable) raises
+:class:`DiscoveryError`; the driver then keeps the last good host set and prints one line each
+time the problem changes (a failing script's last stderr line is part of the problem, so a hosts
+file that goes from bad slots to a duplicate host to empty to deleted is reported four times,
+not once).  One bad line fails the whole call rather than being skipped: a skipped line would
+read as that host leaving, and its workers would be drained on the strength of a broken output.
 
 A script that leaves a host out for a reason may say so on stderr, one line per host in the form
 ``<anything>: <host> left out: <reason>`` (the ``gce`` / ``aws`` scripts do, for spot and
@@ -30,7 +33,7 @@ import threading
 import time
 from typing import Dict, Hashable, Optional
 
-from launcher.hosts import HostSpecError, format_host_entry, parse_host_lines
+from launcher.hosts import HostSpecError, check_host, format_host_entry, parse_host_lines
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +116,11 @@ class HostDiscoveryScript:
         if not hosts:
             raise DiscoveryError(f"{name} printed no hosts (empty output is taken as a broken "
                                  f"script, not as 'no hosts')")
-        self.reasons = {m.group("host"): m.group("reason").strip()[:200]
-                        for m in map(_LEFT_OUT_RE.match, lines) if m}
+        self.reasons = {}
+        for m in filter(None, map(_LEFT_OUT_RE.match, lines)):
+            host = _canonical(m.group("host").strip("[]"))
+            if host is not None:  # in the form the hosts take (lower case, ...)
+                self.reasons[host] = m.group("reason").strip()[:200]
         return hosts
 
     def _check_executable(self) -> None:
@@ -130,6 +136,13 @@ class HostDiscoveryScript:
         if not os.access(path, os.X_OK):
             raise DiscoveryError(f"host discovery script {path} is not executable "
                                  f"(chmod +x {path})")
+
+
+def _canonical(host: str) -> Optional[str]:
+    try:
+        return check_host(host)
+    except HostSpecError:
+        return None
 
 
 def _run_bounded(command: str, timeout_s: float, max_bytes: int):

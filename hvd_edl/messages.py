@@ -169,8 +169,23 @@ class Register:
 
 @dataclass
 class Ready:
-    """``POST /ready``: the script entered ``hvd.elastic.run`` (or needs the ring now)."""
+    """``POST /ready``: the script entered ``hvd.elastic.run`` (``elastic_run`` True) or needs
+    the ring now (a collective outside it, or a static job: False).  A member whose script
+    entered ``hvd.elastic.run`` and exits 0 before its training function returned
+    (:class:`Finished`) is taken for a leave, not for the end of the job."""
     worker_id: str
+    elastic_run: bool = False
+
+
+@dataclass
+class Finished:
+    """``POST /finished``: the worker's training function (under ``hvd.elastic.run``) returned in
+    ``generation`` at optimizer step ``step``: training is over.  The coordinator forms no more
+    generations and never takes this worker's silence (its interpreter's teardown) for a
+    failure; the job ends once the members have exited."""
+    worker_id: str
+    generation: int
+    step: int = 0
 
 
 @dataclass
@@ -319,7 +334,9 @@ class BeatReply:
 class WatchReply:
     """Answer to :class:`WatchRequest`: ``change_pending`` when the coordinator wants a switch.
     ``checkpoint_request``: how many checkpoints ``hvd-edl-ctl checkpoint`` asked for so far
-    (rank 0 writes one at its next commit when this grows)."""
+    (rank 0 writes one at its next commit when this grows).  ``finishing``: a member's training
+    function returned (:class:`Finished`): training is over, no generation forms any more."""
     change_pending: bool
     latest_generation: int
     checkpoint_request: int = 0
+    finishing: bool = False

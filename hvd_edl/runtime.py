@@ -37,6 +37,9 @@ log = logging.getLogger(__name__)
 ENV_STOP_BEFORE_INIT = "HVD_EDL_TEST_STOP_BEFORE_INIT"
 """Fault injection for tests: the worker with this id stops itself (SIGSTOP) right before its
 ``hvd.init()`` for a ring, so that ring's set-up waits on a silent member."""
+ENV_DIE_AFTER_READY = "HVD_EDL_TEST_DIE_AFTER_READY"
+"""Fault injection for tests, ``WORKER_ID[:SECONDS]``: the worker with this id kills itself
+(SIGKILL) that long after it reported ready (a joiner lost between READY and its ring)."""
 ENV_NCCL_ELASTIC = "HVD_EDL_NCCL_ELASTIC"
 """Set to 1 before every ``hvd.init()`` of an elastic worker.  Read only by a Horovod built with
 NCCL (cmake/patches/nccl/0001): its NCCL communicators are then aborted at shutdown, never
@@ -67,6 +70,7 @@ def idle_wait_ms(local_size: int, cores: Optional[int] = None) -> str:
 
 
 _USER_IDLE_WAIT_MS = os.environ.get("HVD_EDL_IDLE_WAIT_MS")  # as the user set it, if at all
+FINISHED_TIMEOUT_S = 10.0  # longest the end of training is reported for (seconds)
 LEAVER_WAIT_S = 10.0  # longest a scaled-in worker waits for the next generation to train (s)
 
 
@@ -126,6 +130,8 @@ class WorkerRuntime:
         self._ring_lock = threading.Lock()
         self._leaving = False
         self._ready_reported = False
+        self._finished_reported = False
+        self._finishing_seen = False  # a peer's training function returned (coordinator)
         self._install_sigterm()
         self._install_excepthook()
         Heartbeat(self, CoordinatorClient(env[messages.ENV_COORD_ADDR],
@@ -169,8 +175,10 @@ class WorkerRuntime:
     def joined(self) -> bool:
         return self.assignment is not None
 
-    def join(self) -> None:
+    def join(self, elastic_run: bool = False) -> None:
         """Report ready and block until a generation includes this worker, then ``hvd.init()``.
+        ``elastic_run``: called by ``hvd.elastic.run`` (its exit 0 before the training function
+        returned is then a leave; see :class:`messages.Ready`).
 
         Exits the process with code 0 when the coordinator says this worker is not needed (the
         job ended or the worker was scaled in before it joined).
@@ -178,8 +186,46 @@ class WorkerRuntime:
         if self.joined:
             return
         self._ready_reported = True
-        self.client.post("/ready", messages.Ready(self.worker_id), messages.WatchReply)
+        self.client.post("/ready", messages.Ready(self.worker_id, elastic_run=elastic_run),
+                         messages.WatchReply)
+        who, _, after_s = os.environ.get(ENV_DIE_AFTER_READY, "").partition(":")
+        if who == self.worker_id:  # fault injection (tests): lost once READY
+            threading.Timer(float(after_s or 0), os.kill, (os.getpid(), signal.SIGKILL)).start()
         self._switch("join", step=self.steps, steps_before_restore=self.steps)
+
+    def training_finished_elsewhere(self) -> bool:
+        """Whether a peer's training function already returned (the coordinator's
+        ``WatchReply.finishing``; one request of at most ``FINISHED_TIMEOUT_S`` seconds, then
+        remembered).  Asked when a collective fails at a commit: a peer that finished after
+        the same commit shut Horovod down, which is the end of training, not a failure."""
+        if not self._finishing_seen:
+            try:
+                epoch, samples = self.progress
+                r = self.client.post("/watch", messages.WatchRequest(
+                    self.worker_id, self.generation, wait_s=0.0, step=self.steps, epoch=epoch,
+                    samples=samples), messages.WatchReply, timeout_s=FINISHED_TIMEOUT_S)
+                self._finishing_seen = bool(r.finishing)
+            except (CoordinatorUnreachable, RuntimeError) as e:
+                log.warning("worker %s: could not ask whether training finished: %s",
+                            self.worker_id, e)
+        return self._finishing_seen
+
+    def finished(self) -> None:
+        """The training function returned: tell the coordinator (``POST /finished``, at most
+        ``FINISHED_TIMEOUT_S`` seconds) that training is over, so that the end of the job is
+        never taken for a failure (this process's silence in its teardown, a peer's collective
+        failing as this one shuts Horovod down).  A launcher that does not answer is logged,
+        not raised: the script's own code after training runs on."""
+        if self._finished_reported:
+            return
+        self._finished_reported = True
+        try:
+            self.client.post("/finished", messages.Finished(self.worker_id, self.generation,
+                                                            self.steps),
+                             messages.WatchReply, timeout_s=FINISHED_TIMEOUT_S)
+        except (CoordinatorUnreachable, RuntimeError) as e:
+            log.warning("worker %s: could not report the end of training: %s",
+                        self.worker_id, e)
 
     def rejoin(self, reason: str, steps_before_restore: int) -> None:
         """Leave the current ring at a step boundary and enter the next generation.

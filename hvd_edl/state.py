@@ -138,18 +138,30 @@ def _agree(rt, change_pending: Callable[[], bool]) -> bool:
     rt.pending_agreement = None
     wait_now = rt.agree_now  # a result read at the previous commit asked for it
     rt.agree_now = False
-    if previous is not None:
-        result = _hvd.synchronize(previous)
-        if int(result[0]) > 0:
-            return True
-        wait_now = int(result[1]) > 0
-    flag = 1 if change_pending() else 0
-    handle = _hvd.allreduce_async_(torch.tensor([flag, 1 if slow else 0], dtype=torch.int32),
-                                   op=_hvd.Max, name="hvd_edl.check_host_updates")
-    if not wait_now:
-        rt.pending_agreement = handle
-        return False
-    result = _hvd.synchronize(handle)
+    try:
+        if previous is not None:
+            result = _hvd.synchronize(previous)
+            if int(result[0]) > 0:
+                return True
+            wait_now = int(result[1]) > 0
+        flag = 1 if change_pending() else 0
+        handle = _hvd.allreduce_async_(torch.tensor([flag, 1 if slow else 0],
+                                                    dtype=torch.int32),
+                                       op=_hvd.Max, name="hvd_edl.check_host_updates")
+        if not wait_now:
+            rt.pending_agreement = handle
+            return False
+        result = _hvd.synchronize(handle)
+    except HorovodInternalError:
+        # A peer whose training function returned after this same commit (its last) has shut
+        # Horovod down: this rank's training ends here too, with this commit saved.  Not a
+        # failure: the script goes on to its own end (a later collective would fail and end
+        # this worker through the protocol, told the job is over).
+        if rt.training_finished_elsewhere():
+            log.info("a peer finished training at this commit: no further agreement")
+            rt.pending_agreement = None
+            return False
+        raise
     if int(result[0]) > 0:
         return True
     rt.agree_now = int(result[1]) > 0  # still slow: the next commit waits for its own too
@@ -194,7 +206,7 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
     def wrapper(state: State, *args, **kwargs):
         rt = runtime.get()
         if rt is not None:
-            rt.join()
+            rt.join(elastic_run=True)
         while True:
             try:
                 if rt is None or rt.sync_needed():
@@ -202,7 +214,10 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
                 state.audit_resume()
                 if rt is not None:
                     rt.mark_first_step()
-                return func(state, *args, **kwargs)
+                result = func(state, *args, **kwargs)
+                if rt is not None:
+                    rt.finished()  # training is over: never a failure, never re-run
+                return result
             except HorovodInternalError as e:
                 log.warning("collective failed (%s): restoring the last commit", e)
                 before = rt.steps if rt is not None else 0

@@ -247,10 +247,7 @@ def routes(driver) -> Dict[str, Callable[[dict], dict]]:
         return v
 
     def _host(data: dict) -> str:
-        v = data.get("host")
-        if not isinstance(v, str) or not v:
-            raise ValueError(f"'host' must be a host name, got {v!r}")
-        return v
+        return _named(data, "host")
 
     def _wait(data: dict, default: float) -> float:
         v = data.get("wait", default)
@@ -259,10 +256,13 @@ def routes(driver) -> Dict[str, Callable[[dict], dict]]:
         return float(v)
 
     def _named(data: dict, key: str) -> str:
+        """The host in ``data[key]``, canonical (``launcher.hosts.check_host``: as discovery
+        spells it), or ValueError (HostSpecError) with one line."""
+        from launcher.hosts import check_host
         v = data.get(key)
         if not isinstance(v, str) or not v:
             raise ValueError(f"{key!r} must be a host name, got {v!r}")
-        return v
+        return check_host(v.strip().removeprefix("[").removesuffix("]"))
 
     return {
         PREFIX + "migrate": lambda data: driver.migrate(_named(data, "from"), _named(data, "to"),

@@ -35,6 +35,9 @@ log = logging.getLogger(__name__)
 EVENT_REPORT_TIMEOUT_S = 30.0
 WANTED_CACHE_S = 0.05  # longest the replies' "change wanted" is reused without a state change
 SILENCE_CHECK_S = 0.1  # the members' silence is checked at most this often (on a beat)
+END_SILENT_S = 30.0  # once training finished, a member this long silent is killed (seconds): its
+                     # script's last lines and teardown beat from their own thread; a frozen or
+                     # vanished member must not hold the job's end for ever
 STATE_LOST_LIMIT = 3  # generations in a row a job may start without any holder of the state
                       # (from the initial state, or the same checkpoint again) after a failure
 
@@ -151,6 +154,10 @@ class Coordinator:
         self._silence_checked_at = float("-inf")
         self.released: set = set()  # generations a member of which was declared dead or died
         self.on_fence: Callable[[WorkerRecord, float], None] = lambda rec, silent_s: None
+        # after training finished: members silent for END_SILENT_S, handed to on_end_silent
+        # (the driver kills them; not a failure of the job)
+        self.ended_silent: set = set()
+        self.on_end_silent: Callable[[WorkerRecord, float], None] = lambda rec, silent_s: None
         self._beat_step = -1  # see _last_reported_step
         self.progress = ProgressBoard()  # steps / epoch / samples the watchers report
         self.telemetry = Telemetry()  # step / compute / wait times the heartbeats carry
@@ -176,36 +183,76 @@ class Coordinator:
         with self.lock:
             return [w for w in self.workers.values() if w.state.alive]
 
-    def on_exit(self, worker_id: str, code: int) -> None:
-        """A worker process ended with ``code`` (negative: killed by that signal)."""
+    def on_exit(self, worker_id: str, code: int) -> str:
+        """A worker process ended with ``code`` (negative: killed by that signal).
+
+        Returns what its end means for the job, for the driver's line: "finished" (training is
+        over), "left" (a member whose script entered ``hvd.elastic.run`` exited 0 before its
+        training function returned: a leave, its peers go on without it; issue 26), or ""."""
+        verdict = ""
         with self.cond:
             rec = self.workers[worker_id]
             was = rec.state
             rec.exit_code = code
             self.departures += 1
+            in_ring = self.current is not None and worker_id in self.current.members
             if code == 0:
                 self._move(rec, WorkerState.EXITED)
-                if was in (WorkerState.MEMBER, WorkerState.LEAVING) and self.current is not None \
-                        and worker_id in self.current.members:
-                    # a member finished its script: the job is ending; form no more generations.
-                    # Also a member asked to leave (a leaver that left through the protocol is
-                    # no longer in the current generation when it exits): it may be the last
-                    # holder of the state, training on until a replacement is ready, and the
-                    # replacement must not start the job over from its initial state.
+                if rec.finished:
+                    # its training function returned (messages.Finished): training is over.  A
+                    # leaver that trained on as the last holder of the state until its
+                    # replacement was ready ends here too, if its script finished meanwhile
                     self.finishing = True
+                    verdict = "finished"
+                elif self.finishing:
+                    verdict = "finished"  # training is over: every exit 0 is its end
+                elif was in (WorkerState.MEMBER, WorkerState.LEAVING) and in_ring:
+                    released = self.assignments.get(worker_id)
+                    if released is not None and released.action == "exit":
+                        pass  # a leaver released through the protocol (below --min-np)
+                    elif self.elastic and rec.elastic_run:
+                        # exit 0 inside the training function (sys.exit(0) at step 58 of 333):
+                        # not the end of training, whose data would go untrained; a leave,
+                        # without notice: its peers are released and go on without it
+                        self._member_lost(rec)
+                        verdict = "left"
+                    else:
+                        # a script without hvd.elastic.run (or a static job): its end is the
+                        # job's end, as under horovodrun
+                        self.finishing = True
+                        verdict = "finished"
                 elif was in (WorkerState.PENDING, WorkerState.READY) and self.current is None:
                     # the script ended successfully without ever joining a ring (nothing to
                     # train): the job is over, as under horovodrun; do not respawn it forever
                     self.finishing = True
+                    verdict = "finished"
             else:
                 fenced = rec.fenced
                 self._move(rec, WorkerState.DEAD)
                 if not fenced:
                     self._member_lost(rec)
                     self._check_script_failure(rec)
+            self._log_if_started(self.current)
             self._try_form()
             self.cond.notify_all()
         self.telemetry.forget(worker_id)
+        return verdict
+
+    def finished(self, msg: messages.Finished) -> messages.WatchReply:
+        """``POST /finished``: ``msg.worker_id``'s training function returned: training is over.
+        No generation forms after this (a peer whose collective fails now is told "exit" at its
+        step boundary instead of re-running the script's last steps), and no member is declared
+        dead for its silence, only killed after ``END_SILENT_S`` of it (see :meth:`beat`)."""
+        with self.cond:
+            rec = self._worker(msg.worker_id)
+            if rec.state.alive and not rec.fenced:
+                rec.finished = True
+                if not self.finishing:
+                    log.info("%s: training function returned at step %d (generation %d): "
+                             "the job is finishing", rec.label, msg.step, msg.generation)
+                self.finishing = True
+                self.cond.notify_all()
+            return self._watch_reply(msg.generation)
 
     def _member_lost(self, rec: WorkerRecord) -> None:
         """A member of the current generation is gone (lock held): its peers are released (their
@@ -224,6 +271,7 @@ class Coordinator:
         was fenced and whether its generation lost a member."""
         now = time.monotonic()
         silent: List[tuple] = []
+        end_silent: List[WorkerRecord] = []
         with self.cond:
             rec = self._worker(msg.worker_id)
             if rec.fenced or rec.state == WorkerState.DEAD:
@@ -232,20 +280,32 @@ class Coordinator:
             g = self.current
             if g is not None and msg.generation == g.number and msg.step > self._beat_step:
                 self._beat_step = msg.step
-            if g is not None and self.elastic and not self.finishing and not self.stopping \
+            if g is not None and self.elastic and not self.stopping \
                     and now - self._silence_checked_at >= SILENCE_CHECK_S:
                 # one scan of the members per SILENCE_CHECK_S, not one per beat (N beats
                 # each scanning N members would grow as N^2 with the job)
                 self._silence_checked_at = now
                 live = [w for w in g.members if self.workers[w].state.alive]
-                for w in self.liveness.silent(live, now):
-                    silent.append((self._fence(self.workers[w]), now))
+                if not self.finishing:
+                    for w in self.liveness.silent(live, now):
+                        silent.append((self._fence(self.workers[w]), now))
+                else:
+                    # training is over: a member busy with the script's last lines or its
+                    # interpreter's teardown is not a failure; one silent for END_SILENT_S
+                    # (frozen, its host gone) would hold the job's end forever: killed
+                    for w in self.liveness.silent(live, now, bound_s=END_SILENT_S):
+                        if w not in self.ended_silent:
+                            self.ended_silent.add(w)
+                            self.liveness.forget(w)
+                            end_silent.append(self.workers[w])
             reply = messages.BeatReply(release=msg.generation in self.released,
                                        beat_s=self.liveness.period_s)
         self.telemetry.observe(msg.worker_id, msg.generation, now, msg.steps_done,
                                msg.compute_s, msg.wait_s, msg.samples, step=msg.step)
         for fenced_rec, at in silent:
             self.on_fence(fenced_rec, self.liveness.silent_after_s)
+        for quiet in end_silent:
+            self.on_end_silent(quiet, END_SILENT_S)
         return reply
 
     def _fence(self, rec: WorkerRecord) -> WorkerRecord:
@@ -449,6 +509,7 @@ class Coordinator:
     def ready(self, msg: messages.Ready) -> messages.WatchReply:
         with self.cond:
             rec = self._worker(msg.worker_id)
+            rec.elastic_run = rec.elastic_run or bool(msg.elastic_run)
             if rec.state == WorkerState.PENDING:
                 self._move(rec, WorkerState.READY)
                 rec.ready_at = time.monotonic()
@@ -510,9 +571,7 @@ class Coordinator:
                     g.phases[msg.worker_id] = {str(k): round(float(v), 4)
                                                for k, v in msg.phases.items()
                                                if isinstance(v, (int, float))}
-                if not g.logged and all(w in g.stalls or not self.workers[w].state.alive
-                                        for w in g.continuing):
-                    self._log_event(g)
+                if self._log_if_started(g):
                     self.cond.notify_all()  # leavers waiting for this generation to train
             return self._watch_reply(msg.generation)
 
@@ -673,7 +732,8 @@ class Coordinator:
         return messages.WatchReply(change_pending=(generation == latest
                                                    and self._change_wanted_now()),
                                    latest_generation=latest,
-                                   checkpoint_request=self.checkpoint_request)
+                                   checkpoint_request=self.checkpoint_request,
+                                   finishing=self.finishing)
 
     def _try_form(self) -> None:
         if self.finishing or self.failure or self.stopping:
@@ -686,12 +746,19 @@ class Coordinator:
         else:
             if not self._all_reported():
                 return  # not every member is at the boundary yet (checked first: O(1) mostly)
-            if not self._change_wanted():
-                return
+            # Every live member is at the boundary: each has shut its ring down, so a
+            # generation must form even when the change it switched for is gone (a READY
+            # joiner killed, or removed by discovery, before its generation formed: the ring
+            # re-forms without it, kind "reform"; horovod 3014's class).  Waiting for a change
+            # to be wanted again froze the ring until some other joiner came, or for ever.
             previous = self._live_members()
             if any(w not in self.reports for w in previous):
                 return  # not every member is at the boundary yet
         staying = [w for w in previous if self.workers[w].state == WorkerState.MEMBER]
+        if previous and not staying and not ready \
+                and any(w.state == WorkerState.PENDING and w.worker_id not in self.reserved
+                        for w in self.workers.values()):
+            return  # every member leaves: the oldest hands the state to a replacement, building
         handover = bool(previous and not staying and ready)
         if handover:
             # every member leaves and only joiners would remain: the oldest leaver stays one
@@ -706,6 +773,12 @@ class Coordinator:
         joiners = [w.worker_id for w in ready[:max(room, 0)]]
         participants = staying + joiners
         if len(participants) < self.min_np:
+            # below --min-np: no ring forms; the members wait at the boundary holding their
+            # state (at most --elastic-timeout, the driver's bound) and the next generation forms
+            # as soon as enough workers are ready.  Leavers leave now, so that their slots can
+            # be reused when they come back (horovod 3494's class: a short dip ended the job);
+            # when nobody stays, the oldest leaver keeps the state until a replacement joins.
+            self._release_leavers(previous, staying or previous[:1])
             return
         if self.current is not None and self.reset_limit is not None \
                 and len(self.history) > self.reset_limit:
@@ -723,6 +796,17 @@ class Coordinator:
             self.cond.notify_all()
             return
         self._form(participants, previous)
+
+    def _release_leavers(self, previous: List[str], holders: List[str]) -> None:
+        """Tell the leaving members of ``previous`` other than ``holders`` to exit now, while no
+        generation can form (lock held).  Their exit is a leave, not the job's end
+        (:meth:`on_exit`)."""
+        for w in previous:
+            if w not in holders and self.workers[w].state == WorkerState.LEAVING \
+                    and getattr(self.assignments.get(w), "action", "") != "exit":
+                self.assignments[w] = messages.Assignment(
+                    action="exit", reason="scaled in (below --min-np: the others wait for "
+                                          "enough workers)")
 
     def _restore_paths(self, participants: List[str], previous: List[str]) -> Optional[list]:
         """The checkpoints (path, sidecar; newest good first) a generation of ``participants``
@@ -836,11 +920,31 @@ class Coordinator:
             synced = [r.step for r in reps if r.step >= self.current.step]
             return "failure", min(synced or [r.step for r in reps] or [0]), max(rolled_back, 0)
         size, before = len(participants), len(self.current.members)
-        if size == before:  # as many left as joined (a job moving hosts, a slot swapped)
+        if participants == self.current.members:
+            kind = "reform"  # the same ring again: the change it switched for went away
+        elif size == before:  # as many left as joined (a job moving hosts, a slot swapped)
             kind = "replace"
         else:
             kind = "scale_out" if size > before else "scale_in"
         return kind, step, 0
+
+    def _log_if_started(self, g: Optional[Generation]) -> bool:
+        """Log ``g``'s event once every continuing member has reported its first step in it or
+        is gone (lock held): checked at each ``/started`` and at each exit, so that a member
+        lost before it reported does not leave the line unwritten.  True when it logged."""
+        if g is None or g.logged or not all(w in g.stalls or not self.workers[w].state.alive
+                                            for w in g.continuing):
+            return False
+        self._log_event(g)
+        return True
+
+    def flush_events(self) -> None:
+        """Write the event of every generation not logged yet (the job is ending: a line whose
+        members' reports never came is written with what is known)."""
+        with self.cond:
+            for g in self.history:
+                if not g.logged:
+                    self._log_event(g)
 
     def _log_event(self, g: Generation) -> None:
         g.logged = True

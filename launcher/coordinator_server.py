@@ -53,6 +53,7 @@ ROUTES = {
     "/watch": (messages.WatchRequest, "watch"),
     "/leave": (messages.Leave, "leave"),
     "/beat": (messages.Beat, "beat"),
+    "/finished": (messages.Finished, "finished"),
 }
 
 

@@ -97,6 +97,7 @@ class Driver:
                                  events=self.events, rendezvous=self.rendezvous,
                                  rendezvous_addr=spec.bind_addr, reset_limit=spec.reset_limit)
         self.coord.on_fence = self._on_fence
+        self.coord.on_end_silent = self._on_end_silent
         self.checkpoints = None if spec.checkpoint_dir is None else CheckpointDir(
             spec.checkpoint_dir, spec.checkpoint_every_s, spec.checkpoint_keep)
         self.server = CoordinatorServer(self.coord, self.secret, spec.bind_addr,
@@ -169,6 +170,7 @@ class Driver:
                 self.metrics.stop()
             if self.checkpoints is not None:
                 self.checkpoints.release()
+            self.coord.flush_events()  # a generation whose reports never all came is logged
             self.coord.stopping = True
             terminate_all(list(self.procs.values()), grace_s=5.0)
             self.server.stop()
@@ -525,7 +527,8 @@ class Driver:
         or, with ``drain`` False, make it usable again.
 
         Raises:
-            ValueError: a static job; ``host`` neither discovered nor running workers; or the
+            ValueError: a static job; ``host`` neither discovered, drained nor running workers
+                (also for undrain: a mistyped name must not pass for done); or the
                 other hosts' usable slots fall short of ``min_np`` (the members would have no
                 ring to hand their state to).  Nothing changes then.
         """
@@ -534,9 +537,10 @@ class Driver:
         known = set(self.hosts) | {w.host for w in self.coord.live_workers()}
         with self._drain_lock:  # one drain at a time: the capacity check and the change agree
             after = self._drained() | {host} if drain else self._drained() - {host}
+            if host not in known and host not in self._drained():
+                raise ValueError(f"unknown host {host!r} (not discovered, not drained, no "
+                                 f"worker on it); the job knows {sorted(known)}")
             if drain:
-                if host not in known:
-                    raise ValueError(f"unknown host {host!r}; the job knows {sorted(known)}")
                 left = sum(len(v) for v in self._usable_slots(time.monotonic(), after).values())
                 if left < self.spec.min_np:
                     raise ValueError(f"draining {host} leaves {left} usable slots, fewer than "
@@ -653,6 +657,17 @@ class Driver:
         self._record_failure(rec, -signal.SIGKILL)
         self.wake.set()
 
+    def _on_end_silent(self, rec: WorkerRecord, silent_s: float) -> None:
+        """Training is over and ``rec`` has not beaten for ``silent_s`` (frozen, or its host
+        gone, in the script's last lines or its teardown): kill it so that the job can end; not
+        a failure of the job (:meth:`_exit_code_if_done` says so)."""
+        print(f"hvd-edl-run: {rec.label} fell silent for {silent_s:g} s after the training "
+              f"finished: killed", file=sys.stderr, flush=True)
+        proc = self.procs.get(rec.worker_id)
+        if proc is not None:
+            proc.signal(signal.SIGKILL)
+        self.wake.set()
+
     def _horovod_env(self, rec: WorkerRecord) -> Dict[str, str]:
         """The ``HOROVOD_*`` variables horovodrun sets before a script starts, as they stand at
         spawn: ``HOROVOD_HOSTNAME`` and ``HOROVOD_LOCAL_RANK`` (the slot) are the worker's for
@@ -682,7 +697,11 @@ class Driver:
                     self.first_failure = (rec, code)
             if self.spec.elastic:
                 self._record_failure(rec, code)
-        self.coord.on_exit(rec.worker_id, 0 if terminated else code)
+        verdict = self.coord.on_exit(rec.worker_id, 0 if terminated else code)
+        if verdict == "left":
+            print(f"hvd-edl-run: {rec.label} (rank {rec.rank}) exited with code 0 before "
+                  f"training ended: taken as a leave, the others go on without it (its work "
+                  f"since the last commit is redone)", file=sys.stderr, flush=True)
         self.wake.set()
 
     def _record_failure(self, rec: WorkerRecord, code: int) -> None:

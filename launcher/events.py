@@ -17,7 +17,8 @@ class GenerationEvent:
     """One generation change.
 
     ``kind``: "start" | "scale_out" | "scale_in" | "replace" (as many workers left as joined,
-    e.g. a job moved to other hosts) | "failure".  ``left`` / ``joined``: the workers
+    e.g. a job moved to other hosts) | "reform" (the same members again: the joiner the ring
+    switched for was lost before its generation formed) | "failure".  ``left`` / ``joined``: the workers
     (``id@host:slot``) that left the previous ring and that joined this one.  ``step``:
     optimizer step boundary at which it took effect.  ``stall_s``: the longest pause (seconds)
     among workers that trained in both generations, from the end of their last step in the old

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Optional
 
 from hvd_edl.messages import BEAT_S
 
@@ -122,13 +122,16 @@ class LivenessMonitor:
         with self._lock:
             self._last.pop(worker_id, None)
 
-    def silent(self, members: Iterable[str], now: float) -> List[str]:
-        """Members silent for more than ``silent_after_s`` at ``now`` while at least one other
-        member beat within it (a generation of one has no peer waiting on it: [])."""
+    def silent(self, members: Iterable[str], now: float,
+               bound_s: Optional[float] = None) -> List[str]:
+        """Members silent for more than ``silent_after_s`` (or ``bound_s`` seconds, when given
+        and longer) at ``now`` while at least one other member beat within ``silent_after_s``
+        (a generation of one has no peer waiting on it: [])."""
         with self._lock:
             ages = {w: now - self._last.get(w, now) for w in members}
-            bound = self._bound(now)
-        fresh = [w for w, age in ages.items() if age <= bound]
+            fresh_bound = self._bound(now)
+        bound = max(fresh_bound, bound_s or 0.0)
+        fresh = [w for w, age in ages.items() if age <= fresh_bound]
         if not fresh:
             return []
         return [w for w, age in ages.items() if age > bound]

@@ -53,6 +53,8 @@ class WorkerRecord:
     rank: Optional[int] = None
     exit_code: Optional[int] = None
     fenced: bool = False  # declared dead by the coordinator (silent); never a member again
+    elastic_run: bool = False  # its script entered hvd.elastic.run (messages.Ready)
+    finished: bool = False  # its training function returned (messages.Finished): training over
     handle: Any = field(default=None, repr=False)
 
     def move(self, new: WorkerState) -> None:

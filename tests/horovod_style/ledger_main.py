@@ -1,0 +1,96 @@
+"""A Horovod elastic script written from Horovod's documented API (``hvd.elastic.run``,
+``TorchState``, ``ElasticSampler``, ``record_batch`` after every batch, ``commit`` every few),
+one import changed, that ends the way real scripts end: each rank runs code after the training
+function (a line in ``--done-log``, then ``--post-s`` seconds of work), and the faults of issue
+26 can be injected by worker id (the launcher's ``HVD_EDL_WORKER_ID``: stable for a process's
+life, unlike its rank):
+
+* ``--freeze-after W:S``: worker W stops itself (SIGSTOP) for S seconds once its training
+  function returned (its interpreter's teardown on a loaded machine: no heartbeat);
+* ``--exit0-at W:N``: worker W calls ``sys.exit(0)`` after its N-th batch (a script's own exit
+  in the middle of training);
+* ``--step-log F``: one line per batch and process, its unix time (when did the job train);
+* ``--stop-file F``: train up to ``--epochs`` epochs, but end at the first epoch's end after F
+  exists (the ranks agree with one allreduce).
+
+Run under ``HVD_EDL_AUDIT_DIR`` the elastic sampler keeps the audit ledger (exactly-once)."""
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+import hvd_edl.torch as hvd   # instead of: import horovod.torch as hvd
+
+p = argparse.ArgumentParser()
+p.add_argument("--dataset-size", type=int, default=512)
+p.add_argument("--batch-size", type=int, default=8)
+p.add_argument("--epochs", type=int, default=2)
+p.add_argument("--commit-every", type=int, default=4)
+p.add_argument("--step-delay", type=float, default=0.0)
+p.add_argument("--done-log", required=True)
+p.add_argument("--post-s", default="", help="RANK:SECONDS,...: work after training, by rank")
+p.add_argument("--freeze-after", default="")
+p.add_argument("--exit0-at", default="")
+p.add_argument("--stop-file", default="", help="end at the next epoch's end once this exists")
+p.add_argument("--step-log", default="", help="append each batch's unix time here (progress)")
+args = p.parse_args()
+me = os.environ.get("HVD_EDL_WORKER_ID", "")
+
+hvd.init()
+torch.manual_seed(0)
+data = torch.utils.data.TensorDataset(torch.randn(args.dataset_size, 4),
+                                      torch.randn(args.dataset_size, 1))
+sampler = hvd.elastic.ElasticSampler(data, shuffle=True, seed=1)
+loader = torch.utils.data.DataLoader(data, batch_size=args.batch_size, sampler=sampler)
+model = torch.nn.Linear(4, 1)
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                     named_parameters=model.named_parameters())
+state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0)
+batches = 0  # this process's batches, never rolled back
+step_log = os.open(args.step_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT) if args.step_log \
+    else None
+
+
+@hvd.elastic.run
+def train(state):
+    global batches
+    while state.epoch < args.epochs:
+        for batch_idx, (x, y) in enumerate(loader):
+            optimizer.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            optimizer.step()
+            state.sampler.record_batch(batch_idx, args.batch_size)
+            batches += 1
+            if step_log is not None:
+                os.write(step_log, f"{time.time():.3f}\n".encode())
+            who, _, n = args.exit0_at.partition(":")
+            if who == me and batches == int(n):
+                sys.exit(0)
+            if args.step_delay:
+                time.sleep(args.step_delay)
+            if batch_idx % args.commit_every == 0:
+                state.commit()
+        state.epoch += 1
+        state.sampler.set_epoch(state.epoch)
+        state.commit()
+        if args.stop_file:  # every rank stops at the same epoch's end
+            flag = torch.tensor([1.0 if os.path.exists(args.stop_file) else 0.0])
+            if hvd.allreduce(flag, op=hvd.Max, name="stop").item() > 0:
+                break
+
+
+train(state)
+with open(args.done_log, "a") as f:  # the script's code after training: once per rank
+    f.write(json.dumps({"worker": me, "rank": hvd.rank(), "size": hvd.size(),
+                        "epoch": state.epoch}) + "\n")
+who, _, s = args.freeze_after.partition(":")
+if who == me:
+    subprocess.Popen(["sh", "-c", f"sleep {float(s)}; kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)
+post = dict(item.split(":") for item in args.post_s.split(",") if item)
+time.sleep(float(post.get(str(hvd.rank()), 0)))

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from launcher.events import is_generation
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -91,7 +93,7 @@ def main() -> int:
             launcher.wait(timeout=30)
         out.close()
     lines = [json.loads(x) for x in events.read_text().splitlines() if x.strip()]
-    gens = [e for e in lines if "generation" in e and "event" not in e]
+    gens = [e for e in lines if is_generation(e)]
     notes = [e for e in lines if e.get("event") == "autoscale"]
     decisions = [n for n in notes if n.get("phase") == "decision"]
     rows = []

@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from hvd_edl import audit  # noqa: E402
+from launcher.events import read as read_events  # noqa: E402
 
 BIN = Path(sys.executable).parent
 SCRIPT = str(ROOT / "tests" / "horovod_style" / "ledger_main.py")
@@ -43,10 +44,7 @@ JOB_TIMEOUT_S = 240.0
 
 
 def _events(path: Path) -> list:
-    if not path.exists():
-        return []
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return [e for e in lines if "generation" in e]
+    return read_events(path)[0]
 
 
 def _audit(ledger: Path, n: int) -> dict:

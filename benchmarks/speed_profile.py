@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from launcher.events import is_generation
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -72,7 +74,7 @@ def profile_job(name: str, a) -> dict:
         doc["load_before"], doc["load_after"] = load_before, os.getloadavg()
         doc["profile_wall_s"] = round(time.monotonic() - t0, 1)
         lines = [json.loads(x) for x in events.read_text().splitlines() if x.strip()]
-        doc["generations"] = [e for e in lines if "generation" in e and "event" not in e]
+        doc["generations"] = [e for e in lines if is_generation(e)]
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / f"profile_{name}.json").write_text(json.dumps(doc, indent=2))
         if (tmp / "profile.png").exists():

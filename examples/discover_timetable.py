@@ -29,7 +29,8 @@ def read_events(path):
             for line in f:
                 try:
                     rec = json.loads(line)
-                    if "generation" in rec:  # decisions (EventLog.note) are not generations
+                    # generations (kind "generation"; older logs: no kind), not decisions
+                    if rec.get("event", "generation") == "generation" and "generation" in rec:
                         out.append(rec)
                 except ValueError:
                     pass

@@ -1,4 +1,5 @@
-"""The event log (``--event-log PATH``): one JSON line per generation, plus one human line."""
+"""The event log (``--event-log PATH``): one JSON line per generation and per decision, each
+with its kind in ``"event"`` (see :class:`EventLog`), plus one human line on the output."""
 from __future__ import annotations
 
 import json
@@ -7,9 +8,11 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 log = logging.getLogger(__name__)
+
+GENERATION = "generation"  # the "event" of a GenerationEvent's line
 
 
 @dataclass
@@ -52,10 +55,12 @@ class GenerationEvent:
 class EventLog:
     """Appends :class:`GenerationEvent` lines to ``path`` (if given) and prints a human line.
 
-    Decisions that are not generations (a straggler found, a migration asked for, an autoscale
-    decision, a profile) go to the same file through :meth:`note`: their lines carry ``"event"``
-    (the kind) instead of ``"generation"``, so ``[e for e in lines if "generation" in e]`` (see
-    :func:`is_generation`) keeps only the generations."""
+    Every line carries its kind in ``"event"``: ``"generation"`` for a :class:`GenerationEvent`
+    (its fields follow), and for the decisions that are not generations, logged through
+    :meth:`note`, ``"straggler"``, ``"eviction"``, ``"migration"``, ``"replace"``,
+    ``"autoscale"`` or ``"profile"``.  Readers use :func:`read` / :func:`is_generation`, which
+    also read logs written before the kind was added (their generation lines had no
+    ``"event"``)."""
 
     def __init__(self, path: Optional[str], out=sys.stdout):
         self.path = path
@@ -68,7 +73,7 @@ class EventLog:
         with self._lock:
             if self.path:
                 with open(self.path, "a") as f:
-                    f.write(json.dumps(asdict(ev)) + "\n")
+                    f.write(json.dumps({"event": GENERATION, **asdict(ev)}) + "\n")
             if ev.kind == "start":
                 text = f"generation {ev.generation} (start): {ev.world_size} workers"
             else:
@@ -100,5 +105,27 @@ class EventLog:
 
 
 def is_generation(record: dict) -> bool:
-    """True for an event-log line that is a :class:`GenerationEvent` (not a :meth:`EventLog.note`)."""
-    return "generation" in record
+    """True for an event-log line that is a :class:`GenerationEvent` (not a :meth:`EventLog.note`):
+    ``"event": "generation"``, or, in a log written before lines carried their kind, a line
+    with a ``"generation"`` field and no ``"event"``."""
+    return record.get("event", GENERATION) == GENERATION and "generation" in record
+
+
+def read(path) -> Tuple[List[dict], List[dict]]:
+    """An event log's lines as (generations, notes), in file order; a line being written (not
+    yet valid JSON) and a missing file are skipped.  Notes are the :meth:`EventLog.note`
+    records (their ``"event"`` is their kind)."""
+    generations: List[dict] = []
+    notes: List[dict] = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict):
+                    (generations if is_generation(rec) else notes).append(rec)
+    except OSError:
+        pass
+    return generations, notes

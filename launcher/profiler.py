@@ -31,9 +31,10 @@ import math
 import threading
 import time
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
-from launcher.speed_model import ProfilePoint, SpeedModel, loso_mape
+if TYPE_CHECKING:  # the speed model needs scikit-learn: imported when a profile ends, not at
+    from launcher.speed_model import SpeedModel  # every launcher start (--help: 1.4 -> 0.3 s)
 
 log = logging.getLogger(__name__)
 
@@ -264,6 +265,7 @@ class Profiler:
             per_worker = base["samples_per_s"] / base["world_size"]
             for p in points:
                 p["efficiency"] = p["samples_per_s"] / (p["world_size"] * per_worker)
+        from launcher.speed_model import ProfilePoint, SpeedModel, loso_mape
         model_info, mape = None, {}
         model = None
         pps = [ProfilePoint.from_dict(p) for p in points]

@@ -48,10 +48,8 @@ class Job:
         os.replace(tmp, self.hosts_path)  # atomic: discovery never reads half a file
 
     def events(self) -> List[dict]:
-        if not self.events_path.exists():
-            return []
-        lines = [json.loads(line) for line in self.events_path.read_text().splitlines() if line]
-        return [e for e in lines if "generation" in e]  # EventLog.note lines are not generations
+        from launcher.events import read
+        return read(self.events_path)[0]  # the generations (EventLog.note lines are not)
 
     def wait_for(self, what: str, pred: Callable[[], object], timeout_s: float = 90.0):
         deadline = time.monotonic() + timeout_s

@@ -3,13 +3,12 @@ joiner lost before its generation forms (horovod 3014), a dip below ``--min-np``
 the end of a job in any order, a worker that exits 0 in the middle of training.  Unit level: a
 real ``Coordinator`` fed the workers' messages in the order that used to break it; the jobs
 themselves run in ``test_faults_membership.py``."""
-import json
 import time
 
 from hvd_edl import messages
 from launcher import coordinator as coordinator_
 from launcher.coordinator import Coordinator
-from launcher.events import EventLog
+from launcher.events import EventLog, read as read_events
 from launcher.registry import WorkerRecord, WorkerState
 
 from test_migration import _Rendezvous
@@ -192,8 +191,7 @@ def test_a_generation_whose_last_reporter_dies_is_still_logged(tmp_path):
     coord.started(messages.Started("w1", 2, 0.05, 10, {}))
     assert not coord.current.logged
     coord.on_exit("w2", -9)  # w2 dies before its /started
-    lines = [json.loads(x) for x in log_path.read_text().splitlines()]
-    assert [e["generation"] for e in lines if "generation" in e] == [2]
+    assert [e["generation"] for e in read_events(log_path)[0]] == [2]
 
 
 def test_the_end_of_the_job_writes_every_generation_not_logged_yet(tmp_path):
@@ -204,5 +202,4 @@ def test_the_end_of_the_job_writes_every_generation_not_logged_yet(tmp_path):
     for w in ("w1", "w2"):
         _report(coord, w, 1)
     coord.flush_events()  # the driver, as the job ends
-    lines = [json.loads(x) for x in log_path.read_text().splitlines()]
-    assert [e["generation"] for e in lines if "generation" in e] == [2]
+    assert [e["generation"] for e in read_events(log_path)[0]] == [2]

@@ -154,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(or loses every worker) with checkpoints here resumes from the newest "
                         "good one; one job per directory (a lock); on a cluster, a directory "
                         "every host can read (default: no checkpoints)")
+    p.add_argument("--trust-checkpoint-dir", action="store_true",
+                   help="use a --checkpoint-dir that other users can write or own (trusted "
+                        "shared storage: NFS, a bucket); without it such a directory is refused "
+                        "at start (another user could plant a checkpoint).  Checkpoints are "
+                        "still authenticated with your key (~/.hvd_edl/checkpoint.key)")
     p.add_argument("--checkpoint-every", metavar="SECONDS", type=_positive_float, default=60.0,
                    help="seconds between checkpoints, the most work a loss of every worker "
                         "costs (default 60)")
@@ -297,6 +302,14 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
     if not shutil.which(command[0]):
         parser.error(f"training command {command[0]!r} not found (not an executable file or on "
                      f"PATH)")
+    if a.trust_checkpoint_dir and not a.checkpoint_dir:
+        parser.error("--trust-checkpoint-dir goes with --checkpoint-dir")
+    if a.checkpoint_dir:
+        from launcher.checkpoint_dir import CheckpointDirError, check_directory
+        try:  # another user's, or one others can write: refused before anything starts
+            check_directory(a.checkpoint_dir, trusted=a.trust_checkpoint_dir)
+        except CheckpointDirError as e:
+            parser.error(str(e))
     if a.output_filename:
         try:
             os.makedirs(a.output_filename, exist_ok=True)

@@ -10,10 +10,13 @@ second job (the launcher killed and the command run again) numbers its generatio
 again, so its ledger is merged after the first job's with its generations offset
 (:func:`_merged_ledger`).
 
-Slow: each test but the last two starts one or two multi-process jobs (about 10-30 s each on
-two cores).
+Slow: each of the first four tests starts one or two multi-process jobs (about 10-30 s each on
+two cores).  Every test here uses one checkpoint key for the session
+(``HVD_EDL_CHECKPOINT_KEY_FILE`` in a temporary folder), which the jobs it starts inherit.
 """
+import errno
 import json
+import logging
 import os
 import re
 import signal
@@ -21,9 +24,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import filelock
 import psutil
+import pytest
 import torch
 
 from conftest import DIGITS, LAUNCHER, VENV_BIN, Job, digits, long_digits, summary
@@ -31,6 +36,15 @@ from hvd_edl import audit, checkpoint
 
 CTL = str(VENV_BIN / "hvd-edl-ctl")
 DIGITS_TRAIN = 1347
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def checkpoint_key(tmp_path_factory, monkeypatch):
+    """One checkpoint key for this session's tests and the jobs they start (not ~/.hvd_edl)."""
+    monkeypatch.setenv(checkpoint.ENV_KEY_FILE,
+                       str(tmp_path_factory.getbasetemp() / "checkpoint.key"))
+    monkeypatch.delenv(checkpoint.ENV_KEY, raising=False)
 
 
 def _merged_ledger(out: Path, *runs: Path) -> Path:
@@ -97,7 +111,7 @@ def test_every_worker_killed_at_once_resumes_from_the_forced_checkpoint(tmp_path
     assert f"checkpoint: {path} (step {step}, " in st.stdout, st.stdout + st.stderr
     data = checkpoint.load(path)  # verified; plain torch.load gives the same dict
     assert data["steps"] == step and data["world_size"] == 2
-    assert torch.load(path, weights_only=False)["scalars"] == data["scalars"]
+    assert torch.load(path, weights_only=True)["scalars"] == data["scalars"]
     assert set(data["model"]) == {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
                                   "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"}
 
@@ -326,9 +340,9 @@ def test_a_commit_during_a_write_never_changes_what_is_written(tmp_path, monkeyp
     gate = threading.Event()
     real_write = checkpoint.write
 
-    def slow_write(directory, snapshot, request=0):
+    def slow_write(directory, snapshot, request=0, key=None):
         assert gate.wait(30)
-        return real_write(directory, snapshot, request)
+        return real_write(directory, snapshot, request, key)
 
     monkeypatch.setattr(checkpoint, "write", slow_write)
     monkeypatch.setenv(checkpoint.ENV_DIR, str(tmp_path))
@@ -366,3 +380,91 @@ def test_a_commit_during_a_write_never_changes_what_is_written(tmp_path, monkeyp
     assert state._saved_model["weight"].data_ptr() == held.data_ptr() != ptr
     gate.set()
     assert writer.wait(30)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 3.5 MiB filesystem (tmpfs): room for three 1 MiB checkpoints, not four."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a 3.5 MiB tmpfs (a real full disk, ENOSPC)")
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3584k,mode=0700", "tmpfs", str(mnt)],
+                       capture_output=True, text=True, timeout=30)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True, timeout=30)
+
+
+def _fill(directory: Path) -> Path:
+    """Write zeros to ``directory/filler`` until the filesystem says ENOSPC."""
+    path = directory / "filler"
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while True:
+            os.write(fd, bytes(1 << 16))
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, e
+    finally:
+        os.close(fd)
+    return path
+
+
+def test_rotation_makes_room_first_and_says_when_checkpoints_stop_and_resume(
+        small_disk, monkeypatch, caplog):
+    """On a filesystem with room for 3 checkpoints and --checkpoint-keep 3, every write
+    succeeds (room is made before writing, so 3 + 1 never needs to fit); when the disk is full
+    for another reason, one line says checkpoints stopped and which is kept (the newest good
+    one, still good), repeated failures say nothing more, and once space is freed the next
+    commit is written and a line says they resumed.  A writer started afresh (a resumed job)
+    on a directory already full of checkpoints writes too.  Real files, real ENOSPC."""
+    from hvd_edl import runtime
+    rt = SimpleNamespace(assignment=SimpleNamespace(rank=0, size=1, restore_paths=[]),
+                         generation=1, checkpoint_request=0)
+    monkeypatch.setattr(runtime, "_runtime", rt)
+    monkeypatch.setattr(checkpoint, "_restored_path", [None])
+    caplog.set_level(logging.INFO, logger="hvd_edl.checkpoint")
+
+    def commit(w, steps):
+        state = SimpleNamespace(_saved_model={"w": torch.zeros(MiB // 4)}, _saved_optimizer=None,
+                                _saved_samplers={}, _saved_state={"epoch": 0},
+                                _saved_steps=steps)
+        rt.checkpoint_request += 1
+        assert w.offer(state)
+        assert w.wait(30)
+        return w.written is not None and checkpoint.read_sidecar(w.written)["steps"] == steps
+
+    w = checkpoint.CheckpointWriter(str(small_disk), every_s=3600, keep=3)
+    for steps in range(1, 7):
+        assert commit(w, steps), f"checkpoint {steps} not written:\n{caplog.text}"
+        assert len(checkpoint.complete(small_disk)) == min(steps, 3)
+    assert "stopped" not in caplog.text
+
+    # the disk fills up for another reason: even with only the newest one left, no room
+    checkpoint.prune(small_disk, 1)
+    newest = checkpoint.complete(small_disk)[0]
+    filler = _fill(small_disk)
+    caplog.clear()
+    assert not commit(w, 7) and not commit(w, 8)
+    stopped = [r.getMessage() for r in caplog.records if "checkpoints stopped" in r.getMessage()]
+    assert len(stopped) == 1 and "step 7" in stopped[0] and "No space left" in stopped[0] \
+        and f"kept: {newest} (step 6)" in stopped[0], caplog.text
+    assert checkpoint.complete(small_disk) == [newest] and w.failures == 2
+    checkpoint.verify(newest)
+
+    filler.unlink()  # space freed: the next commit is written
+    caplog.clear()
+    assert commit(w, 9), caplog.text
+    assert f"checkpoints resumed: {w.written} (step 9) written after 2 failed writes" \
+        in caplog.text and w.failures == 0
+    assert commit(w, 10) and commit(w, 11) and len(checkpoint.complete(small_disk)) == 3
+
+    # a job resumed from the newest (a new rank 0, a new writer) on the full directory
+    monkeypatch.setattr(checkpoint, "_restored_path", [checkpoint.complete(small_disk)[0]])
+    w2 = checkpoint.CheckpointWriter(str(small_disk), every_s=3600, keep=3)
+    assert commit(w2, 12), caplog.text
+    assert [checkpoint.read_sidecar(p)["steps"] for p in checkpoint.complete(small_disk)] \
+        == [12, 11, 10]

@@ -19,7 +19,6 @@ launcher is gone, the watcher thread (``hvd_edl.runtime``) ends the process.
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 import time
 
@@ -73,11 +72,3 @@ class Heartbeat:
                         self._released.add(generation)
             next_at = max(next_at + self.period_s, time.monotonic())
             time.sleep(max(0.0, next_at - time.monotonic()))
-
-
-def die_fenced(worker_id: str) -> None:
-    """End a fenced worker now (exit status 128 + SIGTERM), from any thread."""
-    from hvd_edl.runtime import _die
-    log.error("worker %s was declared dead by the launcher (it fell silent): exiting",
-              worker_id)
-    _die(signal.SIGTERM)

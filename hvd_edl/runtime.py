@@ -29,7 +29,8 @@ from typing import Dict, Optional, Tuple
 
 from hvd_edl import messages
 from hvd_edl.client import CoordinatorClient, CoordinatorUnreachable
-from hvd_edl.heartbeat import Heartbeat, die_fenced
+from hvd_edl.heartbeat import Heartbeat
+from hvd_edl.process_exit import die, die_fenced
 from hvd_edl.telemetry import StepTimer
 
 log = logging.getLogger(__name__)
@@ -414,7 +415,7 @@ class WorkerRuntime:
         def hook(etype, value, tb):
             if issubclass(etype, KeyboardInterrupt):
                 print(f"worker {self.worker_id}: interrupted", file=sys.stderr)
-                _die(signal.SIGINT)
+                die(signal.SIGINT)
             try:
                 previous(etype, value, tb)
             finally:
@@ -439,7 +440,7 @@ class WorkerRuntime:
 
     def _on_sigterm(self, signum, frame) -> None:
         if self._leaving:  # a second SIGTERM: die now
-            _die(signum)
+            die(signum)
         self._leaving = True
         if not self._ready_reported:  # still building: no ring can be waiting for it
             log.warning("worker %s got SIGTERM before joining: exiting", self.worker_id)
@@ -453,10 +454,10 @@ class WorkerRuntime:
                                  timeout_s=5)
         except (CoordinatorUnreachable, RuntimeError) as e:
             log.warning("worker %s: SIGTERM and no coordinator (%s): exiting", self.worker_id, e)
-            _die(signum)
+            die(signum)
             return
         if a.action == "exit":  # the launcher is stopping the job
-            _die(signum)
+            die(signum)
         log.warning("worker %s got SIGTERM: leaving at the next commit", self.worker_id)
 
     # ---- step boundaries ----------------------------------------------------------------------
@@ -498,7 +499,7 @@ class WorkerRuntime:
             except CoordinatorUnreachable as e:
                 log.error("worker %s: the launcher is unreachable (%s): exiting",
                           self.worker_id, e)
-                _die(signal.SIGTERM)
+                die(signal.SIGTERM)
                 return
             except RuntimeError as e:
                 log.warning("watch failed: %s", e)
@@ -548,16 +549,6 @@ class WorkerRuntime:
         self.steps += 1
         self.last_step_end = time.monotonic()
         self.timer.step_end()
-
-
-def _die(signum: int) -> None:
-    """End the process now with exit status ``128 + signum`` (as a shell reports a process killed
-    by ``signum``); callable from any thread (``signal.signal`` is main-thread only)."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        os._exit(128 + signum)
 
 
 class _Background:

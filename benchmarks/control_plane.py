@@ -12,7 +12,7 @@ driver like a process's.
 For each size N (default 64, 256, 1,024 workers, 8 per simulated host) one launcher process
 runs: the start (N workers register, build ``--build-s``, report ready, generation 1), a steady
 state (beats and open watch polls), a scale-in N -> N - 8 and a scale-out back to N (through
-``Driver.set_target_np``, the control API's call), a flood (every worker beats back to back:
+``Driver.set_target``, the control API's call), a flood (every worker beats back to back:
 the requests per second the launcher sustains), and the Gloo full-mesh key traffic of one
 ``hvd.init()`` (global, local and cross scopes) against the generation's rendezvous server.
 
@@ -261,7 +261,7 @@ def run_one(n: int, args, out) -> dict:
         sampler.window()
         cpu_a, t_a, sim_a = _cpu_s(), time.monotonic(), sim_cpu_s()
         c_a = spawner.ask({"op": "counters"})
-        drv.set_target_np(target)
+        drv.set_target(target)
         _wait(formed(number, target), timeout, f"generation {number} ({kind}, {target})", 0.05)
         cpu_b, t_b, sim_b = _cpu_s(), time.monotonic(), sim_cpu_s()
         c_b = spawner.ask({"op": "counters"})

@@ -25,7 +25,7 @@ aborted by a failure, it moves to the nearest size not measured yet, one at a ti
 Decisions are bounded by [--min-np, --max-np] and the usable slots discovery offers, and held
 for ``hold_s`` seconds (hysteresis: no flapping); a change in the usable slots is decided on at
 once.  Each decision goes to the event log (``autoscale``, with the predicted samples/s) and
-``coord.telemetry.count("autoscale")``; ``hvd-edl-ctl status`` shows the prediction.
+``Driver.telemetry.count("autoscale")``; ``hvd-edl-ctl status`` shows the prediction.
 """
 from __future__ import annotations
 
@@ -211,8 +211,7 @@ class Autoscaler:
                 log.exception("autoscale pass failed")
 
     def _job_over(self) -> bool:
-        c = self.driver.coord
-        return bool(c.failure or c.finishing or c.stopping)
+        return self.driver.ring().job_over
 
     def _bounds(self) -> Tuple[int, int]:
         d = self.driver
@@ -222,7 +221,7 @@ class Autoscaler:
     def _tick(self, now: float) -> None:
         d = self.driver
         if self.phase == "waiting":
-            if d.coord.settled():
+            if d.ring().settled:
                 self._profile()
             return
         if self.phase == "profiling":
@@ -278,14 +277,13 @@ class Autoscaler:
     def _learn(self, now: float) -> None:
         """A size held for ``POINT_AFTER_S`` refreshes its point from the telemetry."""
         d = self.driver
-        s = d.coord.snapshot()
-        gen = s["generation"]
+        gen = d.ring().generation
         if self._size_since[0] != gen:
             self._size_since = (gen, now)
             return
-        if now - self._size_since[1] < POINT_AFTER_S or not d.coord.settled():
+        if now - self._size_since[1] < POINT_AFTER_S or not d.ring().settled:
             return
-        job = d.coord.telemetry.job()
+        job = d.telemetry.job()
         n = job["world_size"]
         if not n or not job.get("step_s") or not job.get("samples_per_s"):
             return
@@ -300,7 +298,7 @@ class Autoscaler:
         measured, move to the nearest size not measured yet (larger first), held like a
         decision."""
         d = self.driver
-        current = d.coord.snapshot()["world_size"]
+        current = d.ring().world_size
         if current not in self.points or now - self._decided_at < self.policy.hold_s:
             return
         todo = [n for n in range(lo, hi + 1) if n not in self.points]
@@ -309,8 +307,8 @@ class Autoscaler:
         want = min(todo, key=lambda n: (abs(n - current), -n))
         self._decided_at, self._decided_cap = now, hi
         self.target = want
-        d.set_target_np(want)
-        d.coord.telemetry.count("autoscale")
+        d.set_target(want)
+        d.telemetry.count("autoscale")
         self._note(f"{current} -> {want} workers to measure a second size (no model yet)",
                    phase="explore", **{"from": current, "to": want, "bounds": [lo, hi]})
 
@@ -327,7 +325,7 @@ class Autoscaler:
             self.model = model
 
     def _stall_s(self) -> float:
-        stalls = [s for _, kind, s in self.driver.coord.telemetry.stalls() if kind == "failure"]
+        stalls = [s for _, kind, s in self.driver.telemetry.stalls() if kind == "failure"]
         return sum(stalls) / len(stalls) if stalls else DEFAULT_STALL_S
 
     def _decide(self, now: float, lo: int, hi: int) -> None:
@@ -336,7 +334,7 @@ class Autoscaler:
             model = self.model
         stall = self._stall_s()
         want = decide(model, self.policy, lo, hi, stall)
-        current = d.coord.snapshot()["world_size"]
+        current = d.ring().world_size
         self._decided_at, self._decided_cap = now, hi
         if want == self.target:
             return
@@ -352,20 +350,20 @@ class Autoscaler:
             why = (f"every worker up to {want} adds >= {self.policy.efficiency:g} of a lone "
                    f"worker's throughput; the usable slots end at {hi}")
         self.target = want
-        d.set_target_np(want)
+        d.set_target(want)
         rec = {"time": time.time(), "from": current, "to": want, "bounds": [lo, hi],
                "predicted_samples_per_s": pred["samples_per_s"], "prediction": pred,
                "reason": why}
         with self._lock:
             self.decisions.append(rec)
-        d.coord.telemetry.count("autoscale")
+        d.telemetry.count("autoscale")
         move = f"holds {want} workers" if want == current else f"{current} -> {want} workers"
         self._note(f"{move}, predicted {pred['samples_per_s']:.1f} "
                    f"samples/s: {why}", phase="decision", **{k: rec[k] for k in (
                        "from", "to", "bounds", "predicted_samples_per_s", "prediction")})
 
     def _note(self, text: str, **fields) -> None:
-        self.driver.events.note("autoscale", text, objective=self.policy.objective, **fields)
+        self.driver.note("autoscale", text, objective=self.policy.objective, **fields)
 
     # ---- status --------------------------------------------------------------------------------
 
@@ -378,6 +376,6 @@ class Autoscaler:
                "efficiency": self.policy.efficiency or None, "decisions": decisions,
                "prediction": None}
         if model is not None:
-            n = self.driver.coord.snapshot()["world_size"] or (self.target or 1)
+            n = self.driver.ring().world_size or (self.target or 1)
             out["prediction"] = prediction(model, self.policy, n, self._stall_s())
         return out

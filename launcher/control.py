@@ -272,7 +272,7 @@ def routes(driver) -> Dict[str, Callable[[dict], dict]]:
         PREFIX + "profile": lambda data: driver.profiler.status() if data.get("status") else
         driver.profiler.start(data.get("sizes"), data.get("seconds", 10.0),
                               data.get("out", "."), data.get("settle", 2.0)),
-        PREFIX + "scale": lambda data: driver.set_target_np(_int(data, "np")),
+        PREFIX + "scale": lambda data: driver.set_target(_int(data, "np")),
         PREFIX + "drain": lambda data: driver.drain(_host(data), True),
         PREFIX + "undrain": lambda data: driver.drain(_host(data), False),
         PREFIX + "checkpoint": lambda data: driver.request_checkpoint(

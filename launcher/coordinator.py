@@ -62,6 +62,52 @@ class Generation:
     restored_step: int = -1
 
 
+@dataclass(frozen=True)
+class GenerationSummary:
+    """One generation as the applications see it (a copy): ``stall_s`` is the longest pause of
+    its continuing members (seconds; 0 until they reported)."""
+    number: int
+    kind: str
+    members: Tuple[str, ...]
+    logged: bool
+    stall_s: float
+    rolled_back_steps: int
+
+
+@dataclass(frozen=True)
+class RingSnapshot:
+    """The membership at one instant, copied under the coordinator's lock (:meth:`Coordinator.
+    ring`): what the applications (migration, stragglers, profiler, autoscaler) and the control
+    API read instead of taking the lock.  ``generation`` 0: none formed yet.  ``logged``: the
+    current generation's switch is over (every continuing member trained in it);
+    ``at_boundary``: a member reached a step boundary for the next one; ``settled``:
+    :meth:`Coordinator.settled`.  ``history``: the generations after the ``since`` asked for."""
+    generation: int
+    kind: str
+    members: Tuple[str, ...]
+    formed_at: float          # unix seconds
+    logged: bool
+    at_boundary: bool
+    settled: bool
+    finishing: bool
+    failure: Optional[str]
+    stopping: bool
+    history: Tuple[GenerationSummary, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    @property
+    def switch_over(self) -> bool:
+        """Formed, its switch over, no member at a boundary for the next one."""
+        return self.generation > 0 and self.logged and not self.at_boundary
+
+    @property
+    def job_over(self) -> bool:
+        return bool(self.finishing or self.failure or self.stopping)
+
+
 class NotifyingCondition(threading.Condition):
     """A condition whose ``notify_all`` also calls ``listeners`` (lock held): the HTTP server's
     long polls wait on its event loop, not in ``wait()`` on a thread each."""
@@ -424,12 +470,39 @@ class Coordinator:
         reached a step boundary for the next one.  The driver then needs no periodic pass
         (see ``driver.IDLE_LOOP_S``)."""
         with self.lock:
+            return self._settled()
+
+    def _settled(self) -> bool:
+        g = self.current
+        if g is None or not g.logged or self.reports or self.finishing or self.failure:
+            return False
+        members = set(g.members)
+        return all(w.state == WorkerState.MEMBER and w.worker_id in members
+                   for w in self.workers.values() if w.state.alive)
+
+    def ring(self, since: Optional[int] = None) -> RingSnapshot:
+        """The membership now, as a :class:`RingSnapshot` (with the generations numbered above
+        ``since`` in ``history`` when given)."""
+        with self.lock:
             g = self.current
-            if g is None or not g.logged or self.reports or self.finishing or self.failure:
-                return False
-            members = set(g.members)
-            return all(w.state == WorkerState.MEMBER and w.worker_id in members
-                       for w in self.workers.values() if w.state.alive)
+            history = () if since is None else tuple(
+                GenerationSummary(h.number, h.kind, tuple(h.members), h.logged,
+                                  round(max((h.stalls.get(w, 0.0) for w in h.continuing),
+                                            default=0.0), 4), h.rolled_back_steps)
+                for h in self.history if h.number > since)
+            return RingSnapshot(
+                generation=g.number if g else 0, kind=g.kind if g else "",
+                members=tuple(g.members) if g else (), formed_at=g.formed_at if g else 0.0,
+                logged=bool(g and g.logged), at_boundary=bool(self.reports),
+                settled=self._settled(), finishing=self.finishing, failure=self.failure,
+                stopping=self.stopping, history=history)
+
+    def rank0_progress(self):
+        """Rank 0's last progress report (``launcher.progress``: ``at``, ``step``, ``samples``),
+        None before any."""
+        with self.lock:
+            g = self.current
+            return self.progress.latest.get(g.members[0]) if g is not None else None
 
     def overdue_reporters(self, now: float, timeout_s: float) -> List[WorkerRecord]:
         """Live members that have not reached the step boundary ``timeout_s`` seconds after the

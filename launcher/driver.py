@@ -11,7 +11,6 @@ code.  Membership itself (generations) is the coordinator's.
 from __future__ import annotations
 
 import logging
-import random
 import signal
 import sys
 import threading
@@ -30,6 +29,7 @@ from launcher import migration as migration_
 from launcher import straggler as straggler_
 from launcher.registry import WorkerRecord, WorkerState
 from launcher.rendezvous import GenerationRendezvous
+from launcher.slot_book import SlotBook
 from launcher.spawn import WorkerProcess, WorkerSpec, spawn, terminate_all
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,6 @@ LOOP_S = 0.1                     # seconds between passes while a change is in f
 IDLE_LOOP_S = 1.0                # ... while settled (Coordinator.settled, no slot to reopen):
                                  # a pass costs ~0.2 ms of a CPU the workers train on
 SWITCH_TIMEOUT_S = 60.0          # a member this late to a step boundary is considered stuck
-HOST_FAILURES_TO_BLACKLIST = 3   # failed workers on one host (within the window) blacklist it
-HOST_FAILURE_WINDOW_S = 300.0
 COLLATERAL_WINDOW_S = 5.0        # an abort this soon after another failure is taken as its echo
 ECHO_CODES = (-signal.SIGABRT,)  # how Gloo ends a healthy peer of a crashed process
 
@@ -103,16 +101,11 @@ class Driver:
         self.server = CoordinatorServer(self.coord, self.secret, spec.bind_addr,
                                         extra_routes=control.routes(self))
         self.target_np = spec.target_np   # None: every usable slot up to max_np
-        self.drained: Set[str] = set()
         self.job_path = None
         self.metrics = None  # launcher.metrics.MetricsServer (--metrics-port)
         self.wake = threading.Event()
         self.procs: Dict[str, WorkerProcess] = {}
-        self.hosts: Dict[str, int] = {}
-        self.hosts_version = 0
-        self.slot_cooldown: Dict[Tuple[str, int], float] = {}
-        self.host_failures: Dict[str, List[float]] = {}
-        self.host_blacklist: Dict[str, float] = {}
+        self.slots = SlotBook()  # hosts, slots, cooldowns, blacklist, drains (launcher/slot_book.py)
         self.first_failure: Optional[Tuple[WorkerRecord, int]] = None
         self.below_min_since: Optional[float] = None
         self.last_failure_at = float("-inf")
@@ -131,7 +124,7 @@ class Driver:
 
     def run(self) -> int:
         try:
-            self.hosts = self.spec.discovery.find_available_hosts_and_slots()
+            self.slots.set_hosts(self.spec.discovery.find_available_hosts_and_slots())
         except (DiscoveryError, OSError) as e:  # no last good host set to fall back on
             print(f"hvd-edl-run: error: first host discovery failed, nothing launched: {e}",
                   file=sys.stderr)
@@ -281,40 +274,25 @@ class Driver:
 
     def _usable_slots(self, now: float, drained: Optional[Set[str]] = None,
                       budget: Optional[int] = None) -> Dict[str, List[int]]:
-        """Slots per host that may run a worker now (blacklist, drained hosts -- ``drained``, by
-        default the current set -- and slot cooldowns applied), capped to ``budget`` (default
-        the target world size) in discovery order."""
-        out: Dict[str, List[int]] = {}
-        budget = self._target() if budget is None else budget
-        drained = self._drained() if drained is None else drained
-        for host, slots in self.hosts.items():
-            if self.host_blacklist.get(host, 0) > now or host in drained:
-                continue
-            free = [s for s in range(slots) if self.slot_cooldown.get((host, s), 0) <= now]
-            out[host] = free[:max(budget, 0)]
-            budget -= len(out[host])
-        return out
+        """The slot book's usable slots per host (:meth:`SlotBook.usable`), capped to ``budget``
+        (default the target world size)."""
+        return self.slots.usable(now, self._target() if budget is None else budget, drained)
 
     def _capacity(self) -> int:
         return sum(len(v) for v in self._usable_slots(time.monotonic()).values())
 
     def usable_slot_count(self, budget: int) -> int:
         """Slots usable now (blacklist, drains and cooldowns applied), at most ``budget``."""
-        return sum(len(v) for v in self._usable_slots(time.monotonic(), budget=budget).values())
+        return self.slots.capacity(time.monotonic(), budget)
 
     def _target(self) -> int:
         with self._lock:
             return self.spec.max_np if self.target_np is None else self.target_np
 
-    def _drained(self) -> Set[str]:
-        with self._lock:
-            return set(self.drained)
-
     def _reconcile(self, now: float) -> None:
         usable = self._usable_slots(now)
-        drained = self._drained()
-        allowed = {(h, s) for h, slots in self.hosts.items() if h not in drained
-                   for s in range(slots)}
+        drained = self.slots.drained()
+        allowed = self.slots.allowed()
         # the replacements are spawned before anyone is asked to leave: a ring whose every
         # member leaves trains on while a replacement builds, and the coordinator must never
         # see the leavers without the pending replacement (it would switch to no one)
@@ -323,7 +301,7 @@ class Driver:
                    if (w.host, w.slot) not in allowed]  # host gone or drained, slots shrank
         if self.coord.finishing:
             for w, reason in leavers:
-                self._ask_to_leave(w, reason)
+                self.ask_to_leave(w, reason)
             return
         gone = {w.worker_id for w, _ in leavers}
         active = [w for w in active if w.worker_id not in gone]
@@ -342,7 +320,7 @@ class Driver:
             if not self._spawn_one(initial=False, usable=usable):
                 break
         for w, reason in leavers:
-            self._ask_to_leave(w, reason)
+            self.ask_to_leave(w, reason)
         usable_now = self.coord.usable_count()
         if usable_now < self.spec.min_np:
             self.below_min_since = self.below_min_since or now
@@ -366,8 +344,7 @@ class Driver:
         time a pass would have to notice."""
         if self.below_min_since is not None or not self.coord.settled():
             return False
-        ends = list(self.slot_cooldown.values()) + list(self.host_blacklist.values())
-        return not any(now < t < float("inf") for t in ends)
+        return not self.slots.change_pending(now)
 
     def _exit_code_if_done(self) -> Optional[int]:
         live = self.coord.live_workers()
@@ -449,8 +426,8 @@ class Driver:
         with self._lock:
             out.update(target_np=self.target_np, min_np=self.spec.min_np,
                        max_np=self.spec.max_np, elastic=self.spec.elastic,
-                       hosts=dict(self.hosts), drained=sorted(self.drained),
-                       blacklisted=sorted(h for h, t in self.host_blacklist.items() if t > now),
+                       hosts=self.slots.hosts, drained=sorted(self.slots.drained()),
+                       blacklisted=self.slots.blacklisted_hosts(now),
                        command=list(self.spec.command))
         out["profile"] = {k: v for k, v in self.profiler.status().items()
                           if k in ("state", "sizes", "size", "error", "json")}
@@ -459,7 +436,7 @@ class Driver:
         out["migration"] = migration_.status(self.migration)
         return out
 
-    def set_target_np(self, np_: int) -> dict:
+    def set_target(self, np_: int) -> dict:
         """Make ``np_`` workers the target world size (EDL's scale_out / scale_in): the loop
         spawns joiners or asks the youngest workers to leave, through the stop-free protocol.
 
@@ -483,7 +460,7 @@ class Driver:
                 "warning": None if capacity >= np_ else
                 f"only {capacity} usable slots now: the job grows when discovery offers more"}
 
-    def restore_target_np(self, target: Optional[int]) -> None:
+    def restore_target(self, target: Optional[int]) -> None:
         """Set the target world size back to ``target`` (None: every usable slot up to
         ``max_np``), as a profile does when it ends; the loop resizes stop-free."""
         with self._lock:
@@ -534,20 +511,19 @@ class Driver:
         """
         if not self.spec.elastic:
             raise ValueError("a static job cannot drain hosts")
-        known = set(self.hosts) | {w.host for w in self.coord.live_workers()}
+        known = set(self.slots.hosts) | {w.host for w in self.coord.live_workers()}
         with self._drain_lock:  # one drain at a time: the capacity check and the change agree
-            after = self._drained() | {host} if drain else self._drained() - {host}
-            if host not in known and host not in self._drained():
+            drained = self.slots.drained()
+            after = drained | {host} if drain else drained - {host}
+            if host not in known and host not in drained:
                 raise ValueError(f"unknown host {host!r} (not discovered, not drained, no "
                                  f"worker on it); the job knows {sorted(known)}")
             if drain:
-                left = sum(len(v) for v in self._usable_slots(time.monotonic(), after).values())
+                left = self.slots.capacity(time.monotonic(), self._target(), after)
                 if left < self.spec.min_np:
                     raise ValueError(f"draining {host} leaves {left} usable slots, fewer than "
                                      f"--min-np {self.spec.min_np}; the job is unchanged")
-            with self._lock:
-                changed = after != self.drained
-                self.drained = after
+            changed = self.slots.set_drained(host, drain)
         if changed:
             print(f"hvd-edl-run: control: host {host} {'drained' if drain else 'usable again'}",
                   flush=True)
@@ -582,7 +558,59 @@ class Driver:
 
     # ---- actions -------------------------------------------------------------------------------
 
-    def _ask_to_leave(self, w: WorkerRecord, reason: str) -> None:
+    # ---- the public interface -------------------------------------------------------------------
+    # What the applications (launcher/migration.py, straggler.py, profiler.py, autoscale.py) and
+    # the control API use of a running job; nothing else of the driver or the coordinator is
+    # touched across rooms.  Besides these: set_target / restore_target, drain, migrate,
+    # status, telemetry_snapshot, request_checkpoint (above), the slot book (``slots``,
+    # launcher/slot_book.py), ``spec``, ``profiler`` and ``migration``.
+
+    @property
+    def telemetry(self):
+        """The heartbeats' figures (a :class:`launcher.telemetry.Telemetry`; thread-safe)."""
+        return self.coord.telemetry
+
+    def ring(self, since: Optional[int] = None):
+        """The membership now (:meth:`Coordinator.ring`: a frozen ``RingSnapshot``)."""
+        return self.coord.ring(since)
+
+    def rank0_progress(self, fresh_wait_s: float = 0.5):
+        """Rank 0's progress (``at`` monotonic seconds, ``step``, ``samples``) after asking the
+        members for fresh figures (at most ``fresh_wait_s`` seconds); None when unknown."""
+        self.coord.fresh_progress(wait_s=fresh_wait_s)
+        return self.coord.rank0_progress()
+
+    def worker(self, worker_id: str) -> Optional[WorkerRecord]:
+        """The record of ``worker_id`` (its state, host, slot, rank, exit code), None if
+        unknown.  Read its fields; change nothing."""
+        return self.coord.workers.get(worker_id)
+
+    def live_workers(self) -> List[WorkerRecord]:
+        return self.coord.live_workers()
+
+    def taken_slots(self) -> Set[Tuple[str, int]]:
+        """``(host, slot)`` of every live worker."""
+        return {(w.host, w.slot) for w in self.coord.live_workers()}
+
+    def note(self, kind: str, text: str, **fields) -> dict:
+        """A decision in the event log and on the output (:meth:`EventLog.note`)."""
+        return self.events.note(kind, text, **fields)
+
+    def swap(self, leavers: List[str], joiners: List[str]) -> None:
+        """One stop-free switch in which ``leavers`` leave and the reserved ``joiners`` join
+        (:meth:`Coordinator.swap`); leavers not yet in a ring are terminated now."""
+        for w in self.coord.swap(leavers, joiners):
+            proc = self.procs.get(w)
+            if proc is not None:
+                proc.signal(signal.SIGTERM)
+        self.wake.set()
+
+    def release_reserved(self, worker_id: str) -> None:
+        """A reserved worker (see :meth:`start_worker`) becomes an ordinary joiner, or is
+        forgotten if gone (:meth:`Coordinator.unreserve`)."""
+        self.coord.unreserve(worker_id)
+
+    def ask_to_leave(self, w: WorkerRecord, reason: str) -> None:
         """Scale-in one worker: a member leaves at the next commit; any other exits now.  Prints
         one line saying which worker and why."""
         rank = f"rank {w.rank}" if w.rank is not None and w.state == WorkerState.MEMBER \
@@ -598,8 +626,8 @@ class Driver:
         discovery, or its host's slots shrank."""
         if w.host in drained:
             return f"drain: host {w.host} drained (hvd-edl-ctl drain)"
-        if w.host in self.hosts:
-            n = self.hosts[w.host]
+        n = self.slots.slots_of(w.host)
+        if n is not None:
             return f"discovery: host {w.host} now offers {n} slot{'s' if n != 1 else ''}"
         why = getattr(self.spec.discovery, "reasons", {}).get(w.host)
         if why:
@@ -612,14 +640,15 @@ class Driver:
         for host, slots in usable.items():
             for slot in slots:
                 if (host, slot) not in taken:
-                    self._start_worker(host, slot, initial)
+                    self.start_worker(host, slot, initial=initial)
                     return True
         return False
 
-    def _start_worker(self, host: str, slot: int, initial: bool,
-                      reserve: bool = False) -> WorkerRecord:
+    def start_worker(self, host: str, slot: int, reserve: bool = False,
+                     initial: bool = False) -> WorkerRecord:
         """Start one worker on ``host``:``slot``; ``reserve``: held back from joining until a
-        swap releases it (:meth:`Coordinator.reserve`, :mod:`launcher.migration`)."""
+        swap releases it (:meth:`Coordinator.reserve`, :meth:`swap`, :mod:`launcher.migration`);
+        ``initial``: one of the job's first workers (the driver's own start)."""
         self._seq += 1
         worker_id = f"w{self._seq}"
         rec = WorkerRecord(worker_id, host, slot, self._seq, time.monotonic(), initial=initial)
@@ -675,12 +704,13 @@ class Driver:
         figures are provisional (what they would be if the next generation formed now).  The
         worker sets every one to its ring's values at each join (``hvd_edl.runtime``)."""
         rank, size = self.coord.provisional(rec.worker_id, self._initial_np if rec.initial else 0)
-        hosts = list(self.hosts) or [rec.host]
+        offered = self.slots.hosts
+        hosts = list(offered) or [rec.host]
         if rec.host not in hosts:
             hosts.append(rec.host)
         return {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(size),
                 "HOROVOD_LOCAL_RANK": str(rec.slot),
-                "HOROVOD_LOCAL_SIZE": str(max(self.hosts.get(rec.host, 1), rec.slot + 1)),
+                "HOROVOD_LOCAL_SIZE": str(max(offered.get(rec.host, 1), rec.slot + 1)),
                 "HOROVOD_CROSS_RANK": str(hosts.index(rec.host)),
                 "HOROVOD_CROSS_SIZE": str(len(hosts)),
                 "HOROVOD_HOSTNAME": rec.host}
@@ -716,21 +746,14 @@ class Driver:
                   f"failure: taken as its echo, the slot stays usable", file=sys.stderr)
             return
         self.last_failure_at = now
-        lo_hi = self.spec.blacklist_cooldown_range
-        fails = [t for t in self.host_failures.get(rec.host, []) if now - t < HOST_FAILURE_WINDOW_S]
-        fails.append(now)
-        self.host_failures[rec.host] = fails
-        if lo_hi is None:
-            cooldown = float("inf")
-        else:  # doubled per recent failure on this host, never past MAX_S
-            cooldown = min(random.uniform(*lo_hi) * 2 ** (len(fails) - 1), lo_hi[1])
-        self.slot_cooldown[(rec.host, rec.slot)] = now + cooldown
+        rest = self.slots.record_failure(rec.host, rec.slot, now,
+                                         self.spec.blacklist_cooldown_range)
+        cooldown = rest.cooldown_s
         print(f"hvd-edl-run: {rec.label} failed ({'exit code ' + str(code) if code > 0 else 'signal ' + str(-code)}); "
               f"its slot rests {'for the rest of the job' if cooldown == float('inf') else f'{cooldown:.0f} s'}",
               file=sys.stderr)
-        if len(fails) >= HOST_FAILURES_TO_BLACKLIST:
-            self.host_blacklist[rec.host] = now + cooldown
-            print(f"hvd-edl-run: host {rec.host} blacklisted after {len(fails)} failures",
+        if rest.blacklisted:
+            print(f"hvd-edl-run: host {rec.host} blacklisted after {rest.failures} failures",
                   file=sys.stderr)
 
     def _discovery_loop(self) -> None:
@@ -749,15 +772,15 @@ class Driver:
                     problem = key
                     what = e if isinstance(e, DiscoveryError) else f"host discovery failed: {e!r}"
                     print(f"hvd-edl-run: {what}; keeping the last good host set "
-                          f"{describe_hosts(self.hosts)}", file=sys.stderr)
+                          f"{describe_hosts(self.slots.hosts)}", file=sys.stderr)
                 continue
             if problem is not None:
                 problem = None
                 print(f"hvd-edl-run: host discovery recovered: {describe_hosts(hosts)}",
                       file=sys.stderr)
-            if hosts != self.hosts:
-                log.info("hosts changed: %s -> %s", self.hosts, hosts)
-                self.hosts = hosts
+            before = self.slots.hosts
+            if self.slots.set_hosts(hosts):
+                log.info("hosts changed: %s -> %s", before, hosts)
                 self.wake.set()
 
     def _install_signal_handlers(self) -> None:

@@ -98,13 +98,12 @@ class Migration:
     def advance(self, driver, now: float) -> None:
         """One pass (the driver's loop thread): start the new workers, swap when all are ready,
         finish when a generation holds them all; abandon on a dead new worker or a timeout."""
-        coord = driver.coord
         if self.phase == Phase.BUILDING and not self.joiners:
             for host, slot in self.target_slots:
-                rec = driver._start_worker(host, slot, initial=False, reserve=True)
+                rec = driver.start_worker(host, slot, reserve=True)
                 self.joiners.append(rec.worker_id)
             return
-        recs = [coord.workers[w] for w in self.joiners]
+        recs = [driver.worker(w) for w in self.joiners]
         if self.phase == Phase.BUILDING:
             gone = [r for r in recs if not r.state.alive or r.state == WorkerState.LEAVING]
             if gone:
@@ -119,16 +118,13 @@ class Migration:
                 self._swap(driver, now)
             return
         # SWAPPING: done once a logged generation has every live new worker and no old one
-        with coord.lock:
-            g = coord.current
-            made = [h for h in coord.history if h.number > self.swap_generation]
-            live = [r.worker_id for r in recs if r.state.alive]
-            done = g is not None and g.logged and set(live) <= set(g.members) \
-                and not set(self.leavers) & set(g.members)
-            figures = [{"generation": h.number, "kind": h.kind, "world_size": len(h.members),
-                        "stall_s": round(max((h.stalls.get(w, 0.0) for w in h.continuing),
-                                             default=0.0), 4),
-                        "rolled_back_steps": h.rolled_back_steps} for h in made]
+        ring = driver.ring(since=self.swap_generation)
+        live = [r.worker_id for r in recs if r.state.alive]
+        done = ring.generation > 0 and ring.logged and set(live) <= set(ring.members) \
+            and not set(self.leavers) & set(ring.members)
+        figures = [{"generation": h.number, "kind": h.kind, "world_size": len(h.members),
+                    "stall_s": h.stall_s, "rolled_back_steps": h.rolled_back_steps}
+                   for h in ring.history]
         if done:
             self.generations = figures
             self.phase = Phase.DONE
@@ -148,7 +144,7 @@ class Migration:
             if self.drain_source:
                 text += (f"; {self.source} stays drained (hvd-edl-ctl undrain {self.source} "
                          f"to use it again)")
-            driver.events.note(self.purpose, text, phase="done", source=self.source,
+            driver.note(self.purpose, text, phase="done", source=self.source,
                                target=self.target, leavers=self.leavers, joiners=self.joiners,
                                generations=figures, stall_s=round(stall, 4),
                                seconds=round(now - self.started_at, 3))
@@ -156,28 +152,21 @@ class Migration:
             self.generations = figures
             self.phase = Phase.ABANDONED
             self.reason = f"no generation completed the swap within {SWAP_TIMEOUT_S:g} s"
-            driver.events.note(self.purpose, f"incomplete: {self.reason}", phase="abandoned",
+            driver.note(self.purpose, f"incomplete: {self.reason}", phase="abandoned",
                                source=self.source, target=self.target, reason=self.reason)
 
     def _swap(self, driver, now: float) -> None:
-        coord = driver.coord
-        with coord.lock:
-            self.swap_generation = coord.current.number if coord.current else 0
-            leavers = [w for w in self.leavers if coord.workers[w].state in (
-                WorkerState.PENDING, WorkerState.READY, WorkerState.MEMBER)]
+        self.swap_generation = driver.ring().generation
+        leavers = [w for w in self.leavers if driver.worker(w).state in (
+            WorkerState.PENDING, WorkerState.READY, WorkerState.MEMBER)]
         if self.drain_source:  # no worker placed on the source again: the job does not move back
-            with driver._lock:
-                driver.drained.add(self.source)
+            driver.slots.set_drained(self.source, True)
         for w in leavers:
-            rec = coord.workers[w]
+            rec = driver.worker(w)
             print(f"hvd-edl-run: worker {w} on {rec.host} slot {rec.slot} leaves: "
                   f"{self.purpose}: replaced by the ready worker "
                   f"{self.joiners[self.leavers.index(w)]}", flush=True)
-        for w in coord.swap(leavers, self.joiners):
-            proc = driver.procs.get(w)
-            if proc is not None:
-                import signal
-                proc.signal(signal.SIGTERM)
+        driver.swap(leavers, self.joiners)
         self.swapped_at = now
         self.phase = Phase.SWAPPING
         log.info("%s: swap asked at generation %d", self.purpose, self.swap_generation)
@@ -186,24 +175,19 @@ class Migration:
         self.phase = Phase.ABANDONED
         self.reason = why
         for w in self.joiners:
-            rec = driver.coord.workers[w]
+            rec = driver.worker(w)
             if rec.state.alive and rec.state != WorkerState.LEAVING:
-                driver._ask_to_leave(rec, f"{self.purpose} abandoned")
-            driver.coord.unreserve(w)
-        driver.events.note(self.purpose, f"abandoned: {why}; the workers on {self.source} stay",
+                driver.ask_to_leave(rec, f"{self.purpose} abandoned")
+            driver.release_reserved(w)
+        driver.note(self.purpose, f"abandoned: {why}; the workers on {self.source} stay",
                            phase="abandoned", source=self.source, target=self.target,
                            reason=why, leavers=self.leavers, joiners=self.joiners)
 
 
 def free_slots(driver, host: str, now: float) -> List[int]:
-    """``host``'s slots that may take a new worker now: listed by discovery, the host neither
-    drained nor blacklisted, the slot not resting (cooldown) nor taken by a live worker."""
-    if host not in driver.hosts or host in driver._drained() \
-            or driver.host_blacklist.get(host, 0) > now:
-        return []
-    taken = {(w.host, w.slot) for w in driver.coord.live_workers()}
-    return [s for s in range(driver.hosts[host])
-            if driver.slot_cooldown.get((host, s), 0) <= now and (host, s) not in taken]
+    """``host``'s slots that may take a new worker now (:meth:`SlotBook.free_slots`, minus the
+    slots of live workers)."""
+    return driver.slots.free_slots(host, now, driver.taken_slots())
 
 
 def plan(driver, source: str, target: str, now: float) -> Migration:
@@ -218,7 +202,7 @@ def plan(driver, source: str, target: str, now: float) -> Migration:
     if not driver.spec.elastic:
         raise MigrationError("a static job cannot migrate: start it with --min-np/--max-np "
                              "(and a host discovery script or -H with several hosts)")
-    known = set(driver.hosts) | {w.host for w in driver.coord.live_workers()}
+    known = set(driver.slots.hosts) | {w.host for w in driver.live_workers()}
     for what, host in (("--from", source), ("--to", target)):
         if host not in known:
             raise MigrationError(f"unknown host {host!r} ({what}); the job knows "
@@ -229,14 +213,14 @@ def plan(driver, source: str, target: str, now: float) -> Migration:
     if running is not None and running.active:
         raise MigrationError(f"a {running.purpose} ({running.source} -> {running.target}) "
                              f"is running ({running.phase.value}); wait for it to end")
-    leavers = sorted((w for w in driver.coord.live_workers() if w.host == source
+    leavers = sorted((w for w in driver.live_workers() if w.host == source
                       and w.state != WorkerState.LEAVING), key=lambda w: w.order)
     if not leavers:
         raise MigrationError(f"no worker runs on {source}: nothing to move")
     slots = free_slots(driver, target, now)
     if len(slots) < len(leavers):
-        why = "drained" if target in driver._drained() else \
-            "blacklisted" if driver.host_blacklist.get(target, 0) > now else \
+        why = "drained" if target in driver.slots.drained() else \
+            "blacklisted" if driver.slots.blacklisted(target, now) else \
             f"{len(slots)} free usable slot{'s' if len(slots) != 1 else ''}"
         raise MigrationError(f"{target} cannot take the {len(leavers)} worker"
                              f"{'s' if len(leavers) != 1 else ''} of {source}: {why}; "

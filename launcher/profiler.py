@@ -7,7 +7,7 @@ API (``/ctl/profile``); it runs in a thread of the launcher:
 
 1. every size is checked first (within [--min-np, --max-np] and the usable slots discovery
    offers now); a bad one refuses the profile before anything changes;
-2. per size: the target world size is set (``Driver.set_target_np``: a normal stop-free
+2. per size: the target world size is set (``Driver.set_target``: a normal stop-free
    scale-out or graceful scale-in, nothing rolled back, exactly-once data), then it waits until
    a generation of that size formed and its switch is over (every continuing member trains
    again; leavers still exiting are not waited for), then
@@ -100,7 +100,7 @@ class Profiler:
         with self._lock:
             if self._state["state"] == "running":
                 raise ValueError("a profile is already running (hvd-edl-ctl profile --status)")
-            world = d.coord.snapshot()["world_size"]
+            world = d.ring().world_size
             if world == 0:
                 raise ValueError("the job has no ring yet: profile it once it trains")
             self._state = {"state": "running", "sizes": list(sizes), "seconds": seconds,
@@ -130,9 +130,9 @@ class Profiler:
         return_to = self._state["return_to"]
         points: List[dict] = []
         error = None
-        window_s = getattr(getattr(d.coord, "telemetry", None), "WINDOW_S", DEFAULT_WINDOW_S)
+        window_s = getattr(d.telemetry, "WINDOW_S", DEFAULT_WINDOW_S)
         settle_s = max(settle_s, window_s - seconds)
-        d.events.note("profile", f"profiling at sizes {', '.join(map(str, sizes))}, {seconds:g} s "
+        d.note("profile", f"profiling at sizes {', '.join(map(str, sizes))}, {seconds:g} s "
                       f"each (then back to {return_to} workers)", phase="start", sizes=sizes,
                       seconds=seconds)
         try:
@@ -149,7 +149,7 @@ class Profiler:
             log.exception("profile failed")
             error = f"profile failed: {e!r}"
         finally:
-            d.restore_target_np(previous_target)
+            d.restore_target(previous_target)
         self._set(size=None, state="returning")
         try:
             self._reach(return_to if previous_target is None else previous_target,
@@ -168,25 +168,26 @@ class Profiler:
                 ``timeout_s`` seconds."""
         d = self.driver
         if set_target:
-            d.set_target_np(n)
+            d.set_target(n)
         deadline = time.monotonic() + timeout_s
         while True:
             self._check_job()
-            with d.coord.lock:  # formed, its switch over, no member at a boundary; leavers
-                g = d.coord.current  # still exiting do not train and are not waited for
-                size = len(g.members) if g is not None else 0
-                if size == n and g.logged and not d.coord.reports:
-                    return g.number
+            # formed, its switch over, no member at a boundary; leavers still exiting do not
+            # train and are not waited for
+            ring = d.ring()
+            size = ring.world_size
+            if size == n and ring.switch_over:
+                return ring.generation
             if time.monotonic() > deadline:
                 raise ProfileAborted(f"no generation of {n} workers formed within "
                                      f"{timeout_s:g} s (world size {size})")
             time.sleep(POLL_S)
 
     def _check_job(self) -> None:
-        c = self.driver.coord
-        if c.failure or c.finishing or c.stopping:
-            raise ProfileAborted("the job is ending" if not c.failure else
-                                 f"the job failed: {c.failure}")
+        ring = self.driver.ring()
+        if ring.job_over:
+            raise ProfileAborted("the job is ending" if not ring.failure else
+                                 f"the job failed: {ring.failure}")
 
     def _pause(self, seconds: float, generation: int, n: int) -> None:
         """Train ``seconds`` at ``generation``; raises ProfileAborted if another one forms."""
@@ -198,10 +199,8 @@ class Profiler:
 
     def _check_generation(self, generation: int, n: int) -> None:
         self._check_job()
-        c = self.driver.coord
-        with c.lock:
-            g = c.current
-            number, kind = (g.number, g.kind) if g is not None else (0, "?")
+        ring = self.driver.ring()
+        number, kind = (ring.generation, ring.kind or "?")
         if number != generation:
             raise ProfileAborted(f"generation {number} ({kind}) formed while measuring {n} "
                                  f"workers: profile aborted")
@@ -209,7 +208,7 @@ class Profiler:
     def _measure(self, n: int, seconds: float, generation: int) -> dict:
         """Steady throughput and per-step times at ``n`` workers over ``seconds``."""
         d = self.driver
-        telemetry = getattr(d.coord, "telemetry", None)
+        telemetry = d.telemetry
         t0 = time.monotonic()
         start = self._progress()
         self._pause(seconds, generation, n)
@@ -245,11 +244,7 @@ class Profiler:
 
     def _progress(self):
         """(monotonic time, step, samples) of rank 0's last report, None when unknown."""
-        c = self.driver.coord
-        c.fresh_progress(wait_s=0.5)
-        with c.lock:
-            g = c.current
-            p = c.progress.latest.get(g.members[0]) if g is not None else None
+        p = self.driver.rank0_progress(fresh_wait_s=0.5)
         if p is None or p.samples < 0:
             return None
         return (p.at, p.step, p.samples)
@@ -300,11 +295,11 @@ class Profiler:
         table = ", ".join(f"{p['world_size']}: {p['samples_per_s']:.1f} samples/s "
                           f"({p['efficiency']:.2f})" for p in points)
         if error:
-            d.events.note("profile", f"ABORTED: {error}; back to {self._state['return_to']} "
+            d.note("profile", f"ABORTED: {error}; back to {self._state['return_to']} "
                           f"workers" + (f" (measured {table})" if points else ""),
                           phase="aborted", points=points, error=error)
         else:
-            d.events.note("profile", f"{table}" + (f"; model LOSO MAPE {mape} %" if mape else ""),
+            d.note("profile", f"{table}" + (f"; model LOSO MAPE {mape} %" if mape else ""),
                           phase="done", points=points, mape=mape, **files)
         return {"state": "aborted" if error else "done", "error": error, "points": points,
                 "mape": mape, "model": model_info, **files}

@@ -151,27 +151,25 @@ def mitigate(driver, detector: StragglerDetector, now: float) -> None:
     """One pass of the driver's loop: find stragglers among the current members and act on
     them as the policy says (report / evict / replace); see the module docstring."""
     from launcher import migration
-    coord = driver.coord
-    with coord.lock:
-        g = coord.current
-        if g is None or coord.finishing or coord.failure or not g.logged:
-            return
-        members = set(g.members)
-        generation, age_s = g.number, time.time() - g.formed_at
-    stats = [s for s in coord.telemetry.workers() if s.worker_id in members]
+    ring = driver.ring()
+    if ring.generation == 0 or ring.finishing or ring.failure or not ring.logged:
+        return
+    members = set(ring.members)
+    generation, age_s = ring.generation, time.time() - ring.formed_at
+    stats = [s for s in driver.telemetry.workers() if s.worker_id in members]
     for f in detector.check(stats, generation, age_s, now):
         policy = detector.policy.policy
-        rec = coord.workers.get(f.worker_id)
+        rec = driver.worker(f.worker_id)
         if rec is None or rec.state != WorkerState.MEMBER:
             continue
-        coord.telemetry.count("straggler")
+        driver.telemetry.count("straggler")
         action, fields = "reported", {}
         running = driver.migration is not None and driver.migration.active
         if policy == "evict":
             if len(members) - 1 < driver.spec.min_np:
                 action = f"not evicted: the ring would fall below --min-np {driver.spec.min_np}"
             else:
-                driver.slot_cooldown[(f.host, f.slot)] = now + detector.policy.rest_s
+                driver.slots.rest(f.host, f.slot, now + detector.policy.rest_s)
                 action = f"evicted; its slot rests {detector.policy.rest_s:g} s"
         elif policy == "replace":
             slot = None if running else _free_slot_elsewhere(driver, f, now)
@@ -180,7 +178,7 @@ def mitigate(driver, detector: StragglerDetector, now: float) -> None:
             elif slot is None:
                 action = "not replaced: no free usable slot elsewhere"
             else:
-                driver.slot_cooldown[(f.host, f.slot)] = now + detector.policy.rest_s
+                driver.slots.rest(f.host, f.slot, now + detector.policy.rest_s)
                 m = migration.Migration(source=f.host, target=slot[0], leavers=[f.worker_id],
                                         target_slots=[slot], purpose="straggler",
                                         drain_source=False,
@@ -189,15 +187,15 @@ def mitigate(driver, detector: StragglerDetector, now: float) -> None:
                 action = (f"replacing it with a new worker on {slot[0]}:{slot[1]}; its slot "
                           f"rests {detector.policy.rest_s:g} s")
                 fields = {"replacement_slot": f"{slot[0]}:{slot[1]}"}
-        driver.events.note("straggler", f"{f.describe()}: {action}", phase="found",
+        driver.note("straggler", f"{f.describe()}: {action}", phase="found",
                            worker=f.worker_id, host=f.host, slot=f.slot, rank=f.rank,
                            compute_ms=round(f.compute_s * 1e3, 3),
                            median_ms=round(f.median_s * 1e3, 3), for_s=round(f.for_s, 2),
                            ratio=detector.policy.ratio, policy=policy, action=action,
                            ring=generation, **fields)
         if policy == "evict" and action.startswith("evicted"):
-            coord.telemetry.count("eviction")
-            driver._ask_to_leave(rec, f"straggler: evicted ({f.describe()})")
+            driver.telemetry.count("eviction")
+            driver.ask_to_leave(rec, f"straggler: evicted ({f.describe()})")
         driver.wake.set()
 
 
@@ -205,7 +203,7 @@ def _free_slot_elsewhere(driver, f: Finding, now: float) -> Optional[tuple]:
     """A free usable slot for a straggler's replacement, not the straggler's own: another
     host's first (a slow machine slows every slot of it), then another slot of its host."""
     from launcher.migration import free_slots
-    hosts = sorted(driver.hosts, key=lambda h: h == f.host)
+    hosts = sorted(driver.slots.hosts, key=lambda h: h == f.host)
     for host in hosts:
         for slot in free_slots(driver, host, now):
             if (host, slot) != (f.host, f.slot):

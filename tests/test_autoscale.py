@@ -72,36 +72,33 @@ def test_autoscale_flags_are_parsed_and_bad_ones_exit_2(tmp_path, capsys):
         assert why in capsys.readouterr().err
 
 
-class _Coord:
-    """The coordinator's face the autoscaler reads: a settled ring of ``size`` workers."""
-
-    def __init__(self, size):
-        from launcher.telemetry import Telemetry
-        self.size, self.telemetry = size, Telemetry()
-        self.failure = self.finishing = self.stopping = None
-
-    def snapshot(self):
-        return {"world_size": self.size, "generation": 1}
-
-    def settled(self):
-        return True
-
-
 class _Driver:
-    """What ``Autoscaler`` drives: bounds, usable slots, the target, the event log."""
+    """The driver's public interface ``Autoscaler`` uses (``launcher.driver.Driver``): bounds,
+    usable slots, the target, the ring (a settled one of 2 workers), telemetry, the event log."""
 
     def __init__(self, tmp_path, slots):
+        from launcher.coordinator import RingSnapshot
         from launcher.events import EventLog
+        from launcher.telemetry import Telemetry
         self.spec = type("Spec", (), {"min_np": 1, "max_np": 8, "event_log": None})()
-        self.coord, self.slots, self.targets = _Coord(2), slots, []
+        self.slots, self.targets, self.telemetry = slots, [], Telemetry()
+        self._ring = RingSnapshot(generation=1, kind="start", members=("w1", "w2"),
+                                  formed_at=0.0, logged=True, at_boundary=False, settled=True,
+                                  finishing=False, failure=None, stopping=False)
         self.events = EventLog(str(tmp_path / "events.jsonl"), out=open(tmp_path / "out", "w"))
         self.profiler = type("P", (), {"status": lambda self: {"state": "done"}})()
+
+    def ring(self, since=None):
+        return self._ring
 
     def usable_slot_count(self, budget):
         return min(self.slots, budget)
 
-    def set_target_np(self, n):
+    def set_target(self, n):
         self.targets.append(n)
+
+    def note(self, kind, text, **fields):
+        return self.events.note(kind, text, **fields)
 
 
 def test_autoscaler_decides_once_per_hold_and_at_once_when_the_slots_change(tmp_path):
@@ -116,7 +113,7 @@ def test_autoscaler_decides_once_per_hold_and_at_once_when_the_slots_change(tmp_
     d.slots = 6
     a._tick(102.0)                               # the usable slots changed: decided at once
     assert d.targets == [3, 6]
-    assert d.coord.telemetry.counters()["autoscale"] == 2
+    assert d.telemetry.counters()["autoscale"] == 2
     notes = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [(n["from"], n["to"]) for n in notes] == [(2, 3), (2, 6)]
     assert all(n["event"] == "autoscale" and n["predicted_samples_per_s"] > 0 for n in notes)

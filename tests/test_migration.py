@@ -175,16 +175,17 @@ def test_reserved_ready_worker_joins_only_at_the_swap(tmp_path):
 
 
 class _Driver:
-    """The few driver parts a :class:`Migration` uses, around a real coordinator."""
+    """The driver's public interface a :class:`Migration` uses (``launcher.driver.Driver``:
+    start_worker, ask_to_leave, worker, ring, swap, release_reserved, note, the slot book),
+    around a real coordinator and a real :class:`SlotBook`; no processes."""
 
     def __init__(self, coord, hosts):
-        import threading
-        self.coord, self.hosts, self.events = coord, hosts, coord.events
-        self.procs, self.drained, self._lock = {}, set(), threading.Lock()
-        self.slot_cooldown, self.host_blacklist, self.left = {}, {}, []
+        from launcher.slot_book import SlotBook
+        self.coord, self.events = coord, coord.events
+        self.slots, self.left = SlotBook(hosts), []
         self._seq = len(coord.workers)
 
-    def _start_worker(self, host, slot, initial, reserve=False):
+    def start_worker(self, host, slot, reserve=False, initial=False):
         self._seq += 1
         rec = WorkerRecord(f"w{self._seq}", host, slot, self._seq, 0.0)
         self.coord.add_worker(rec)
@@ -192,12 +193,30 @@ class _Driver:
             self.coord.reserve(rec.worker_id)
         return rec
 
-    def _ask_to_leave(self, rec, reason):
+    def ask_to_leave(self, rec, reason):
         self.left.append(rec.worker_id)
         self.coord.request_leave(rec.worker_id)
 
-    def _drained(self):
-        return set(self.drained)
+    def worker(self, worker_id):
+        return self.coord.workers.get(worker_id)
+
+    def live_workers(self):
+        return self.coord.live_workers()
+
+    def taken_slots(self):
+        return {(w.host, w.slot) for w in self.coord.live_workers()}
+
+    def ring(self, since=None):
+        return self.coord.ring(since)
+
+    def swap(self, leavers, joiners):
+        self.coord.swap(leavers, joiners)
+
+    def release_reserved(self, worker_id):
+        self.coord.unreserve(worker_id)
+
+    def note(self, kind, text, **fields):
+        return self.events.note(kind, text, **fields)
 
 
 def test_migration_is_abandoned_when_a_new_worker_dies_while_building(tmp_path):
@@ -219,7 +238,7 @@ def test_migration_is_abandoned_when_a_new_worker_dies_while_building(tmp_path):
         coord.on_exit("w4", 1)
         m.advance(driver, 3.0)
         assert m.phase == Phase.ABANDONED and "w4@127.0.0.1:1 died" in m.reason
-        assert driver.left == ["w3"] and not coord.reserved and not driver.drained
+        assert driver.left == ["w3"] and not coord.reserved and not driver.slots.drained()
         assert coord.current.members == ["w1", "w2"]
         assert all(coord.workers[w].state == WorkerState.MEMBER for w in ("w1", "w2"))
         note = json.loads((tmp_path / "events.jsonl").read_text().splitlines()[-1])
@@ -241,7 +260,7 @@ def test_moving_every_member_hands_the_state_over_in_two_switches(tmp_path):
     for w in m.joiners:
         coord.ready(messages.Ready(w))
     m.advance(driver, 2.0)
-    assert m.phase == Phase.SWAPPING and driver.drained == {"localhost"}
+    assert m.phase == Phase.SWAPPING and driver.slots.drained() == {"localhost"}
 
     def boundary(generation, members, step):
         for w in members:

@@ -1,0 +1,174 @@
+"""The slot book: the one owner of "may a worker run on this host's slot now".
+
+Horovod keeps host state in one place (``horovod/runner/elastic/discovery.py``: ``HostManager``,
+``HostState`` with its blacklist and cooldown); so do we.  The book holds
+
+* the host set discovery reported last (``{host: slots}``, discovery order);
+* slot cooldowns: a slot whose worker failed rests until a monotonic time (for the rest of the
+  job, or a time from ``--blacklist-cooldown-range``, doubled per recent failure of its host);
+  a straggler's slot rests too;
+* the host blacklist: a host whose workers failed ``HOST_FAILURES_TO_BLACKLIST`` times within
+  ``HOST_FAILURE_WINDOW_S`` is out until its cooldown ends;
+* drained hosts (``hvd-edl-ctl drain``, a migration's source): no worker is placed there.
+
+Everything is asked of the book: :meth:`usable` (slots per host, capped to a budget),
+:meth:`capacity`, :meth:`free_slots` (one host's, minus the slots live workers take),
+:meth:`allowed` (the slots a running worker may keep).  Times are ``time.monotonic()`` seconds.
+All methods are thread-safe (the driver's loop, the discovery thread and the control API's
+threads use it).
+"""
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional, Set, Tuple
+
+HOST_FAILURES_TO_BLACKLIST = 3   # failed workers on one host (within the window) blacklist it
+HOST_FAILURE_WINDOW_S = 300.0
+
+
+@dataclass(frozen=True)
+class Rest:
+    """What :meth:`SlotBook.record_failure` decided: the slot rests ``cooldown_s`` seconds
+    (``inf``: for the rest of the job); ``blacklisted``: the host's failures within the window
+    (``failures`` of them) blacklist it for as long."""
+    cooldown_s: float
+    failures: int
+    blacklisted: bool
+
+
+class SlotBook:
+    """Hosts, slots, cooldowns, blacklist and drains of one job (see the module docstring)."""
+
+    def __init__(self, hosts: Optional[Dict[str, int]] = None):
+        self._lock = threading.Lock()
+        self._hosts: Dict[str, int] = dict(hosts or {})
+        self._cooldown: Dict[Tuple[str, int], float] = {}
+        self._failures: Dict[str, List[float]] = {}
+        self._blacklist: Dict[str, float] = {}
+        self._drained: Set[str] = set()
+
+    # ---- the host set -------------------------------------------------------------------------
+
+    @property
+    def hosts(self) -> Dict[str, int]:
+        """A copy of the last host set, ``{host: slots}`` in discovery order."""
+        with self._lock:
+            return dict(self._hosts)
+
+    def set_hosts(self, hosts: Dict[str, int]) -> bool:
+        """Take discovery's new host set; True when it differs from the last one."""
+        with self._lock:
+            if hosts == self._hosts:
+                return False
+            self._hosts = dict(hosts)
+            return True
+
+    def slots_of(self, host: str) -> Optional[int]:
+        """Slots discovery offers on ``host`` now (None: not listed)."""
+        with self._lock:
+            return self._hosts.get(host)
+
+    # ---- drains -------------------------------------------------------------------------------
+
+    def drained(self) -> Set[str]:
+        with self._lock:
+            return set(self._drained)
+
+    def set_drained(self, host: str, drained: bool) -> bool:
+        """Drain ``host`` (or make it usable again); True when that changed anything."""
+        with self._lock:
+            before = host in self._drained
+            (self._drained.add if drained else self._drained.discard)(host)
+            return before != drained
+
+    # ---- failures, cooldowns, blacklist ---------------------------------------------------------
+
+    def rest(self, host: str, slot: int, until: float) -> None:
+        """``host``:``slot`` takes no worker before monotonic time ``until``."""
+        with self._lock:
+            self._cooldown[(host, slot)] = until
+
+    def record_failure(self, host: str, slot: int, now: float,
+                       cooldown_range: Optional[Tuple[float, float]]) -> Rest:
+        """A worker on ``host``:``slot`` failed at ``now``: rest the slot (``cooldown_range``
+        None: for the rest of the job; else a uniform draw from it, doubled per recent failure
+        of the host, never past its maximum, as Horovod's ``--blacklist-cooldown-range``), and
+        blacklist the host after ``HOST_FAILURES_TO_BLACKLIST`` failures within
+        ``HOST_FAILURE_WINDOW_S`` seconds."""
+        with self._lock:
+            fails = [t for t in self._failures.get(host, []) if now - t < HOST_FAILURE_WINDOW_S]
+            fails.append(now)
+            self._failures[host] = fails
+            if cooldown_range is None:
+                cooldown = float("inf")
+            else:
+                lo, hi = cooldown_range
+                cooldown = min(random.uniform(lo, hi) * 2 ** (len(fails) - 1), hi)
+            self._cooldown[(host, slot)] = now + cooldown
+            blacklisted = len(fails) >= HOST_FAILURES_TO_BLACKLIST
+            if blacklisted:
+                self._blacklist[host] = now + cooldown
+            return Rest(cooldown, len(fails), blacklisted)
+
+    def blacklisted(self, host: str, now: float) -> bool:
+        with self._lock:
+            return self._blacklist.get(host, 0.0) > now
+
+    def blacklisted_hosts(self, now: float) -> List[str]:
+        with self._lock:
+            return sorted(h for h, t in self._blacklist.items() if t > now)
+
+    def change_pending(self, now: float) -> bool:
+        """Whether a cooldown or a blacklisting ends after ``now`` (at a finite time): a slot
+        becomes usable with time alone, so the driver must look again."""
+        with self._lock:
+            ends = list(self._cooldown.values()) + list(self._blacklist.values())
+        return any(now < t < float("inf") for t in ends)
+
+    # ---- the questions --------------------------------------------------------------------------
+
+    def _host_usable(self, host: str, now: float, drained: Set[str]) -> bool:
+        return self._blacklist.get(host, 0.0) <= now and host not in drained
+
+    def usable(self, now: float, budget: Optional[int] = None,
+               drained: Optional[Iterable[str]] = None) -> Dict[str, List[int]]:
+        """Slots per host that may run a worker now (blacklist, drains -- ``drained``, by
+        default the current set -- and cooldowns applied), capped to ``budget`` slots in all
+        (None: no cap) in discovery order."""
+        with self._lock:
+            drained = set(self._drained if drained is None else drained)
+            left = float("inf") if budget is None else max(budget, 0)
+            out: Dict[str, List[int]] = {}
+            for host, slots in self._hosts.items():
+                if not self._host_usable(host, now, drained):
+                    continue
+                free = [s for s in range(slots) if self._cooldown.get((host, s), 0.0) <= now]
+                take = free if left == float("inf") else free[:int(left)]
+                out[host] = take
+                left -= len(take)
+            return out
+
+    def capacity(self, now: float, budget: Optional[int] = None,
+                 drained: Optional[Iterable[str]] = None) -> int:
+        """How many slots :meth:`usable` gives."""
+        return sum(len(v) for v in self.usable(now, budget, drained).values())
+
+    def free_slots(self, host: str, now: float, taken: Iterable[Tuple[str, int]]) -> List[int]:
+        """``host``'s slots that may take a new worker now: listed by discovery, the host
+        neither drained nor blacklisted, the slot not resting nor in ``taken`` (the
+        ``(host, slot)`` of live workers)."""
+        taken = set(taken)
+        with self._lock:
+            if host not in self._hosts or not self._host_usable(host, now, self._drained):
+                return []
+            return [s for s in range(self._hosts[host])
+                    if self._cooldown.get((host, s), 0.0) <= now and (host, s) not in taken]
+
+    def allowed(self) -> Set[Tuple[str, int]]:
+        """The ``(host, slot)`` pairs a running worker may keep: listed by discovery, the host
+        not drained (a resting slot or a blacklisted host does not evict a live worker)."""
+        with self._lock:
+            return {(h, s) for h, n in self._hosts.items() if h not in self._drained
+                    for s in range(n)}

@@ -28,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hvd_edl.runtime import idle_wait_ms  # noqa: E402
 from launcher.rendezvous import GenerationRendezvous  # noqa: E402
+from ring_env import kill_leftovers, rank_env  # noqa: E402
 
 RANK = r"""
 import json, os, sys, time
@@ -82,17 +83,9 @@ def main() -> int:
     try:
         port = rdv.open(2, ["localhost"], n)
         for rank in range(n):
-            env = dict(os.environ, PYTHONSAFEPATH="1", HOROVOD_RANK=str(rank),
-                       HOROVOD_SIZE=str(n), HOROVOD_LOCAL_RANK=str(rank),
-                       HOROVOD_LOCAL_SIZE=str(n), HOROVOD_CROSS_RANK="0", HOROVOD_CROSS_SIZE="1",
-                       HOROVOD_HOSTNAME="localhost", HOROVOD_CONTROLLER="gloo",
-                       HOROVOD_CPU_OPERATIONS="gloo", HOROVOD_GLOO_IFACE="lo",
-                       HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1",
-                       HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
-                       HOROVOD_GLOO_RENDEZVOUS_TOKEN=rdv.token(2),
-                       HVD_EDL_GLOO_FAST_INIT="1", HVD_EDL_BLOCKING_WAIT="1",
-                       HVD_EDL_IDLE_WAIT_MS=os.environ.get("HVD_EDL_IDLE_WAIT_MS",
-                                                           idle_wait_ms(n)))
+            env = rank_env(rank, n, port=port, token=rdv.token(2), fast_init=True,
+                           blocking_wait=True,
+                           idle_wait_ms=os.environ.get("HVD_EDL_IDLE_WAIT_MS", idle_wait_ms(n)))
             procs.append(subprocess.Popen([sys.executable, "-c", RANK, str(a.rounds),
                                           str(a.idle_s)], env=env,
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -107,10 +100,7 @@ def main() -> int:
         for q in procs:
             q.wait(timeout=60)
     finally:
-        for q in procs:
-            if q.poll() is None:
-                q.kill()
-                q.wait()
+        kill_leftovers(procs)
         rdv.close()
     print(f"{n} ranks: hvd.init() {max(r['init_s'] for r in results):.3f} s (slowest rank)")
     idle = sum(r["idle_cores"] for r in results)

@@ -48,7 +48,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import RESULTS, Job, change_stall, kill_outcome, machine_info  # noqa: E402
-from launcher.rendezvous import GenerationRendezvous  # noqa: E402
+from ring_env import CountingRendezvous, rank_env  # noqa: E402
 
 OUT = RESULTS / "scale.json"
 KINDS = ("scale_out", "scale_in", "failure")
@@ -206,19 +206,6 @@ class Walk:
 
 # ---- Gloo set-up alone, patches 0004 + 0006 + 0007 on and off ---------------------------------
 
-class CountingRendezvous(GenerationRendezvous):
-    """Our rendezvous server (``launcher.rendezvous``), counting the requests each generation's
-    store answers (by port)."""
-
-    def __init__(self, *args, **kwargs):
-        self.requests: Dict[int, int] = {}
-        super().__init__(*args, **kwargs)
-
-    async def _answer(self, store, request, body):
-        self.requests[store.port] = self.requests.get(store.port, 0) + 1
-        return await super()._answer(store, request, body)
-
-
 def init_ab(n: int, rounds: int) -> List[dict]:
     """``n`` ranks of ``benchmarks/scale_worker.py`` on this host initialise Horovod ``2 *
     rounds`` times (after one unrecorded warm-up), each against a fresh generation of our rendezvous server, patches 0004 + 0006 + 0007 on and
@@ -235,15 +222,9 @@ def init_ab(n: int, rounds: int) -> List[dict]:
     rows = []
     try:
         for rank in range(n):
-            env = dict(os.environ, PYTHONSAFEPATH="1", HOROVOD_RANK=str(rank),
-                       HOROVOD_SIZE=str(n), HOROVOD_LOCAL_RANK=str(rank),
-                       HOROVOD_LOCAL_SIZE=str(n), HOROVOD_CROSS_RANK="0",
-                       HOROVOD_CROSS_SIZE="1", HOROVOD_HOSTNAME="localhost",
-                       HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
-                       HOROVOD_GLOO_IFACE="lo", HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1")
             procs.append(subprocess.Popen([sys.executable, str(Path(__file__).with_name(
-                "scale_worker.py"))], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                text=True))
+                "scale_worker.py"))], env=rank_env(rank, n), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, text=True))
         for i in range(-1, 2 * rounds):   # -1: a first init, not recorded (warm-up)
             fast = i % 2 == 0
             port = rdv.open(i + 2, ["localhost"])

@@ -8,7 +8,6 @@ time across its allreduce (``time.thread_time``: the waiting thread only, not Ho
 background thread), once upstream (``HVD_EDL_BLOCKING_WAIT=0``) and once patched.
 """
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,9 @@ from pathlib import Path
 from launcher.rendezvous import GenerationRendezvous
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT / "benchmarks"))
+from ring_env import kill_leftovers, rank_env  # noqa: E402  (benchmarks/ring_env.py)
+
 LATE_S = 1.5
 
 RANK_SCRIPT = r"""
@@ -39,18 +41,8 @@ def _wait_cpu(blocking: bool, rdv: GenerationRendezvous, generation: int) -> dic
     port = rdv.open(generation, ["localhost"])
     procs = []
     for rank in range(2):
-        env = dict(os.environ)
-        env.update({"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": "2",
-                    "HOROVOD_LOCAL_RANK": str(rank), "HOROVOD_LOCAL_SIZE": "2",
-                    "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1",
-                    "HOROVOD_HOSTNAME": "localhost", "HOROVOD_CONTROLLER": "gloo",
-                    "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": "lo",
-                    "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
-                    "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
-                    "HOROVOD_GLOO_RENDEZVOUS_TOKEN": rdv.token(generation),
-                    "HOROVOD_GLOO_TIMEOUT_SECONDS": "20", "PYTHONSAFEPATH": "1",
-                    "OMP_NUM_THREADS": "1",
-                    "HVD_EDL_BLOCKING_WAIT": "1" if blocking else "0"})
+        env = rank_env(rank, 2, port=port, token=rdv.token(generation), gloo_timeout_s=20,
+                       blocking_wait=blocking, OMP_NUM_THREADS="1")
         procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(LATE_S)],
                                       env=env, cwd=ROOT, stdout=subprocess.PIPE, text=True))
     try:
@@ -63,10 +55,7 @@ def _wait_cpu(blocking: bool, rdv: GenerationRendezvous, generation: int) -> dic
                     r = json.loads(line)
                     answers[r["rank"]] = r
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_leftovers(procs)
     assert sorted(answers) == [0, 1] and all(r["total"] == 3.0 for r in answers.values())
     return answers[0]
 

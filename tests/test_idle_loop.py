@@ -12,7 +12,6 @@ fraction of upstream's CPU (the loop really sleeps; the same ranks with the vari
 the reference, in the same test).
 """
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,9 @@ from pathlib import Path
 from hvd_edl.runtime import IDLE_WAIT_MS, idle_wait_ms
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT / "benchmarks"))
+from ring_env import kill_leftovers, rank_env  # noqa: E402  (benchmarks/ring_env.py)
+
 WAIT_MS = 150
 
 RANK_SCRIPT = r"""
@@ -78,16 +80,8 @@ def _ring(n, rdv, generation, wait_ms):
     port = rdv.open(generation, ["localhost"], n)
     procs = []
     for rank in range(n):
-        env = dict(os.environ, HOROVOD_RANK=str(rank), HOROVOD_SIZE=str(n),
-                   HOROVOD_LOCAL_RANK=str(rank), HOROVOD_LOCAL_SIZE=str(n),
-                   HOROVOD_CROSS_RANK="0", HOROVOD_CROSS_SIZE="1", HOROVOD_HOSTNAME="localhost",
-                   HOROVOD_CONTROLLER="gloo", HOROVOD_CPU_OPERATIONS="gloo",
-                   HOROVOD_GLOO_IFACE="lo", HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1",
-                   HOROVOD_GLOO_RENDEZVOUS_PORT=str(port),
-                   HOROVOD_GLOO_RENDEZVOUS_TOKEN=rdv.token(generation),
-                   HOROVOD_GLOO_TIMEOUT_SECONDS="20", PYTHONSAFEPATH="1",
-                   HVD_EDL_GLOO_FAST_INIT="1", HVD_EDL_BLOCKING_WAIT="1",
-                   HVD_EDL_IDLE_WAIT_MS=str(wait_ms))
+        env = rank_env(rank, n, port=port, token=rdv.token(generation), gloo_timeout_s=20,
+                       fast_init=True, blocking_wait=True, idle_wait_ms=wait_ms)
         procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], env=env, cwd=ROOT,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
@@ -98,10 +92,7 @@ def _ring(n, rdv, generation, wait_ms):
             assert lines, f"a rank failed ({p.returncode}): {err[-3000:]}"
             results.append(json.loads(lines[0][len("RESULT "):]))
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_leftovers(procs)
     return sorted(results, key=lambda x: x["rank"])
 
 

@@ -8,14 +8,14 @@ rendezvous instead of one per key and peer, and collectives on the global ring a
 are built from the shared local one) still give the right answers, across a re-init.
 """
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
-from launcher.rendezvous import ENV_TOKEN, GenerationRendezvous
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.append(str(ROOT / "benchmarks"))
+from ring_env import CountingRendezvous, kill_leftovers, rank_env  # noqa: E402  (benchmarks/)
+
 N = 4
 
 RANK_SCRIPT = r"""
@@ -43,38 +43,14 @@ for line in sys.stdin:   # one generation a line: {"port", "token"}; an empty li
 """
 
 
-class CountingRendezvous(GenerationRendezvous):
-    """Our rendezvous server, counting the requests each generation's store answers."""
-
-    def __init__(self, *args, **kwargs):
-        self.requests = {}
-        super().__init__(*args, **kwargs)
-
-    async def _answer(self, store, request, body):
-        self.requests[store.port] = self.requests.get(store.port, 0) + 1
-        return await super()._answer(store, request, body)
-
-
 def _run_ring(fast: bool, rdv: CountingRendezvous, generation: int, hosts: int = 1):
     """N ranks initialise twice (two generations, each its own rendezvous); returns each
     init's per-rank results and the requests each generation's rendezvous answered.  With
     ``hosts`` > 1 the ranks say they run on that many hosts (N / hosts each, host-major, as
     Horovod's launcher numbers them), so Horovod also forms local and cross rings."""
     procs = []
-    per_host = N // hosts
     for rank in range(N):
-        env = dict(os.environ)
-        env.update({"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(N),
-                    "HOROVOD_LOCAL_RANK": str(rank % per_host),
-                    "HOROVOD_LOCAL_SIZE": str(per_host),
-                    "HOROVOD_CROSS_RANK": str(rank // per_host),
-                    "HOROVOD_CROSS_SIZE": str(hosts),
-                    "HOROVOD_HOSTNAME": "localhost" if hosts == 1 else f"host{rank // per_host}",
-                    "HOROVOD_CONTROLLER": "gloo",
-                    "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": "lo",
-                    "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
-                    "HOROVOD_GLOO_TIMEOUT_SECONDS": "20", "PYTHONSAFEPATH": "1",
-                    "HVD_EDL_GLOO_FAST_INIT": "1" if fast else "0"})
+        env = rank_env(rank, N, hosts=hosts, gloo_timeout_s=20, fast_init=fast)
         procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT], env=env, cwd=ROOT,
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       text=True))
@@ -101,10 +77,7 @@ def _run_ring(fast: bool, rdv: CountingRendezvous, generation: int, hosts: int =
             p.stdin.flush()
             assert p.wait(timeout=30) == 0
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        kill_leftovers(procs)
     return inits, requests
 
 

@@ -85,7 +85,7 @@ def _is_slow_slot(spec) -> bool:
 
 class _Slowdown:
     """``--slow-worker``: after each step, sleep (FACTOR-1) x this step's compute as the launcher
-    measures it (``hvd_edl.telemetry``: the step's time outside collectives, less the previous
+    measures it (``hvd_edl.step_timer``: the step's time outside collectives, less the previous
     sleep), so that the launcher sees FACTOR x the compute of an unslowed worker; outside
     hvd-edl-run, (FACTOR-1) x ``fallback_s`` (forward, backward, data loading)."""
 
@@ -95,8 +95,8 @@ class _Slowdown:
         self.seen = None  # (steps, compute_s) totals at the previous sleep
 
     def sleep(self, fallback_s: float) -> None:
-        from hvd_edl import telemetry
-        t = telemetry.timer()
+        from hvd_edl import step_timer
+        t = step_timer.timer()
         base = fallback_s
         if t is not None:
             steps, compute, _ = t.totals

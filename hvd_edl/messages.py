@@ -246,7 +246,7 @@ class Beat:
     the training thread: a worker blocked in a collective or computing a long step still
     beats; a frozen process, a vanished host or a partition from the launcher does not).
     ``generation``: the ring the worker is in or is joining (0: none yet); ``step`` its
-    optimizer steps.  Telemetry (``hvd_edl.telemetry``), sums since the previous answered
+    optimizer steps.  Telemetry (``hvd_edl.step_timer``), sums since the previous answered
     beat: ``steps_done`` timed optimizer steps, ``compute_s`` and ``wait_s`` their seconds
     computing and blocked in collectives, ``samples`` this rank's samples (0 from old
     senders)."""

@@ -31,7 +31,7 @@ from hvd_edl import messages
 from hvd_edl.client import CoordinatorClient, CoordinatorUnreachable
 from hvd_edl.heartbeat import Heartbeat
 from hvd_edl.process_exit import die, die_fenced
-from hvd_edl.telemetry import StepTimer
+from hvd_edl import step_timer
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class WorkerRuntime:
         assignment: the :class:`messages.Assignment` of that generation.
         steps: optimizer steps taken (counted by the DistributedOptimizer wrapper, committed and
             restored with the state); ``last_step_end`` their monotonic end time (seconds).
-        timer: the :class:`hvd_edl.telemetry.StepTimer` of the steps' compute and wait seconds.
+        timer: the :class:`hvd_edl.step_timer.StepTimer` of the steps' compute and wait seconds.
     """
 
     def __init__(self, env=os.environ):
@@ -104,7 +104,7 @@ class WorkerRuntime:
         self.assignment: Optional[messages.Assignment] = None
         self.steps = 0
         self.last_step_end: Optional[float] = None
-        self.timer = StepTimer()  # per-step compute / wait seconds (the heartbeat sends them)
+        self.timer = step_timer.StepTimer()  # per-step compute / wait s (the heartbeat sends them)
         self.progress = (-1, -1)  # (epoch, samples) as of the last commit (TorchState.save)
         self.checkpoint_request = 0  # checkpoints asked for (hvd-edl-ctl checkpoint; watcher)
         self._change = threading.Event()  # the coordinator wants a switch after this generation
@@ -643,4 +643,5 @@ def start() -> Optional[WorkerRuntime]:
     with _lock:
         if _runtime is None and under_launcher():
             _runtime = WorkerRuntime()
+            step_timer.install(_runtime.timer)
         return _runtime

@@ -34,7 +34,7 @@ import torch.utils.data
 
 from hvd_edl import audit
 from hvd_edl.permutation import FeistelPermutation
-from hvd_edl.telemetry import note_samples
+from hvd_edl.step_timer import note_samples
 
 _CHUNK = 4096  # positions mapped per vectorised call while iterating
 

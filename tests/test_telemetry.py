@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from hvd_edl.telemetry import StepTimer
+from hvd_edl.step_timer import StepTimer
 from launcher.events import GenerationEvent
 from launcher.telemetry import COUNTER_KINDS, Telemetry
 

@@ -13,7 +13,7 @@ invisible to a Horovod script outside ``hvd-edl-run``:
   with it stays right across generations.
 * :class:`DistributedOptimizer` counts optimizer steps (``step``), which the elastic state commits,
   restores and reports to the launcher's event log, and times them: compute and wait seconds
-  (its ``synchronize`` and the blocking collectives below; :mod:`hvd_edl.telemetry`).
+  (its ``synchronize`` and the blocking collectives below; :mod:`hvd_edl.step_timer`).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import horovod.torch as _hvd
 from horovod.torch import mpi_ops as _mpi_ops
 
 from hvd_edl import runtime as _runtime
-from hvd_edl.telemetry import timed_wait as _timed_wait
+from hvd_edl.step_timer import timed_wait as _timed_wait
 
 # Names the elastic versions below replace (also patched into horovod.torch by hvd_edl.init()).
 ELASTIC_NAMES = ("init", "rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
@@ -169,7 +169,7 @@ def _joining(fn):
 
 
 for _name in _COLLECTIVES:
-    # blocking collectives count as the step's wait (hvd_edl.telemetry); *_async return at once
+    # blocking collectives count as the step's wait (hvd_edl.step_timer); *_async return at once
     _fn = getattr(_hvd, _name)
     globals()[_name] = _joining(_fn if "async" in _name else _timed_wait(_fn))
 synchronize = _timed_wait(_hvd.synchronize)

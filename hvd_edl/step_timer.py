@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 _clock = time.perf_counter
 
@@ -84,11 +84,19 @@ class StepTimer:
         self._sent = mark
 
 
-def timer():
+_timer: Optional[StepTimer] = None
+
+
+def install(t: StepTimer) -> None:
+    """Make ``t`` this process's timer: the runtime's, once ``hvd.init()`` started it under
+    ``hvd-edl-run`` (:func:`hvd_edl.runtime.start`)."""
+    global _timer
+    _timer = t
+
+
+def timer() -> Optional[StepTimer]:
     """This process's :class:`StepTimer`, or None outside ``hvd-edl-run``."""
-    from hvd_edl import runtime
-    rt = runtime.get()
-    return rt.timer if rt is not None else None
+    return _timer
 
 
 def note_samples(n: int) -> None:

@@ -63,6 +63,7 @@ def worker(sizes, reps: int, horovod_reps: int) -> None:
     import horovod.torch as horovod
     import hvd_edl.torch as hvd
     import hvd_edl.torch.elastic as elastic
+    from hvd_edl.torch import broadcasts
     from hvd_edl import runtime, state_stream
     hvd.init()
     torch.set_num_threads(1)
@@ -92,12 +93,12 @@ def worker(sizes, reps: int, horovod_reps: int) -> None:
                 _reset_hwm()
                 t = time.perf_counter()
                 if impl == "horovod":
-                    saved = elastic._edl.broadcast_object
-                    elastic._edl.broadcast_object = horovod.broadcast_object
+                    saved = broadcasts.broadcast_object
+                    broadcasts.broadcast_object = horovod.broadcast_object
                     try:
                         stats = state._sync_broadcast(rt)
                     finally:
-                        elastic._edl.broadcast_object = saved
+                        broadcasts.broadcast_object = saved
                 elif impl == "broadcast":
                     stats = state._sync_broadcast(rt)
                 else:

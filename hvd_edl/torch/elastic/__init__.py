@@ -12,7 +12,7 @@ import torch
 
 import horovod.torch as _hvd
 
-import hvd_edl.torch as _edl
+from hvd_edl.torch import broadcasts as _broadcasts
 
 from hvd_edl import audit, checkpoint, state_stream
 from hvd_edl.sampler import ElasticBatchSampler, ElasticSampler
@@ -154,7 +154,7 @@ class TorchState(ObjectState):
         for k, v in samplers.items():
             v.name = k
             object.__setattr__(self, k, v)
-        super().__init__(bcast_object=_edl.broadcast_object, get_rank=_hvd.rank, **scalars)
+        super().__init__(bcast_object=_broadcasts.broadcast_object, get_rank=_hvd.rank, **scalars)
         self._saved_model = None
         self._saved_optimizer = None
         self._saved_samplers: Dict[str, Dict] = {}
@@ -280,7 +280,7 @@ class TorchState(ObjectState):
                     header["endpoint"] = server.endpoint()
                     header["state"] = skeletons
         try:
-            header = _edl.broadcast_object(header, root_rank=0, name="hvd_edl.sync")
+            header = _broadcasts.broadcast_object(header, root_rank=0, name="hvd_edl.sync")
         except BaseException:
             if server is not None:
                 server.close()
@@ -391,7 +391,7 @@ class TorchState(ObjectState):
                               if self.optimizer is not None else None)})
             if error is not None:  # every rank ends with the same clear error
                 payload = {"checkpoint_error": error}
-        payload = _edl.broadcast_object(payload, root_rank=0, name="hvd_edl.sync")
+        payload = _broadcasts.broadcast_object(payload, root_rank=0, name="hvd_edl.sync")
         if payload.get("checkpoint_error"):
             raise checkpoint.CheckpointError(payload["checkpoint_error"])
         if rank != 0:

@@ -28,6 +28,7 @@ class CoordinatorClient:
     """
 
     def __init__(self, addr: str, port: int, secret: str, retry_s: float = 30.0):
+        self.addr = addr
         self.base = f"http://{addr}:{port}"
         self.port = int(port)
         self.secret = secret

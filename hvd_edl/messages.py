@@ -260,6 +260,16 @@ class Beat:
 
 
 @dataclass
+class Exiting:
+    """``POST /exiting``: the worker's interpreter is ending (``atexit``: the script returned or
+    called ``sys.exit``); its teardown (Horovod's shutdown, torch's) may keep its heartbeat
+    silent for a while, which is not a fault.  A member whose training function had not
+    returned is leaving: its peers are released at once."""
+    worker_id: str
+    generation: int
+
+
+@dataclass
 class Leave:
     """``POST /leave``: this worker received SIGTERM and leaves gracefully: at the next step
     boundary if it is a member (nothing rolled back), at once otherwise."""

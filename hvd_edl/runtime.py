@@ -18,6 +18,7 @@ Outside ``hvd-edl-run`` (no coordinator in the environment) everything falls bac
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -72,6 +73,7 @@ def idle_wait_ms(local_size: int, cores: Optional[int] = None) -> str:
 
 _USER_IDLE_WAIT_MS = os.environ.get("HVD_EDL_IDLE_WAIT_MS")  # as the user set it, if at all
 FINISHED_TIMEOUT_S = 10.0  # longest the end of training is reported for (seconds)
+EXITING_TIMEOUT_S = 2.0    # longest a process's exit waits to report it (seconds)
 LEAVER_WAIT_S = 10.0  # longest a scaled-in worker waits for the next generation to train (s)
 
 
@@ -135,6 +137,7 @@ class WorkerRuntime:
         self._finishing_seen = False  # a peer's training function returned (coordinator)
         self._install_sigterm()
         self._install_excepthook()
+        atexit.register(self._exiting)  # before Horovod's own shutdown at exit (atexit: LIFO)
         Heartbeat(self, CoordinatorClient(env[messages.ENV_COORD_ADDR],
                                           int(env[messages.ENV_COORD_PORT]),
                                           env[messages.ENV_SECRET], retry_s=0.0)).start()
@@ -210,6 +213,18 @@ class WorkerRuntime:
                 log.warning("worker %s: could not ask whether training finished: %s",
                             self.worker_id, e)
         return self._finishing_seen
+
+    def _exiting(self) -> None:
+        """At interpreter exit: tell the coordinator (``POST /exiting``, at most
+        ``EXITING_TIMEOUT_S`` seconds) that this process is ending, so that the silence of its
+        teardown is not taken for a frozen member (see :class:`messages.Exiting`)."""
+        try:  # one attempt on a connection of its own: a gone launcher must not hold the exit
+            CoordinatorClient(self.client.addr, self.client.port, self.client.secret,
+                              retry_s=0.0).post(
+                "/exiting", messages.Exiting(self.worker_id, self.generation),
+                messages.WatchReply, timeout_s=EXITING_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - never in the way of the process's exit
+            log.debug("worker %s: could not report its exit: %s", self.worker_id, e)
 
     def finished(self) -> None:
         """The training function returned: tell the coordinator (``POST /finished``, at most

@@ -17,49 +17,24 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from hvd_edl import messages
 from launcher.coordinator_server import CoordinatorServer  # noqa: F401 - served from here
 from launcher.progress import ProgressBoard
-from launcher.checkpoint_dir import CheckpointDirError
 from launcher.events import EventLog, GenerationEvent
-from launcher.liveness import LivenessMonitor
+from launcher.formation import Formation, Generation
+from launcher.liveness import LivenessMonitor, MemberLiveness
+from launcher.polls import CountingDict, NotifyingCondition, Polls
 from launcher.registry import WorkerRecord, WorkerState
 from launcher.rendezvous import GenerationRendezvous
 from launcher.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
-EVENT_REPORT_TIMEOUT_S = 30.0
-WANTED_CACHE_S = 0.05  # longest the replies' "change wanted" is reused without a state change
-SILENCE_CHECK_S = 0.1  # the members' silence is checked at most this often (on a beat)
-END_SILENT_S = 30.0  # once training finished, a member this long silent is killed (seconds): its
-                     # script's last lines and teardown beat from their own thread; a frozen or
-                     # vanished member must not hold the job's end for ever
-STATE_LOST_LIMIT = 3  # generations in a row a job may start without any holder of the state
-                      # (from the initial state, or the same checkpoint again) after a failure
-
-
-@dataclass
-class Generation:
-    """A formed generation and what is known of its switch."""
-    number: int
-    members: List[str]
-    kind: str
-    step: int
-    rolled_back_steps: int
-    formed_at: float
-    previous_size: int
-    continuing: List[str]
-    member_labels: List[str] = field(default_factory=list)
-    stalls: Dict[str, float] = field(default_factory=dict)
-    phases: Dict[str, Dict[str, float]] = field(default_factory=dict)
-    logged: bool = False
-    state_lost: bool = False
-    restored_from: str = ""   # the checkpoint its rank 0 resumes from (--checkpoint-dir)
-    restored_step: int = -1
+EVENT_REPORT_TIMEOUT_S = 30.0  # a generation's event is logged this long after it formed, at the
+                              # latest, with the reports that came (seconds)
 
 
 @dataclass(frozen=True)
@@ -108,53 +83,14 @@ class RingSnapshot:
         return bool(self.finishing or self.failure or self.stopping)
 
 
-class NotifyingCondition(threading.Condition):
-    """A condition whose ``notify_all`` also calls ``listeners`` (lock held): the HTTP server's
-    long polls wait on its event loop, not in ``wait()`` on a thread each."""
-
-    def __init__(self, lock):
-        super().__init__(lock)
-        self.listeners: List[Callable[[], None]] = []
-        self.notifies = 0  # how many times the state changed (a cache's key)
-
-    def notify_all(self) -> None:
-        self.notifies += 1
-        super().notify_all()
-        for listener in self.listeners:
-            listener()
-
-
-class CountingDict(dict):
-    """A dict that counts its writes (``serial``): pending ``/switch`` polls are checked again
-    only when an assignment was written, not at every change of the coordinator."""
-    serial = 0
-
-    def __setitem__(self, key, value) -> None:
-        self.serial += 1
-        super().__setitem__(key, value)
-
-
-@dataclass(eq=False)
-class Poll:
-    """One long poll (``/switch``, ``/watch``) as data, so a caller can wait for it without a
-    thread of its own (``CoordinatorServer``) or block on the condition (:meth:`Coordinator.
-    wait_poll`).  ``check()`` (lock held) answers the reply, or None while it must wait;
-    ``timeout()`` (lock held) the reply at ``deadline`` (monotonic seconds).  Polls with the
-    same ``group`` have the same answer at any moment (checked once for all); a ``/switch``
-    poll's group is None: its answer changes only with ``Coordinator.poll_signature()``."""
-    check: Callable[[], object]
-    timeout: Callable[[], object]
-    deadline: float
-    group: Optional[tuple] = None
-    answer: object = None   # the answer at creation, if there was one
-
-
 class JobFailed(RuntimeError):
     """The job cannot go on (below --min-np for too long, reset limit); message says why."""
 
 
-class Coordinator:
-    """Membership state machine of one job.
+class Coordinator(Formation, Polls, MemberLiveness):
+    """Membership state machine of one job: the driver's and the workers' calls are here; when a
+    generation forms is :class:`launcher.formation.Formation`, the long polls
+    :class:`launcher.polls.Polls`, silence and fencing :class:`launcher.liveness.MemberLiveness`.
 
     Args:
         min_np, max_np: bounds on the world size (workers).
@@ -300,95 +236,23 @@ class Coordinator:
                 self.cond.notify_all()
             return self._watch_reply(msg.generation)
 
-    def _member_lost(self, rec: WorkerRecord) -> None:
-        """A member of the current generation is gone (lock held): its peers are released (their
-        next heartbeat answer says so) and its rendezvous refuses further requests, so that a
-        ring set-up waiting on it fails in seconds (see launcher/liveness.py)."""
-        g = self.current
-        if g is not None and rec.worker_id in g.members and self.first_loss is None:
-            self.first_loss = rec.worker_id
-        if g is not None and rec.worker_id in g.members and g.number not in self.released:
-            self.released.add(g.number)
-            self.rendezvous.abort(g.number)
 
-    def beat(self, msg: messages.Beat) -> messages.BeatReply:
-        """A worker's heartbeat: note it, and declare dead the members of the current generation
-        that fell silent while a peer beat (``launcher.liveness``); answer whether this worker
-        was fenced and whether its generation lost a member."""
-        now = time.monotonic()
-        silent: List[tuple] = []
-        end_silent: List[WorkerRecord] = []
+    def exiting(self, msg: messages.Exiting) -> messages.WatchReply:
+        """``POST /exiting``: ``msg.worker_id``'s interpreter is ending.  Its silence from now on
+        is its teardown, never a fault (no fence, no failure); a member of the current ring
+        whose training function had not returned (``sys.exit(0)`` inside it) is leaving
+        without notice: its peers are released now instead of when its sockets close."""
         with self.cond:
             rec = self._worker(msg.worker_id)
-            if rec.fenced or rec.state == WorkerState.DEAD:
-                return messages.BeatReply(fenced=True)
-            self.liveness.beat(rec.worker_id, now)
+            rec.exiting = True
             g = self.current
-            if g is not None and msg.generation == g.number and msg.step > self._beat_step:
-                self._beat_step = msg.step
-            if g is not None and self.elastic and not self.stopping \
-                    and now - self._silence_checked_at >= SILENCE_CHECK_S:
-                # one scan of the members per SILENCE_CHECK_S, not one per beat (N beats
-                # each scanning N members would grow as N^2 with the job)
-                self._silence_checked_at = now
-                live = [w for w in g.members if self.workers[w].state.alive]
-                if not self.finishing:
-                    for w in self.liveness.silent(live, now):
-                        silent.append((self._fence(self.workers[w]), now))
-                else:
-                    # training is over: a member busy with the script's last lines or its
-                    # interpreter's teardown is not a failure; one silent for END_SILENT_S
-                    # (frozen, its host gone) would hold the job's end forever: killed
-                    for w in self.liveness.silent(live, now, bound_s=END_SILENT_S):
-                        if w not in self.ended_silent:
-                            self.ended_silent.add(w)
-                            self.liveness.forget(w)
-                            end_silent.append(self.workers[w])
-            reply = messages.BeatReply(release=msg.generation in self.released,
-                                       beat_s=self.liveness.period_s)
-        self.telemetry.observe(msg.worker_id, msg.generation, now, msg.steps_done,
-                               msg.compute_s, msg.wait_s, msg.samples, step=msg.step)
-        for fenced_rec, at in silent:
-            self.on_fence(fenced_rec, self.liveness.silent_after_s)
-        for quiet in end_silent:
-            self.on_end_silent(quiet, END_SILENT_S)
-        return reply
-
-    def _fence(self, rec: WorkerRecord) -> WorkerRecord:
-        """Declare a silent member dead (lock held): it is never a member again (its requests are
-        answered "exit" or "fenced"), its generation is released and re-formed without it."""
-        rec.fenced = True
-        self._move(rec, WorkerState.DEAD)
-        self.departures += 1
-        self._member_lost(rec)
-        self.liveness.forget(rec.worker_id)
-        self._try_form()
-        self.cond.notify_all()
-        return rec
-
-    def _check_script_failure(self, rec: WorkerRecord) -> None:
-        """End the job when every member of the current generation has died and at least one
-        ended with an exit status > 0 (an error of the script itself, not a signal): nobody
-        holds the committed state, and a new ring would start the script over from its
-        initial state, only to fail the same way (Horovod's expectation for "all ranks
-        failing" is a failed job; issue 13).  Members killed by signals (a revoked VM, an OOM
-        kill) do not end the job here; see ``STATE_LOST_LIMIT``."""
-        g = self.current
-        if g is None or not self.elastic or rec.worker_id not in g.members:
-            return
-        members = [self.workers[w] for w in g.members]
-        if any(w.state.alive for w in members):
-            return
-        # the generation's first loss decides: an error of the script (exit status > 0), not
-        # a member killed or fenced first whose peers then failed in its wake
-        culprit = self.workers.get(self.first_loss or "")
-        if culprit is None or culprit.fenced or (culprit.exit_code or 0) <= 0:
-            return
-        self.failed_worker = culprit.worker_id
-        self.failure = (f"every worker of generation {g.number} failed, the first with exit "
-                        f"code {culprit.exit_code} (rank {culprit.rank} on host {culprit.host}, "
-                        f"{culprit.label}): no worker holds the committed state, and restarting "
-                        f"the script from its initial state would fail the same way")
+            released = self.assignments.get(rec.worker_id)
+            if g is not None and rec.worker_id in g.members and rec.state.alive \
+                    and self.elastic and rec.elastic_run and not rec.finished \
+                    and not self.finishing and not (released and released.action == "exit"):
+                self._member_lost(rec)
+                self.cond.notify_all()
+            return self._watch_reply(msg.generation)
 
     def request_leave(self, worker_id: str) -> bool:
         """Ask a worker to leave gracefully (scale-in).  A member leaves at the next step
@@ -590,50 +454,6 @@ class Coordinator:
             self.cond.notify_all()
             return self._watch_reply(0)
 
-    def switch(self, msg: messages.SwitchRequest) -> messages.Assignment:
-        """Long poll: record that the worker is at a step boundary; answer its next assignment."""
-        return self.wait_poll(self.poll_switch(msg))
-
-    def poll_switch(self, msg: messages.SwitchRequest) -> Poll:
-        """:meth:`switch` without the wait: the report is recorded now (a generation may form);
-        the :class:`Poll` answers the worker's next assignment ("wait" at its deadline)."""
-        deadline = time.monotonic() + min(max(msg.wait_s, 0.0), 30.0)
-        with self.cond:
-            rec = self._worker(msg.worker_id)
-            if self.current is not None and msg.generation == self.current.number \
-                    and msg.worker_id in self.current.members:
-                self.reports[msg.worker_id] = msg
-                if self.first_report_at is None:
-                    self.first_report_at = time.monotonic()
-                self._try_form()  # forming notifies the waiters; a mere report changes nothing
-
-            def check():
-                a = self.assignments.get(msg.worker_id)
-                if a is not None and (a.action == "exit" or a.generation > msg.generation):
-                    return a
-                if self.finishing or self.failure or not rec.state.alive:
-                    return messages.Assignment(action="exit", reason="the job is over")
-                return None
-            return Poll(check, lambda: messages.Assignment(action="wait"), deadline,
-                        answer=check())
-
-    def poll_signature(self) -> tuple:
-        """What a pending ``/switch`` poll's answer depends on besides its own worker (lock
-        held): the assignments written, the job's end, departures."""
-        return (self.assignments.serial, self.finishing, self.failure is not None,
-                self.stopping, self.departures)
-
-    def wait_poll(self, poll: Poll):
-        """Block (on the condition) until ``poll`` answers or its deadline passes."""
-        with self.cond:
-            while True:
-                reply = poll.check()
-                if reply is not None:
-                    return reply
-                left = poll.deadline - time.monotonic()
-                if left <= 0:
-                    return poll.timeout()
-                self.cond.wait(left)
 
     def started(self, msg: messages.Started) -> messages.WatchReply:
         with self.cond:
@@ -648,42 +468,6 @@ class Coordinator:
                     self.cond.notify_all()  # leavers waiting for this generation to train
             return self._watch_reply(msg.generation)
 
-    def watch(self, msg: messages.WatchRequest) -> messages.WatchReply:
-        """Long poll: answer as soon as a switch is wanted after ``msg.generation``."""
-        return self.wait_poll(self.poll_watch(msg))
-
-    def poll_watch(self, msg: messages.WatchRequest) -> Poll:
-        """:meth:`watch` without the wait: the progress is recorded now; the :class:`Poll`
-        answers when a switch is wanted (with ``until_started``: when the generation trains or
-        is over), the reply as it stands at its deadline."""
-        deadline = time.monotonic() + min(max(msg.wait_s, 0.0), 30.0)
-        with self.cond:
-            self.progress.record(msg.worker_id, msg.step, msg.epoch, msg.samples,
-                                 time.monotonic())
-            if self.progress.waiting:
-                self.cond.notify_all()  # a status waits for fresh reports
-            asks = self.progress.asks
-
-            def timeout():
-                return self._watch_reply(msg.generation)
-
-            if msg.until_started:
-                def check():
-                    g = self.current
-                    if g is None or g.number != msg.generation or g.logged \
-                            or self.finishing or self.failure or self.stopping:
-                        return self._watch_reply(msg.generation)
-                    return None
-                group = ("until_started", msg.generation)
-            else:
-                def check():
-                    reply = self._watch_reply(msg.generation)
-                    if reply.change_pending or reply.latest_generation != msg.generation \
-                            or self.progress.asks != asks:  # a status: ask again, fresh figures
-                        return reply
-                    return None
-                group = ("watch", msg.generation, asks)
-            return Poll(check, timeout, deadline, group, answer=check())
 
     def request_checkpoint(self) -> int:
         """``hvd-edl-ctl checkpoint``: rank 0 writes one at its next commit (the open
@@ -694,25 +478,6 @@ class Coordinator:
             self.cond.notify_all()
             return self.checkpoint_request
 
-    def fresh_progress(self, wait_s: float = 0.5) -> None:
-        """Have every member of the current generation report its progress now (their open
-        ``/watch`` polls are answered and come back with fresh figures); returns when all did
-        or after ``wait_s`` seconds (a member in a switch or a long step does not poll)."""
-        with self.cond:
-            now = time.monotonic()
-            self.progress.ask(now)
-            self.progress.waiting += 1
-            try:
-                self.cond.notify_all()
-                deadline = now + wait_s
-                while self.current is not None and \
-                        not self.progress.fresh(self._live_members(), now):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self.cond.wait(left)
-            finally:
-                self.progress.waiting -= 1
 
     # ---- internals (lock held) -----------------------------------------------------------------
 
@@ -728,21 +493,6 @@ class Coordinator:
         return [w for w in self.current.members if self.workers[w].state in (
             WorkerState.MEMBER, WorkerState.LEAVING)]
 
-    def _all_reported(self) -> bool:
-        """Whether every live member of the current generation reported at the step boundary
-        (lock held).  Amortised O(1) per report: reports are only added within a generation
-        and members only die, so the members before ``_reported_upto`` never need another
-        look (a scan per report grew as N^2 per switch with the job)."""
-        members = self.current.members
-        i = self._reported_upto
-        while i < len(members):
-            w = members[i]
-            if w not in self.reports and self.workers[w].state in (WorkerState.MEMBER,
-                                                                   WorkerState.LEAVING):
-                break
-            i += 1
-        self._reported_upto = i
-        return i >= len(members)
 
     def _move(self, rec: WorkerRecord, state: WorkerState) -> None:
         """``rec.move(state)`` (lock held), keeping the index of READY workers.
@@ -756,250 +506,6 @@ class Coordinator:
         else:
             self._ready_ids.discard(rec.worker_id)
 
-    def _ready(self) -> List[WorkerRecord]:
-        return sorted((self.workers[w] for w in self._ready_ids if w not in self.reserved),
-                      key=lambda w: w.order)
-
-    def _change_wanted(self) -> bool:
-        if self.current is None or self.finishing or self.failure or not self.elastic:
-            return False
-        members = self.current.members
-        ready = self._ready()
-        states = [self.workers[w].state for w in members]
-        if WorkerState.DEAD in states or WorkerState.EXITED in states:
-            return True  # a member died (or ended): the ring is broken, switch now
-        if WorkerState.LEAVING in states:
-            # if every member leaves, they train on until a replacement is ready to take the
-            # state over (the oldest hands it on, see _try_form) instead of idling at a boundary
-            return WorkerState.MEMBER in states or bool(ready) or not any(
-                w.state == WorkerState.PENDING for w in self.workers.values())
-        return bool(ready) and len(members) < self.max_np and not self._siblings_coming(ready)
-
-    def _siblings_coming(self, ready: List[WorkerRecord]) -> bool:
-        """True while joiners spawned together with the first ready one are still building,
-        for at most ``JOIN_BATCH_S`` after it became ready: they then join in the same switch
-        (one stall for the ring instead of one per joiner).  The ring trains on meanwhile."""
-        first = min(ready, key=lambda w: w.ready_at or 0.0)
-        if first.ready_at is None or time.monotonic() - first.ready_at >= JOIN_BATCH_S:
-            return False
-        return any(w.state == WorkerState.PENDING and w.worker_id not in self.reserved
-                   and abs(w.spawned_at - first.spawned_at) < JOIN_BATCH_S
-                   for w in self.workers.values())
-
-    def _change_wanted_now(self) -> bool:
-        """``_change_wanted()`` for the workers' replies (lock held), computed at most once per
-        state change (every change notifies the condition; adding or reserving a worker does
-        not, hence their counts in the key) and per ``WANTED_CACHE_S`` (the join batch's wait
-        ends with time alone).  Each ``/started``, ``/ready`` and new ``/watch`` poll asked it
-        anew: O(N) each, O(N^2) per switch (benchmarks/control_plane.py)."""
-        key = (self.cond.notifies, len(self.workers), len(self.reserved))
-        now = time.monotonic()
-        cached_key, at, wanted = self._wanted_cache
-        if cached_key != key or now - at >= WANTED_CACHE_S:
-            wanted = self._change_wanted()
-            self._wanted_cache = (key, now, wanted)
-        return wanted
-
-    def _watch_reply(self, generation: int) -> messages.WatchReply:
-        latest = self.current.number if self.current else 0
-        return messages.WatchReply(change_pending=(generation == latest
-                                                   and self._change_wanted_now()),
-                                   latest_generation=latest,
-                                   checkpoint_request=self.checkpoint_request,
-                                   finishing=self.finishing)
-
-    def _try_form(self) -> None:
-        if self.finishing or self.failure or self.stopping:
-            return
-        ready = self._ready()
-        if self.current is None:
-            if any(w.initial and w.state == WorkerState.PENDING for w in self.workers.values()):
-                return  # the initial workers are still starting
-            previous: List[str] = []
-        else:
-            if not self._all_reported():
-                return  # not every member is at the boundary yet (checked first: O(1) mostly)
-            # Every live member is at the boundary: each has shut its ring down, so a
-            # generation must form even when the change it switched for is gone (a READY
-            # joiner killed, or removed by discovery, before its generation formed: the ring
-            # re-forms without it, kind "reform"; horovod 3014's class).  Waiting for a change
-            # to be wanted again froze the ring until some other joiner came, or for ever.
-            previous = self._live_members()
-            if any(w not in self.reports for w in previous):
-                return  # not every member is at the boundary yet
-        staying = [w for w in previous if self.workers[w].state == WorkerState.MEMBER]
-        if previous and not staying and not ready \
-                and any(w.state == WorkerState.PENDING and w.worker_id not in self.reserved
-                        for w in self.workers.values()):
-            return  # every member leaves: the oldest hands the state to a replacement, building
-        handover = bool(previous and not staying and ready)
-        if handover:
-            # every member leaves and only joiners would remain: the oldest leaver stays one
-            # more generation as rank 0 to hand the committed state over (sync), and leaves at
-            # the next boundary; otherwise the joiners would start from their initial state.
-            staying = previous[:1]
-        room = self.max_np - len(staying)
-        if handover:
-            # at --max-np 1 the handover member would leave no room for the joiner, and the
-            # ring would re-form around the leaver at every boundary: one joiner comes in
-            room = max(room, 1)
-        joiners = [w.worker_id for w in ready[:max(room, 0)]]
-        participants = staying + joiners
-        if len(participants) < self.min_np:
-            # below --min-np: no ring forms; the members wait at the boundary holding their
-            # state (at most --elastic-timeout, the driver's bound) and the next generation forms
-            # as soon as enough workers are ready.  Leavers leave now, so that their slots can
-            # be reused when they come back (horovod 3494's class: a short dip ended the job);
-            # when nobody stays, the oldest leaver keeps the state until a replacement joins.
-            self._release_leavers(previous, staying or previous[:1])
-            return
-        if self.current is not None and self.reset_limit is not None \
-                and len(self.history) > self.reset_limit:
-            # Horovod's words (horovod.runner.elastic.constants.RESET_LIMIT_EXCEEDED_MESSAGE)
-            self.failure = (f"Horovod was shutdown because number of resets during elastic job "
-                            f"exceeded limit: {self.reset_limit} (--reset-limit; this would "
-                            f"have been change {len(self.history)})")
-            self.cond.notify_all()
-            return
-        if self.current is not None and not any(w in self.current.members for w in staying) \
-                and self.state_lost_restarts >= STATE_LOST_LIMIT:
-            self.failure = (f"every holder of the committed state died {STATE_LOST_LIMIT + 1} "
-                            f"times in a row with no newer checkpoint to resume from: not "
-                            f"restarting the script again")
-            self.cond.notify_all()
-            return
-        self._form(participants, previous)
-
-    def _release_leavers(self, previous: List[str], holders: List[str]) -> None:
-        """Tell the leaving members of ``previous`` other than ``holders`` to exit now, while no
-        generation can form (lock held).  Their exit is a leave, not the job's end
-        (:meth:`on_exit`)."""
-        for w in previous:
-            if w not in holders and self.workers[w].state == WorkerState.LEAVING \
-                    and getattr(self.assignments.get(w), "action", "") != "exit":
-                self.assignments[w] = messages.Assignment(
-                    action="exit", reason="scaled in (below --min-np: the others wait for "
-                                          "enough workers)")
-
-    def _restore_paths(self, participants: List[str], previous: List[str]) -> Optional[list]:
-        """The checkpoints (path, sidecar; newest good first) a generation of ``participants``
-        resumes from: with ``--checkpoint-dir``, when none of them holds the committed state
-        (the job's first generation, or every member died).  [] when there is nothing to
-        resume; None when the directory has only bad checkpoints (``failure`` says so: a
-        silent start from scratch would throw the job's progress away)."""
-        if self.checkpoints is None or any(w in previous for w in participants):
-            return []
-        try:
-            return self.checkpoints.restore_candidates()
-        except CheckpointDirError as e:
-            self.failure = str(e)
-            self.cond.notify_all()
-            return None
-
-    def _last_reported_step(self) -> int:
-        """The highest step the current generation's members reported (watch polls, and the
-        heartbeats: a status may be long past when every member is killed at once)."""
-        g = self.current
-        steps = [self.progress.latest[w].step for w in g.members if w in self.progress.latest]
-        return max(steps + [g.step, self._beat_step])
-
-    def _form(self, participants: List[str], previous: List[str]) -> None:
-        restore = self._restore_paths(participants, previous)
-        if restore is None:
-            return
-        number = (self.current.number if self.current else 0) + 1
-        port = self.rendezvous.open(number, {self.workers[w].host for w in participants},
-                                    size=len(participants))
-        hosts: List[str] = []
-        for w in participants:
-            if self.workers[w].host not in hosts:
-                hosts.append(self.workers[w].host)
-        local_counts = {h: 0 for h in hosts}
-        per_host = {h: sum(1 for w in participants if self.workers[w].host == h) for h in hosts}
-        kind, step, rolled_back = self._classify(previous, participants)
-        # one decision for every member (a rank that skipped the broadcast others wait in would
-        # hang them): skip sync only after an agreed switch that removed members and added none
-        sync = kind in ("start", "failure") or not set(participants) <= set(self.current.members)
-        labels = []
-        for rank, w in enumerate(participants):
-            rec = self.workers[w]
-            if rec.state == WorkerState.READY:
-                self._move(rec, WorkerState.MEMBER)
-            rec.rank = rank
-            labels.append(rec.label)
-            local_rank = local_counts[rec.host]
-            # Horovod's cross communicator of local rank k spans the hosts that have a k-th
-            # worker (horovodrun's host allocation plan does the same)
-            cross_hosts = [h for h in hosts if per_host[h] > local_rank]
-            self.assignments[w] = messages.Assignment(
-                action="join", generation=number, rank=rank, size=len(participants),
-                local_rank=local_rank, local_size=per_host[rec.host],
-                cross_rank=cross_hosts.index(rec.host), cross_size=len(cross_hosts),
-                hostname=rec.host,
-                rendezvous_addr=self.rendezvous_addr, rendezvous_port=port,
-                rendezvous_token=self.rendezvous.token(number),
-                members=list(participants), sync=sync,
-                restore_paths=[str(p) for p, _ in restore])
-            local_counts[rec.host] += 1
-        for w in previous:
-            if w not in participants:
-                self.assignments[w] = messages.Assignment(action="exit", reason="scaled in",
-                                                          generation=number)
-        prev_size = len(self.current.members) if self.current else 0
-        continuing = [w for w in participants if w in previous]
-        state_lost = self.current is not None and kind == "failure" and not continuing
-        if state_lost:  # every holder of the state died: the joiners start from scratch
-            rolled_back = max(rolled_back, self.current.step)
-            if restore and str(restore[0][0]) != self.last_restore:
-                self.state_lost_restarts = 0  # a newer checkpoint: progress since the last one
-            else:
-                self.state_lost_restarts += 1
-            if restore:  # ... or from a checkpoint: the steps since it are redone
-                rolled_back = max(0, self._last_reported_step() - restore[0][1]["steps"])
-        if restore:
-            step = restore[0][1]["steps"]
-            self.last_restore = str(restore[0][0])
-        self.first_loss = None
-        now = time.monotonic()
-        self.liveness.set_members(len(participants), now)
-        for w in participants:
-            self.liveness.expect(w, now)
-        gen = Generation(number, list(participants), kind, step, rolled_back, time.time(),
-                         prev_size, continuing, labels, state_lost=state_lost and not restore,
-                         restored_from=str(restore[0][0]) if restore else "",
-                         restored_step=restore[0][1]["steps"] if restore else -1)
-        self.current = gen
-        self._beat_step = -1  # the highest step a member of this generation beat with
-        self.history.append(gen)
-        self.telemetry.on_members(number, participants)
-        self.reports = {}
-        self._reported_upto = 0
-        self.first_report_at = None
-        if kind == "start" or not continuing:
-            self._log_event(gen)
-        self.cond.notify_all()
-
-    def _classify(self, previous: List[str], participants: List[str]):
-        if self.current is None:
-            return "start", 0, 0
-        reps = [self.reports[w] for w in previous if w in self.reports]
-        failed = any(r.reason == "failure" for r in reps) or any(
-            self.workers[w].state == WorkerState.DEAD for w in self.current.members)
-        step = max((r.step for r in reps), default=0)
-        rolled_back = max((r.steps_before_restore - r.step for r in reps), default=0)
-        if failed:
-            # the step every survivor restored to; a report below the generation's start comes
-            # from a joiner that never finished its sync (it holds no commit of this ring)
-            synced = [r.step for r in reps if r.step >= self.current.step]
-            return "failure", min(synced or [r.step for r in reps] or [0]), max(rolled_back, 0)
-        size, before = len(participants), len(self.current.members)
-        if participants == self.current.members:
-            kind = "reform"  # the same ring again: the change it switched for went away
-        elif size == before:  # as many left as joined (a job moving hosts, a slot swapped)
-            kind = "replace"
-        else:
-            kind = "scale_out" if size > before else "scale_in"
-        return kind, step, 0
 
     def _log_if_started(self, g: Optional[Generation]) -> bool:
         """Log ``g``'s event once every continuing member has reported its first step in it or
@@ -1043,6 +549,3 @@ class Coordinator:
                 "joined": [self.workers[w].label for w in g.members if w not in before]}
 
 
-# ---- HTTP: launcher/coordinator_server.py -------------------------------------------------------
-
-JOIN_BATCH_S = 2.0  # how long a ready joiner waits for siblings spawned with it (seconds)

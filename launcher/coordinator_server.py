@@ -54,6 +54,7 @@ ROUTES = {
     "/leave": (messages.Leave, "leave"),
     "/beat": (messages.Beat, "beat"),
     "/finished": (messages.Finished, "finished"),
+    "/exiting": (messages.Exiting, "exiting"),
 }
 
 

@@ -43,9 +43,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Dict, Iterable, List, Optional
 
+from hvd_edl import messages
 from hvd_edl.messages import BEAT_S
+from launcher.registry import WorkerRecord, WorkerState
 
 SILENT_AFTER_S = float(os.environ.get("HVD_EDL_SILENT_AFTER_S", "1.5"))
 STARVED_S = 1.0  # no beat from anyone this long: the launcher was starved, restart the clocks
@@ -135,3 +138,108 @@ class LivenessMonitor:
         if not fresh:
             return []
         return [w for w, age in ages.items() if age > bound]
+
+
+SILENCE_CHECK_S = 0.1  # the members' silence is checked at most this often (on a beat)
+END_SILENT_S = 30.0  # once training finished, a member this long silent is killed (seconds): its
+                     # script's last lines and teardown beat from their own thread; a frozen or
+                     # vanished member must not hold the job's end for ever
+
+
+class MemberLiveness:
+    """The coordinator's side of liveness (one part of :class:`launcher.coordinator.
+    Coordinator`): each ``POST /beat`` is noted in its :class:`LivenessMonitor` and, at most
+    every ``SILENCE_CHECK_S``, the members silent too long are declared dead and fenced; a lost
+    member's peers are released (their next beat's answer says so) and its rendezvous sealed."""
+
+    def _member_lost(self, rec: WorkerRecord) -> None:
+        """A member of the current generation is gone (lock held): its peers are released (their
+        next heartbeat answer says so) and its rendezvous refuses further requests, so that a
+        ring set-up waiting on it fails in seconds (see launcher/liveness.py)."""
+        g = self.current
+        if g is not None and rec.worker_id in g.members and self.first_loss is None:
+            self.first_loss = rec.worker_id
+        if g is not None and rec.worker_id in g.members and g.number not in self.released:
+            self.released.add(g.number)
+            self.rendezvous.abort(g.number)
+
+    def beat(self, msg: messages.Beat) -> messages.BeatReply:
+        """A worker's heartbeat: note it, and declare dead the members of the current generation
+        that fell silent while a peer beat (``launcher.liveness``); answer whether this worker
+        was fenced and whether its generation lost a member."""
+        now = time.monotonic()
+        silent: List[tuple] = []
+        end_silent: List[WorkerRecord] = []
+        with self.cond:
+            rec = self._worker(msg.worker_id)
+            if rec.fenced or rec.state == WorkerState.DEAD:
+                return messages.BeatReply(fenced=True)
+            self.liveness.beat(rec.worker_id, now)
+            g = self.current
+            if g is not None and msg.generation == g.number and msg.step > self._beat_step:
+                self._beat_step = msg.step
+            if g is not None and self.elastic and not self.stopping \
+                    and now - self._silence_checked_at >= SILENCE_CHECK_S:
+                # one scan of the members per SILENCE_CHECK_S, not one per beat (N beats
+                # each scanning N members would grow as N^2 with the job)
+                self._silence_checked_at = now
+                # a member whose interpreter is ending (messages.Exiting) is not a silent one
+                live = [w for w in g.members if self.workers[w].state.alive
+                        and not self.workers[w].exiting]
+                if not self.finishing:
+                    for w in self.liveness.silent(live, now):
+                        silent.append((self._fence(self.workers[w]), now))
+                else:
+                    # training is over: a member busy with the script's last lines or its
+                    # interpreter's teardown is not a failure; one silent for END_SILENT_S
+                    # (frozen, its host gone) would hold the job's end forever: killed
+                    for w in self.liveness.silent(live, now, bound_s=END_SILENT_S):
+                        if w not in self.ended_silent:
+                            self.ended_silent.add(w)
+                            self.liveness.forget(w)
+                            end_silent.append(self.workers[w])
+            reply = messages.BeatReply(release=msg.generation in self.released,
+                                       beat_s=self.liveness.period_s)
+        self.telemetry.observe(msg.worker_id, msg.generation, now, msg.steps_done,
+                               msg.compute_s, msg.wait_s, msg.samples, step=msg.step)
+        for fenced_rec, at in silent:
+            self.on_fence(fenced_rec, self.liveness.silent_after_s)
+        for quiet in end_silent:
+            self.on_end_silent(quiet, END_SILENT_S)
+        return reply
+
+    def _fence(self, rec: WorkerRecord) -> WorkerRecord:
+        """Declare a silent member dead (lock held): it is never a member again (its requests are
+        answered "exit" or "fenced"), its generation is released and re-formed without it."""
+        rec.fenced = True
+        self._move(rec, WorkerState.DEAD)
+        self.departures += 1
+        self._member_lost(rec)
+        self.liveness.forget(rec.worker_id)
+        self._try_form()
+        self.cond.notify_all()
+        return rec
+
+    def _check_script_failure(self, rec: WorkerRecord) -> None:
+        """End the job when every member of the current generation has died and at least one
+        ended with an exit status > 0 (an error of the script itself, not a signal): nobody
+        holds the committed state, and a new ring would start the script over from its
+        initial state, only to fail the same way (Horovod's expectation for "all ranks
+        failing" is a failed job; issue 13).  Members killed by signals (a revoked VM, an OOM
+        kill) do not end the job here; see ``STATE_LOST_LIMIT``."""
+        g = self.current
+        if g is None or not self.elastic or rec.worker_id not in g.members:
+            return
+        members = [self.workers[w] for w in g.members]
+        if any(w.state.alive for w in members):
+            return
+        # the generation's first loss decides: an error of the script (exit status > 0), not
+        # a member killed or fenced first whose peers then failed in its wake
+        culprit = self.workers.get(self.first_loss or "")
+        if culprit is None or culprit.fenced or (culprit.exit_code or 0) <= 0:
+            return
+        self.failed_worker = culprit.worker_id
+        self.failure = (f"every worker of generation {g.number} failed, the first with exit "
+                        f"code {culprit.exit_code} (rank {culprit.rank} on host {culprit.host}, "
+                        f"{culprit.label}): no worker holds the committed state, and restarting "
+                        f"the script from its initial state would fail the same way")

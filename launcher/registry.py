@@ -55,6 +55,7 @@ class WorkerRecord:
     fenced: bool = False  # declared dead by the coordinator (silent); never a member again
     elastic_run: bool = False  # its script entered hvd.elastic.run (messages.Ready)
     finished: bool = False  # its training function returned (messages.Finished): training over
+    exiting: bool = False  # its interpreter is ending (messages.Exiting): silence is no fault
     handle: Any = field(default=None, repr=False)
 
     def move(self, new: WorkerState) -> None:

@@ -6,7 +6,7 @@ themselves run in ``test_faults_membership.py``."""
 import time
 
 from hvd_edl import messages
-from launcher import coordinator as coordinator_
+from launcher import liveness
 from launcher.coordinator import Coordinator
 from launcher.events import EventLog, read as read_events
 from launcher.registry import WorkerRecord, WorkerState
@@ -141,7 +141,7 @@ def test_a_member_silent_long_after_training_finished_is_handed_to_the_driver(mo
     coord.on_end_silent = lambda rec, s: quiet.append(rec.worker_id)
     coord.finished(messages.Finished("w2", 1, 100))
     coord.beat(messages.Beat("w2", 1, 100))
-    coord.liveness._last["w1"] = time.monotonic() - coordinator_.END_SILENT_S - 1
+    coord.liveness._last["w1"] = time.monotonic() - liveness.END_SILENT_S - 1
     coord._silence_checked_at = float("-inf")
     coord.beat(messages.Beat("w2", 1, 100))
     assert quiet == ["w1"] and not coord.workers["w1"].fenced
@@ -203,3 +203,17 @@ def test_the_end_of_the_job_writes_every_generation_not_logged_yet(tmp_path):
         _report(coord, w, 1)
     coord.flush_events()  # the driver, as the job ends
     assert [e["generation"] for e in read_events(log_path)[0]] == [2]
+
+
+def test_a_member_exiting_is_never_fenced_for_its_teardown_and_releases_its_peers():
+    """sys.exit(0) inside training: the process reports it is exiting (atexit), then its
+    teardown keeps it silent longer than the silence bound before it is gone."""
+    coord = _ring()
+    coord.exiting(messages.Exiting("w2", 1))
+    assert 1 in coord.released  # w1 need not wait for w2's sockets to close
+    coord.beat(messages.Beat("w1", 1, 10))
+    coord.liveness._last["w2"] = time.monotonic() - 3 * coord.liveness.silent_after_s
+    coord._silence_checked_at = float("-inf")
+    coord.beat(messages.Beat("w1", 1, 10))
+    assert not coord.workers["w2"].fenced  # its teardown is not a freeze
+    assert coord.on_exit("w2", 0) == "left" and not coord.finishing

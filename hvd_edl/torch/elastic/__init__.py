@@ -16,7 +16,7 @@ from hvd_edl.torch import broadcasts as _broadcasts
 
 from hvd_edl import audit, checkpoint, state_stream
 from hvd_edl.sampler import ElasticBatchSampler, ElasticSampler
-from hvd_edl.state import ObjectState, State, run_fn
+from hvd_edl.elastic_state import ObjectState, State, run_fn
 
 __all__ = ["run", "TorchState", "ObjectState", "State", "ElasticSampler", "ElasticBatchSampler"]
 

@@ -34,28 +34,27 @@ commit interval (10 steps).  Every run is bounded (``--run-bound`` s).  A surviv
 """
 from __future__ import annotations
 
-import argparse
+import functools
 import importlib.util
 import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, Iterator, List, Optional
 
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from hvd_edl import audit  # noqa: E402
 from hvd_edl.messages import ENV_WORKER_ID  # noqa: E402
-import chaos  # noqa: E402  (its ledger helpers and discovery markers)
+import chaos_harness as harness  # noqa: E402
+from chaos_harness import DIGITS, RESULTS  # noqa: E402
 
 
 def _load(name: str, path: Path):
@@ -71,11 +70,6 @@ _bench_cluster = _load("hvd_edl_bench_cluster", ROOT / "benchmarks" / "cluster.p
 Cluster, ClusterUnavailable = _bench_cluster.Cluster, _bench_cluster.ClusterUnavailable
 reset_hosts = _bench_cluster.reset_hosts
 
-RESULTS = ROOT / "benchmarks" / "results"
-BIN = Path(sys.executable).parent
-DIGITS = str(ROOT / "examples" / "train_digits.py")
-DIGITS_TRAIN = chaos.DIGITS_TRAIN
-COMMIT_EVERY = chaos.COMMIT_EVERY
 KINDS = ("kill", "term", "vanish", "freeze", "partition", "hosts", "bad")
 SILENT = ("vanish", "freeze", "partition")
 HOSTS = ("h1", "h2", "h3", "h4")
@@ -91,17 +85,19 @@ BAD_OUTPUTS = {
 
 
 @dataclass
-class Fault:
+class Fault(harness.Fault):
     """One injected fault and what became of it."""
-    kind: str
-    detail: str
-    survived: bool = False
-    seconds_to_handled: Optional[float] = None   # fault -> the launcher acted (new ring, ...)
     new_generation: Optional[int] = None
     stall_s: Optional[float] = None              # the survivors' stall (event log)
     rolled_back_steps: Optional[int] = None
     fenced_gone_s: Optional[float] = None        # fault undone -> the fenced process gone
     note: str = ""
+
+    def outcome(self) -> str:
+        gone = ("" if self.fenced_gone_s is None else
+                f", fenced worker gone {self.fenced_gone_s} s after the undo")
+        return (f"(handled {self.seconds_to_handled} s, stall {self.stall_s} s, rolled back "
+                f"{self.rolled_back_steps}{gone}){' ' + self.note if self.note else ''}")
 
 
 @dataclass
@@ -123,73 +119,26 @@ class RunResult:
 
     @property
     def passed(self) -> bool:
-        return (self.returncode == 0 and bool(self.faults) and all(f.survived for f in self.faults)
-                and self.repeated == 0 and self.missing == 0 and not self.split_brain
-                and self.max_steps_lost <= COMMIT_EVERY)
+        return harness.checks_pass(self) and bool(self.faults) and not self.split_brain
+
+    def details(self) -> str:
+        return (f"steps lost per generation {self.steps_lost} (at most {self.max_steps_lost}), "
+                f"split brain {self.split_brain or 'none'}, accuracy {self.accuracy}")
 
 
-class ClusterChaosJob:
-    """One ``hvd-edl-run`` in the launcher namespace, a controllable discovery script and an
-    audit ledger (the attributes :mod:`chaos`'s ledger helpers read)."""
+class ClusterChaosJob(harness.Job):
+    """The job in the launcher namespace, one slot per listed host."""
 
     def __init__(self, c: Cluster, work: Path, hosts: List[str]):
-        self.c, self.work = c, work
-        self.hosts_path = work / "hosts"
-        self.fail_flag = work / "discovery-fails"
-        self.events = work / "events.jsonl"
-        self.ledger = work / "ledger"
-        self.out_path = work / "launcher.out"
-        self.summary = work / "summary.json"
-        self.stop = work / "stop"
-        self.listed: List[str] = []
-        self.set_hosts(hosts)
-        script = work / "discover.sh"
-        script.write_text(f"#!/bin/sh\n[ -e {self.fail_flag} ] && exit 3\ncat {self.hosts_path}\n")
-        script.chmod(0o755)
-        env = dict(os.environ, **{audit.ENV_AUDIT_DIR: str(self.ledger)})
-        cmd = [str(BIN / "hvd-edl-run"), "-np", "3", "--min-np", "1", "--max-np", "4",
-               "--network-interface", c.nic, "-i", c.identity_file,
-               "--discovery-interval", "0.3", "--event-log", str(self.events),
-               "--blacklist-cooldown-range", "1", "2", "--host-discovery-script", str(script),
-               sys.executable, DIGITS, "--epochs", "400", "--step-delay", "0.02",
-               "--stop-file", str(self.stop), "--summary", str(self.summary)]
-        self.out = open(self.out_path, "w")
-        self.proc = c.popen("launcher", cmd, stdout=self.out, stderr=subprocess.STDOUT,
-                            cwd=str(work), env=env, start_new_session=True)
+        self.c = c
+        self.listed: List[str] = list(hosts)
+        super().__init__(work, _lines(hosts),
+                         ["--network-interface", c.nic, "-i", c.identity_file],
+                         popen=functools.partial(c.popen, "launcher"), cwd=work)
 
     def set_hosts(self, hosts: List[str]) -> None:
         self.listed = list(hosts)
-        self.write_discovery("".join(f"{h}:1\n" for h in hosts))
-
-    def write_discovery(self, text: str) -> None:
-        tmp = self.hosts_path.with_suffix(".new")
-        tmp.write_text(text)
-        os.replace(tmp, self.hosts_path)  # atomic: discovery never reads half a file
-
-    def generations(self) -> List[dict]:
-        if not self.events.exists():
-            return []
-        lines = [json.loads(x) for x in self.events.read_text().splitlines() if x.strip()]
-        return [e for e in lines if "generation" in e]  # not EventLog.note lines
-
-    def output(self) -> str:
-        self.out.flush()
-        return self.out_path.read_text(errors="replace")
-
-    def wait(self, pred, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if pred():
-                return True
-            if self.proc.poll() is not None:
-                return bool(pred())
-            time.sleep(0.1)
-        return False
-
-    def members(self) -> List[str]:
-        """The current ring's members as ``worker@host`` ("w3@h2")."""
-        gens = self.generations()
-        return [m.split(":")[0] for m in gens[-1]["members"]] if gens else []
+        self.write_discovery(_lines(hosts))
 
     def training_pid(self, host: str, worker_id: str) -> Optional[int]:
         """The training process of ``worker_id`` on ``host`` (not its supervisor or ssh)."""
@@ -206,15 +155,9 @@ class ClusterChaosJob:
         top = [p for p in found if p.ppid() not in pids]
         return top[0].pid if top else None
 
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.out.close()
+
+def _lines(hosts: List[str]) -> str:
+    return "".join(f"{h}:1\n" for h in hosts)
 
 
 def _ring_without(job: ClusterChaosJob, worker: str, after: int, timeout_s: float):
@@ -291,34 +234,10 @@ def _strike(c: Cluster, job: ClusterChaosJob, rng: random.Random, kind: str,
             fault.new_generation = ev["generation"]
             fault.stall_s, fault.rolled_back_steps = ev["stall_s"], ev["rolled_back_steps"]
     else:
-        what = rng.choice(sorted(BAD_OUTPUTS))
-        fault = Fault(kind, f"bad discovery output: {what}")
-        good = job.hosts_path.read_text()
-        start = len(job.output())
-        complaints = job.output().count(chaos.COMPLAINT)
-        recoveries = job.output().count(chaos.RECOVERED)
-        if BAD_OUTPUTS[what] is None:
-            job.fail_flag.touch()
-        else:
-            job.write_discovery(BAD_OUTPUTS[what])
-        fault.survived = job.wait(lambda: job.output().count(chaos.COMPLAINT) > complaints,
-                                  timeout_s)
-        job.fail_flag.unlink(missing_ok=True)
-        job.write_discovery(good)
-        fault.survived = (fault.survived and job.wait(
-            lambda: job.output().count(chaos.RECOVERED) > recoveries, timeout_s)
-            and chaos.COMPLAINT in job.output()[start:])
+        fault = harness.strike_bad_discovery(job, rng, BAD_OUTPUTS, timeout_s, fault=Fault)
         fault.seconds_to_handled = round(time.monotonic() - t, 2)
     fault.survived = fault.survived and job.proc.poll() is None
     return fault
-
-
-def _report(seed: int, fault: Fault) -> None:
-    gone = ("" if fault.fenced_gone_s is None else
-            f", fenced worker gone {fault.fenced_gone_s} s after the undo")
-    print(f"  seed {seed}: {fault.detail}: {'survived' if fault.survived else 'NOT survived'} "
-          f"(handled {fault.seconds_to_handled} s, stall {fault.stall_s} s, rolled back "
-          f"{fault.rolled_back_steps}{gone}){' ' + fault.note if fault.note else ''}", flush=True)
 
 
 def _split_brain(job: ClusterChaosJob, faults: List[Fault]) -> List[str]:
@@ -335,6 +254,25 @@ def _split_brain(job: ClusterChaosJob, faults: List[Fault]) -> List[str]:
     return bad
 
 
+def _faults(c: Cluster, job: ClusterChaosJob, rng: random.Random, kinds: List[str],
+            result: RunResult, started: float, timeout_s: float,
+            run_bound_s: float) -> Iterator[Fault]:
+    """A fault of each of ``kinds`` in turn, each struck when asked for; none after the run
+    bound (``result.error`` says so)."""
+    for kind in kinds:
+        if time.monotonic() - started > run_bound_s:
+            result.error = f"run bound ({run_bound_s:g} s) reached before {kind}"
+            return
+        if kind not in ("hosts", "bad") and not job.wait(lambda: len(job.members()) >= 2,
+                                                         REGROW_S):
+            # keep a worker (the job must survive, not end): first grow the ring
+            yield _strike(c, job, rng, "hosts", timeout_s)
+            if not job.wait(lambda: len(job.members()) >= 2, REGROW_S):
+                kind = "hosts"
+        yield _strike(c, job, rng, kind, timeout_s)
+        harness.settle(job)
+
+
 def run_chaos(c: Cluster, seed: int, n_faults: int, work: Path, fault_timeout_s: float = 60.0,
               run_bound_s: float = 300.0) -> RunResult:
     """One seeded chaos run on cluster ``c`` in ``work``; see the module docstring."""
@@ -344,75 +282,27 @@ def run_chaos(c: Cluster, seed: int, n_faults: int, work: Path, fault_timeout_s:
     result = RunResult(seed=seed)
     t0 = time.monotonic()
     job = ClusterChaosJob(c, work, ["h1", "h2", "h3"])
-    try:
-        if not job.wait(lambda: job.generations(), 180):
-            result.error = "generation 1 never formed:\n" + job.output()[-2000:]
-            return result
-        job.wait(lambda: chaos._ledger_steps(job) >= 20, 120)  # faults strike a training ring
-        for kind in kinds:
-            if time.monotonic() - t0 > run_bound_s:
-                result.error = f"run bound ({run_bound_s:g} s) reached before {kind}"
-                break
-            if kind not in ("hosts", "bad") and not job.wait(lambda: len(job.members()) >= 2,
-                                                             REGROW_S):
-                # keep a worker (the job must survive, not end): first grow the ring
-                fault = _strike(c, job, rng, "hosts", fault_timeout_s)
-                result.faults.append(fault)
-                _report(seed, fault)
-                if not fault.survived:
-                    result.error = job.output()[-3000:]
-                    break
-                if not job.wait(lambda: len(job.members()) >= 2, REGROW_S):
-                    kind = "hosts"
-            fault = _strike(c, job, rng, kind, fault_timeout_s)
-            result.faults.append(fault)
-            _report(seed, fault)
-            if not fault.survived:
-                result.error = job.output()[-3000:]
-                break
-            steps = chaos._ledger_steps(job)  # the new ring trains a little before the next
-            job.wait(lambda: chaos._ledger_steps(job) >= steps + 20, 60)
-        if not job.members():
-            job.set_hosts(["h1", "h2"])
-        job.stop.touch()
-        try:
-            result.returncode = job.proc.wait(timeout=180)
-        except subprocess.TimeoutExpired:
-            result.error = result.error or "did not finish within 180 s after the stop file"
-    finally:
-        job.close()
-        reset_hosts(c)
-        result.wall_s = round(time.monotonic() - t0, 1)
-    result.generations = len(job.generations())
+    faults = _faults(c, job, rng, kinds, result, t0, fault_timeout_s, run_bound_s)
+    lost = harness.run(job, result, faults, started=t0, revive=_lines(["h1", "h2"]),
+                       stop_timeout_s=180, teardown=lambda: reset_hosts(c))
+    if lost is None:
+        return result
+    result.steps_lost = lost
     result.split_brain = _split_brain(job, result.faults)
-    if job.summary.exists():
-        result.accuracy = json.loads(job.summary.read_text()).get("test_accuracy")
-    if job.ledger.exists():
-        result.steps_lost = chaos._steps_lost(job.ledger)
-        result.max_steps_lost = max(result.steps_lost, default=0)
-        report = audit.check(job.ledger, DIGITS_TRAIN)
-        result.repeated, result.missing = report.repeated, report.missing
-        result.complete_epochs = sum(1 for e in report.epochs if e.complete)
-    if result.returncode != 0 and not result.error:
-        result.error = job.output()[-3000:]
+    result.accuracy = job.read_summary().get("test_accuracy")
     (work / "result.json").write_text(json.dumps(asdict(result), indent=1))
     return result
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--faults", type=int, default=7, help="faults per run (default 7)")
-    p.add_argument("--seed", type=int, default=1, help="run i uses seed + i")
+    p = harness.arguments(__doc__, faults=7)
     p.add_argument("--fault-timeout", type=float, default=60.0)
     p.add_argument("--run-bound", type=float, default=300.0,
                    help="no new fault after this many seconds of a run")
     p.add_argument("--keep", help="keep each run's directory (launcher output, events, ledger) "
                    "under this directory")
     p.add_argument("--out", default=str(RESULTS / "cluster_chaos.json"))
-    a = p.parse_args(argv)
-    if a.runs < 1 or a.faults < 1:
-        p.error("--runs and --faults must be >= 1")
+    a = harness.parse(p, argv)
     try:
         c = Cluster(hosts=len(HOSTS))
     except ClusterUnavailable as e:
@@ -427,26 +317,9 @@ def main(argv=None) -> int:
             os.chmod(work, 0o755)
             r = run_chaos(c, a.seed + i, a.faults, work, a.fault_timeout, a.run_bound)
             results.append(r)
-            print(f"run {i} (seed {r.seed}): {sum(f.survived for f in r.faults)}/{len(r.faults)} "
-                  f"faults survived, {r.generations} generations, exit {r.returncode}, "
-                  f"repeated {r.repeated}, missing {r.missing} ({r.complete_epochs} complete "
-                  f"epochs), steps lost per generation {r.steps_lost} (at most "
-                  f"{r.max_steps_lost}), split brain {r.split_brain or 'none'}, accuracy "
-                  f"{r.accuracy}, {r.wall_s} s: {'PASS' if r.passed else 'FAIL'}", flush=True)
-            if r.error and not r.passed:
-                print(r.error[-2000:])
-    injected = sum(len(r.faults) for r in results)
-    survived = sum(sum(f.survived for f in r.faults) for r in results)
-    print(f"cluster chaos: {injected} faults injected over {len(results)} runs, {survived} "
-          f"survived; repeated {sum(r.repeated or 0 for r in results)}, missing "
-          f"{sum(r.missing or 0 for r in results)}; "
-          f"{'PASS' if all(r.passed for r in results) else 'FAIL'} (runs kept in {base})")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text(json.dumps({
-        "benchmark": "cluster_chaos", "hosts": len(HOSTS),
-        "runs": [dict(asdict(r), passed=r.passed) for r in results],
-        "faults_injected": injected, "faults_survived": survived}, indent=1) + "\n")
-    return 0 if all(r.passed for r in results) else 1
+            harness.print_run(i, r)
+    return harness.finish("cluster_chaos", results, a.out, note=f" (runs kept in {base})",
+                          hosts=len(HOSTS))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import json, sys, time, resource
 impl, n, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 import torch.utils.data
 if impl == "hvd_edl":
-    from hvd_edl.sampler import ElasticSampler
+    from hvd_edl.torch.elastic import ElasticSampler
     s = ElasticSampler(range(n), shuffle=True, seed=0, batch_size=batch)
 else:
     import horovod.torch as hvd

@@ -105,7 +105,7 @@ def test_fixed_global_batch_matches_one_worker_across_three_changes(tmp_path, jo
 _LEDGER_WRITER = textwrap.dedent("""
     import sys
     import torch
-    from hvd_edl.sampler import ElasticSampler
+    from hvd_edl.torch.elastic import ElasticSampler
     n, batch, epochs, stop_after, close_at_start = map(int, sys.argv[1:])
     sampler = ElasticSampler(list(range(n)), shuffle=True, seed=3, batch_size=batch)
     loader = torch.utils.data.DataLoader(list(range(n)), batch_size=batch, sampler=sampler)

@@ -8,7 +8,7 @@ import torch
 
 from hvd_edl import audit
 from hvd_edl.permutation import TABLE_MAX_DOMAIN, FeistelPermutation
-from hvd_edl.sampler import ElasticBatchSampler, ElasticSampler
+from hvd_edl.torch.elastic import ElasticBatchSampler, ElasticSampler
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 1000, 1347])

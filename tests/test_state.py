@@ -2,8 +2,7 @@
 values, also after a second failure before the next commit (no aliasing of saved buffers)."""
 import torch
 
-from hvd_edl.sampler import ElasticSampler
-from hvd_edl.torch.elastic import TorchState
+from hvd_edl.torch.elastic import ElasticSampler, TorchState
 
 
 def _train_step(model, optimizer):

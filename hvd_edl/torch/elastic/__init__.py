@@ -5,7 +5,7 @@ from __future__ import annotations
 import horovod.torch as _hvd
 
 from hvd_edl.elastic_state import ObjectState, State, run_fn
-from hvd_edl.sampler import ElasticBatchSampler, ElasticSampler
+from hvd_edl.torch.elastic.sampler import ElasticBatchSampler, ElasticSampler
 from hvd_edl.torch.elastic.state import TorchState
 
 __all__ = ["run", "TorchState", "ObjectState", "State", "ElasticSampler", "ElasticBatchSampler"]

@@ -16,8 +16,8 @@ import horovod.torch as _hvd
 
 from hvd_edl import audit, checkpoint, state_stream
 from hvd_edl.elastic_state import ObjectState
-from hvd_edl.sampler import ElasticSampler
 from hvd_edl.torch import broadcasts as _broadcasts
+from hvd_edl.torch.elastic.sampler import ElasticSampler
 
 log = logging.getLogger(__name__)
 

@@ -35,6 +35,7 @@ import torch.utils.data
 from hvd_edl import audit
 from hvd_edl.permutation import FeistelPermutation
 from hvd_edl.step_timer import note_samples
+from hvd_edl.torch import ops as _ops
 
 _CHUNK = 4096  # positions mapped per vectorised call while iterating
 
@@ -184,9 +185,8 @@ class ElasticSampler(torch.utils.data.Sampler):
 
     def reset(self) -> None:
         """Repartition the remaining positions over the current rank and world size (O(1))."""
-        from hvd_edl import torch as hvd
         try:
-            rank, world_size = hvd.rank(), hvd.size()
+            rank, world_size = _ops.rank(), _ops.size()
         except ValueError:  # Horovod not initialised and not under the launcher
             rank, world_size = 0, 1
         self.repartition(rank, world_size)

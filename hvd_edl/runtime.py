@@ -11,8 +11,8 @@ Life of a worker (see ../shared/DESIGN.md, "The membership protocol"):
 * A watcher thread long-polls the coordinator (``POST /watch``, blocked in a receive: no CPU
   while nothing changes) and raises a local flag when a switch is wanted.  At
   ``state.commit()`` the members agree through one small allreduce of that flag (pipelined:
-  see ``hvd_edl.state._agree``) whether to switch; :meth:`rejoin` then shuts Horovod down
-  and initialises it for the next generation, or exits 0 when this worker is scaled in.
+  see ``hvd_edl.elastic_state._agree``) whether to switch; :meth:`rejoin` then shuts Horovod
+  down and initialises it for the next generation, or exits 0 when this worker is scaled in.
 
 Outside ``hvd-edl-run`` (no coordinator in the environment) everything falls back to plain Horovod.
 """
@@ -118,8 +118,8 @@ class WorkerRuntime:
         self._phases: Dict[str, float] = {}
         self._init_done: Optional[float] = None
         self._removal_only = False
-        # the switch agreement (hvd_edl.state._agree): the in-flight Horovod handle, whether
-        # the next commit waits for its own agreement, the last commit's monotonic time
+        # the switch agreement (hvd_edl.elastic_state._agree): the in-flight Horovod handle,
+        # whether the next commit waits for its own agreement, the last commit's monotonic time
         self.pending_agreement = None
         self.agree_now = False
         self.last_commit_at: Optional[float] = None

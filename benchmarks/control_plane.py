@@ -1,9 +1,9 @@
 """The control plane at internet scale, by simulation (issue 17, item 2).
 
-The launcher is real: ``launcher.driver.Driver`` (its loop, discovery, spawning decisions, the
+The launcher is real: ``launcher.job.driver.Driver`` (its loop, discovery, spawning decisions, the
 control API), the ``Coordinator`` and its HTTP server, the per-generation Gloo rendezvous
 servers and the event log, in one process of their own.  Only the creation of worker processes
-is replaced: ``launcher.driver.spawn`` is hooked to ask a load-generator process
+is replaced: ``launcher.job.driver.spawn`` is hooked to ask a load-generator process
 (``benchmarks/sim_worker.py``) to start a simulated worker, an asyncio task that speaks the
 protocol over HTTP with the real messages and signatures, beats, long-polls and reaches step
 boundaries like ``hvd_edl.runtime`` (no torch, no Horovod).  Its exit is reported back to the
@@ -174,7 +174,7 @@ def _wait(pred, timeout_s: float, what: str, period_s: float = 0.05) -> float:
 
 def run_one(n: int, args, out) -> dict:
     """One size in this (launcher) process; returns the row."""
-    import launcher.driver as driver_mod
+    import launcher.job.driver as driver_mod
     from launcher.discovery import FixedHosts
 
     tmp = Path(tempfile.mkdtemp(prefix=f"cp{n}-"))

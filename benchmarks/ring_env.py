@@ -13,7 +13,7 @@ import os
 import subprocess
 from typing import Dict, Iterable, Optional
 
-from launcher.rendezvous import GenerationRendezvous
+from launcher.job.rendezvous import GenerationRendezvous
 
 RENDEZVOUS_ADDR = "127.0.0.1"
 
@@ -70,7 +70,7 @@ def kill_leftovers(procs: Iterable[subprocess.Popen]) -> None:
 
 
 class CountingRendezvous(GenerationRendezvous):
-    """Our rendezvous server (``launcher.rendezvous``), counting the requests each generation's
+    """Our rendezvous server (``launcher.job.rendezvous``), counting the requests each generation's
     store answers (by port)."""
 
     def __init__(self, *args, **kwargs):

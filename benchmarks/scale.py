@@ -450,7 +450,7 @@ def main() -> int:
             "machine": {**machine, "load_average_at_end": [round(x, 2) for x in
                                                            os.getloadavg()]},
             "method": "benchmarks/scale_worker.py: N ranks on this host, hvd.init() against "
-                      "a fresh generation of launcher.rendezvous, one allreduce, "
+                      "a fresh generation of launcher.job.rendezvous, one allreduce, "
                       "hvd.shutdown(); HVD_EDL_GLOO_FAST_INIT=1/0 alternated per init; "
                       "init_s is the slowest rank's"}}, out)
         print_init_table(init_table(ab))

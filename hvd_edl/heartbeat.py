@@ -4,7 +4,7 @@ A daemon thread posts ``POST /beat`` (:class:`hvd_edl.messages.Beat`) every
 :data:`hvd_edl.messages.BEAT_S` seconds on its own connection, off the training thread: a worker
 computing a long step, syncing its state or blocked in a collective still beats; a frozen
 process, a vanished host or a host cut off from the launcher does not (the coordinator's side
-is ``launcher/liveness.py``).  The answer carries the coordinator's decisions:
+is ``launcher/job/liveness.py``).  The answer carries the coordinator's decisions:
 
 * ``release``: a member of this worker's generation was declared dead, or died: the worker
   shuts down the sockets of that ring (or of the ring it is setting up), so a collective or a

@@ -31,7 +31,7 @@ ENV_HOST = "HVD_EDL_HOST"
 ENV_SLOT = "HVD_EDL_SLOT"
 ENV_ELASTIC = "HVD_EDL_ELASTIC"
 
-BEAT_S = 0.3  # seconds between a worker's heartbeats (``Beat``; see launcher/liveness.py)
+BEAT_S = 0.3  # seconds between a worker's heartbeats (``Beat``; see launcher/job/liveness.py)
 
 AUTH_HEADER = "X-Hvd-Edl-Auth"
 AUTH_SCHEME = "v1"
@@ -334,7 +334,7 @@ class BeatReply:
     set-up blocked on it fails now, not after Gloo's timeout.  ``fenced``: this worker was
     declared dead (it may have been frozen or cut off): it must exit without touching any
     ring again.  ``beat_s``: seconds until this worker's next beat (the period grows with the
-    job's size, ``launcher.liveness.beat_period_s``; 0 from an older launcher: ``BEAT_S``)."""
+    job's size, ``launcher.job.liveness.beat_period_s``; 0 from an older launcher: ``BEAT_S``)."""
     release: bool = False
     fenced: bool = False
     beat_s: float = 0.0

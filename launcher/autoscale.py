@@ -175,7 +175,7 @@ def prediction(model: SpeedModel, policy: Policy, n: int, stall_s: float) -> dic
 # ---- the running autoscaler ----------------------------------------------------------------------
 
 class Autoscaler:
-    """Sizes the job run by ``driver`` (a :class:`launcher.driver.Driver`) for ``policy`` in
+    """Sizes the job run by ``driver`` (a :class:`launcher.job.driver.Driver`) for ``policy`` in
     a thread of the launcher (:meth:`start`); :meth:`status` is its part of ``hvd-edl-ctl
     status``."""
 

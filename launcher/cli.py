@@ -30,7 +30,7 @@ from typing import List, Optional
 import psutil
 
 from launcher.discovery import FixedHosts, HostDiscoveryScript
-from launcher.driver import Driver, JobSpec
+from launcher.job.driver import Driver, JobSpec
 from launcher.hosts import HostSpecError, parse_host_lines, parse_hosts_arg
 
 
@@ -305,7 +305,7 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
     if a.trust_checkpoint_dir and not a.checkpoint_dir:
         parser.error("--trust-checkpoint-dir goes with --checkpoint-dir")
     if a.checkpoint_dir:
-        from launcher.checkpoint_dir import CheckpointDirError, check_directory
+        from launcher.job.checkpoint_dir import CheckpointDirError, check_directory
         try:  # another user's, or one others can write: refused before anything starts
             check_directory(a.checkpoint_dir, trusted=a.trust_checkpoint_dir)
         except CheckpointDirError as e:

@@ -238,7 +238,7 @@ class ControlClient:
 
 def routes(driver) -> Dict[str, Callable[[dict], dict]]:
     """The control API's handlers for ``CoordinatorServer(extra_routes=...)``; ``driver`` is the
-    job's :class:`launcher.driver.Driver`.  Handlers raise ``ValueError`` for bad requests."""
+    job's :class:`launcher.job.driver.Driver`.  Handlers raise ``ValueError`` for bad requests."""
 
     def _int(data: dict, key: str) -> int:
         v = data.get(key)

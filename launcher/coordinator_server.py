@@ -36,7 +36,7 @@ from hvd_edl import messages
 from launcher.bounded_http import (BodyReader, BoundedHTTPServer, HttpError, Limits, Request,
                                    Response, connection_cap, listen_socket)
 from launcher.control_auth import Refused, RequestAuthenticator
-from launcher.rendezvous import _local_addresses
+from launcher.job.rendezvous import _local_addresses
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def _json(status: int, obj: Any, close: bool = False, authenticated: bool = Fals
 
 
 class CoordinatorServer:
-    """Serves a :class:`launcher.coordinator.Coordinator` over HTTP on ``(bind_addr, port)``
+    """Serves a :class:`launcher.job.coordinator.Coordinator` over HTTP on ``(bind_addr, port)``
     (port 0: any free), with the checks of the module docstring.
 
     ``extra_routes`` maps further paths to handlers taking and returning JSON objects (the

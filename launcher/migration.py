@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from launcher.registry import WorkerState
+from launcher.job.registry import WorkerState
 
 log = logging.getLogger(__name__)
 

@@ -50,7 +50,7 @@ class ProfileAborted(RuntimeError):
 
 
 class Profiler:
-    """One profile at a time of the job run by ``driver`` (a :class:`launcher.driver.Driver`).
+    """One profile at a time of the job run by ``driver`` (a :class:`launcher.job.driver.Driver`).
 
     :meth:`start` validates and starts a profile in a thread; :meth:`status` reports it;
     :attr:`model` is the speed model of the last completed profile (None before one)."""

@@ -19,7 +19,7 @@ median there is); a ring of one has no straggler.  Guards against false positive
 * **noise**: the excess must hold for the whole ``window_s``, on top of a 5-second mean; one
   dip below the threshold starts the count over;
 * **silence**: a member with no step in the last ``STALE_S`` seconds is liveness's business
-  (``launcher/liveness.py``), not a straggler.
+  (``launcher/job/liveness.py``), not a straggler.
 
 Defaults (``--straggler-ratio 2 --straggler-window 5``): a worker slowed 3x is found about
 8-11 s after it slowed down (its 5 s mean crosses 2x after about 3.75 s of slow steps, then 5 s
@@ -51,7 +51,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from launcher.registry import WorkerState
+from launcher.job.registry import WorkerState
 
 log = logging.getLogger(__name__)
 

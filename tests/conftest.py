@@ -143,9 +143,9 @@ def summary(tmp: Path) -> dict:
 
 @pytest.fixture
 def rdv():
-    """A real :class:`launcher.rendezvous.GenerationRendezvous` on 127.0.0.1 (in this process),
+    """A real :class:`launcher.job.rendezvous.GenerationRendezvous` on 127.0.0.1 (in this process),
     closed after the test."""
-    from launcher.rendezvous import GenerationRendezvous
+    from launcher.job.rendezvous import GenerationRendezvous
     r = GenerationRendezvous("127.0.0.1")
     yield r
     r.close()

@@ -11,7 +11,7 @@ import requests
 
 from conftest import digits, summary
 from hvd_edl import messages
-from launcher.rendezvous import TOKEN_HEADER, GenerationRendezvous
+from launcher.job.rendezvous import TOKEN_HEADER, GenerationRendezvous
 
 
 def _post(url, path, body=b"{}", header=None):

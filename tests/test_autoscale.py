@@ -73,11 +73,11 @@ def test_autoscale_flags_are_parsed_and_bad_ones_exit_2(tmp_path, capsys):
 
 
 class _Driver:
-    """The driver's public interface ``Autoscaler`` uses (``launcher.driver.Driver``): bounds,
+    """The driver's public interface ``Autoscaler`` uses (``launcher.job.driver.Driver``): bounds,
     usable slots, the target, the ring (a settled one of 2 workers), telemetry, the event log."""
 
     def __init__(self, tmp_path, slots):
-        from launcher.coordinator import RingSnapshot
+        from launcher.job.coordinator import RingSnapshot
         from launcher.events import EventLog
         from launcher.telemetry import Telemetry
         self.spec = type("Spec", (), {"min_np": 1, "max_np": 8, "event_log": None})()

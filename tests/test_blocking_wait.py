@@ -12,7 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.rendezvous import GenerationRendezvous
+from launcher.job.rendezvous import GenerationRendezvous
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT / "benchmarks"))

@@ -28,7 +28,7 @@ import pytest
 from conftest import digits
 from hvd_edl import checkpoint
 from launcher import spawn
-from launcher.checkpoint_dir import CheckpointDir
+from launcher.job.checkpoint_dir import CheckpointDir
 from test_checkpoint import _digits_snapshot, _launch
 
 NOBODY = 65534

@@ -364,7 +364,7 @@ def test_a_command_missing_on_the_remote_host_is_one_clear_line(cluster, cluster
            "'/etc/ssh/only-on-the-launcher'" in job.output(), job.output()
 
 
-# ---- silent peers on the cluster (launcher/liveness.py) ----------------------------------------
+# ---- silent peers on the cluster (launcher/job/liveness.py) ----------------------------------------
 
 def _ring_without(job: Job, worker_id: str, after: int, timeout_s: float = 60.0) -> dict:
     """The first generation after ``after`` whose members do not include ``worker_id``."""

@@ -3,7 +3,7 @@ is the commit its survivors restored, also when a joiner that never finished its
 among the reporters (its count is 0: it holds no commit of the ring).  Unit level: a real
 ``Coordinator`` fed the workers' messages; no processes, no rendezvous servers."""
 from hvd_edl import messages
-from launcher.registry import WorkerRecord
+from launcher.job.registry import WorkerRecord
 
 from test_migration import _ring_of_two
 

@@ -1,4 +1,4 @@
-"""Silent members (launcher/liveness.py, hvd_edl/heartbeat.py): a frozen process is declared
+"""Silent members (launcher/job/liveness.py, hvd_edl/heartbeat.py): a frozen process is declared
 dead from its missing heartbeats and fenced, the others are released and train on from the last
 commit; the same while a new ring is being set up (Horovod's set-up would otherwise wait for
 Gloo's 30 s timeout, then end every survivor with std::terminate).  Timings are printed, not

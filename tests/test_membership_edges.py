@@ -6,10 +6,10 @@ themselves run in ``test_faults_membership.py``."""
 import time
 
 from hvd_edl import messages
-from launcher import liveness
-from launcher.coordinator import Coordinator
+from launcher.job import liveness
+from launcher.job.coordinator import Coordinator
 from launcher.events import EventLog, read as read_events
-from launcher.registry import WorkerRecord, WorkerState
+from launcher.job.registry import WorkerRecord, WorkerState
 
 from test_migration import _Rendezvous
 

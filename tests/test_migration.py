@@ -10,9 +10,9 @@ import pytest
 from conftest import VENV_BIN, Job, long_digits
 from hvd_edl import audit, messages
 from launcher import ctl
-from launcher.coordinator import Coordinator
+from launcher.job.coordinator import Coordinator
 from launcher.events import EventLog
-from launcher.registry import WorkerRecord, WorkerState
+from launcher.job.registry import WorkerRecord, WorkerState
 
 
 class _Rendezvous:
@@ -175,12 +175,12 @@ def test_reserved_ready_worker_joins_only_at_the_swap(tmp_path):
 
 
 class _Driver:
-    """The driver's public interface a :class:`Migration` uses (``launcher.driver.Driver``:
+    """The driver's public interface a :class:`Migration` uses (``launcher.job.driver.Driver``:
     start_worker, ask_to_leave, worker, ring, swap, release_reserved, note, the slot book),
     around a real coordinator and a real :class:`SlotBook`; no processes."""
 
     def __init__(self, coord, hosts):
-        from launcher.slot_book import SlotBook
+        from launcher.job.slot_book import SlotBook
         self.coord, self.events = coord, coord.events
         self.slots, self.left = SlotBook(hosts), []
         self._seq = len(coord.workers)

@@ -10,8 +10,8 @@ import time
 
 import requests
 
-from launcher import rendezvous
-from launcher.rendezvous import MULTI_GET_MAX_KEYS, TOKEN_HEADER
+from launcher.job import rendezvous
+from launcher.job.rendezvous import MULTI_GET_MAX_KEYS, TOKEN_HEADER
 
 
 def _frames(body: bytes):

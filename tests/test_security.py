@@ -22,9 +22,10 @@ import requests
 
 from conftest import VENV_BIN, Job, long_digits
 from hvd_edl import messages
-from launcher import coordinator_server, rendezvous
+from launcher import coordinator_server
+from launcher.job import rendezvous
 from launcher.coordinator_server import CoordinatorServer
-from launcher.rendezvous import TOKEN_HEADER
+from launcher.job.rendezvous import TOKEN_HEADER
 
 CTL = str(VENV_BIN / "hvd-edl-ctl")
 

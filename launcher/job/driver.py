@@ -20,16 +20,16 @@ from typing import Dict, List, Optional, Set, Tuple
 
 from hvd_edl import messages
 from launcher import control
-from launcher.checkpoint_dir import CheckpointDir, CheckpointDirError
-from launcher.coordinator import Coordinator, CoordinatorServer
+from launcher.job.checkpoint_dir import CheckpointDir, CheckpointDirError
+from launcher.job.coordinator import Coordinator, CoordinatorServer
 from launcher.discovery import DiscoveryError
 from launcher.events import EventLog
 from launcher.profiler import Profiler
 from launcher import migration as migration_
 from launcher import straggler as straggler_
-from launcher.registry import WorkerRecord, WorkerState
-from launcher.rendezvous import GenerationRendezvous
-from launcher.slot_book import SlotBook
+from launcher.job.registry import WorkerRecord, WorkerState
+from launcher.job.rendezvous import GenerationRendezvous
+from launcher.job.slot_book import SlotBook
 from launcher.spawn import WorkerProcess, WorkerSpec, spawn, terminate_all
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class Driver:
         self.metrics = None  # launcher.metrics.MetricsServer (--metrics-port)
         self.wake = threading.Event()
         self.procs: Dict[str, WorkerProcess] = {}
-        self.slots = SlotBook()  # hosts, slots, cooldowns, blacklist, drains (launcher/slot_book.py)
+        self.slots = SlotBook()  # hosts, slots, cooldowns, blacklist, drains (launcher/job/slot_book.py)
         self.first_failure: Optional[Tuple[WorkerRecord, int]] = None
         self.below_min_since: Optional[float] = None
         self.last_failure_at = float("-inf")
@@ -563,7 +563,7 @@ class Driver:
     # the control API use of a running job; nothing else of the driver or the coordinator is
     # touched across rooms.  Besides these: set_target / restore_target, drain, migrate,
     # status, telemetry_snapshot, request_checkpoint (above), the slot book (``slots``,
-    # launcher/slot_book.py), ``spec``, ``profiler`` and ``migration``.
+    # launcher/job/slot_book.py), ``spec``, ``profiler`` and ``migration``.
 
     @property
     def telemetry(self):

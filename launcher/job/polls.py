@@ -5,8 +5,8 @@ A poll is data (:class:`Poll`: a ``check`` that answers or says "wait", a deadli
 server waits for thousands of them on its event loop without a thread each; :meth:`Polls.
 wait_poll` blocks on the coordinator's condition for callers that want a plain call.
 
-:class:`Polls` is one part of :class:`launcher.coordinator.Coordinator` (with
-:class:`launcher.formation.Formation` and :class:`launcher.liveness.MemberLiveness`).
+:class:`Polls` is one part of :class:`launcher.job.coordinator.Coordinator` (with
+:class:`launcher.job.formation.Formation` and :class:`launcher.job.liveness.MemberLiveness`).
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ class Poll:
 
 
 class Polls:
-    """The long polls of :class:`launcher.coordinator.Coordinator`."""
+    """The long polls of :class:`launcher.job.coordinator.Coordinator`."""
 
     def switch(self, msg: messages.SwitchRequest) -> messages.Assignment:
         """Long poll: record that the worker is at a step boundary; answer its next assignment."""

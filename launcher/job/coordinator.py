@@ -24,11 +24,11 @@ from hvd_edl import messages
 from launcher.coordinator_server import CoordinatorServer  # noqa: F401 - served from here
 from launcher.progress import ProgressBoard
 from launcher.events import EventLog, GenerationEvent
-from launcher.formation import Formation, Generation
-from launcher.liveness import LivenessMonitor, MemberLiveness
-from launcher.polls import CountingDict, NotifyingCondition, Polls
-from launcher.registry import WorkerRecord, WorkerState
-from launcher.rendezvous import GenerationRendezvous
+from launcher.job.formation import Formation, Generation
+from launcher.job.liveness import LivenessMonitor, MemberLiveness
+from launcher.job.polls import CountingDict, NotifyingCondition, Polls
+from launcher.job.registry import WorkerRecord, WorkerState
+from launcher.job.rendezvous import GenerationRendezvous
 from launcher.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -89,8 +89,8 @@ class JobFailed(RuntimeError):
 
 class Coordinator(Formation, Polls, MemberLiveness):
     """Membership state machine of one job: the driver's and the workers' calls are here; when a
-    generation forms is :class:`launcher.formation.Formation`, the long polls
-    :class:`launcher.polls.Polls`, silence and fencing :class:`launcher.liveness.MemberLiveness`.
+    generation forms is :class:`launcher.job.formation.Formation`, the long polls
+    :class:`launcher.job.polls.Polls`, silence and fencing :class:`launcher.job.liveness.MemberLiveness`.
 
     Args:
         min_np, max_np: bounds on the world size (workers).
@@ -143,7 +143,7 @@ class Coordinator(Formation, Polls, MemberLiveness):
         self._beat_step = -1  # see _last_reported_step
         self.progress = ProgressBoard()  # steps / epoch / samples the watchers report
         self.telemetry = Telemetry()  # step / compute / wait times the heartbeats carry
-        # --checkpoint-dir (a launcher.checkpoint_dir.CheckpointDir; None: no checkpoints) and
+        # --checkpoint-dir (a launcher.job.checkpoint_dir.CheckpointDir; None: no checkpoints) and
         # how many checkpoints hvd-edl-ctl asked for (the watchers' replies carry it)
         self.checkpoints = None
         self.checkpoint_request = 0

@@ -7,8 +7,8 @@ Once every live member is at the boundary its ring is shut down, so a generation
 then, also when the change it switched for went away (kind "reform").  Ranks follow age: the
 oldest staying member is rank 0, so the state always syncs from a worker that holds it.
 
-:class:`Formation` is one part of :class:`launcher.coordinator.Coordinator` (with
-:class:`launcher.polls.Polls` and :class:`launcher.liveness.MemberLiveness`); every method runs
+:class:`Formation` is one part of :class:`launcher.job.coordinator.Coordinator` (with
+:class:`launcher.job.polls.Polls` and :class:`launcher.job.liveness.MemberLiveness`); every method runs
 with the coordinator's lock held and reads and writes its state.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 from hvd_edl import messages
-from launcher.checkpoint_dir import CheckpointDirError
-from launcher.registry import WorkerRecord, WorkerState
+from launcher.job.checkpoint_dir import CheckpointDirError
+from launcher.job.registry import WorkerRecord, WorkerState
 
 JOIN_BATCH_S = 2.0  # how long a ready joiner waits for siblings spawned with it (seconds)
 STATE_LOST_LIMIT = 3  # generations in a row a job may start without any holder of the state
@@ -47,7 +47,7 @@ class Generation:
 
 
 class Formation:
-    """The formation rules of :class:`launcher.coordinator.Coordinator` (lock held)."""
+    """The formation rules of :class:`launcher.job.coordinator.Coordinator` (lock held)."""
 
     def _all_reported(self) -> bool:
         """Whether every live member of the current generation reported at the step boundary

@@ -48,7 +48,7 @@ from typing import Dict, Iterable, List, Optional
 
 from hvd_edl import messages
 from hvd_edl.messages import BEAT_S
-from launcher.registry import WorkerRecord, WorkerState
+from launcher.job.registry import WorkerRecord, WorkerState
 
 SILENT_AFTER_S = float(os.environ.get("HVD_EDL_SILENT_AFTER_S", "1.5"))
 STARVED_S = 1.0  # no beat from anyone this long: the launcher was starved, restart the clocks
@@ -147,7 +147,7 @@ END_SILENT_S = 30.0  # once training finished, a member this long silent is kill
 
 
 class MemberLiveness:
-    """The coordinator's side of liveness (one part of :class:`launcher.coordinator.
+    """The coordinator's side of liveness (one part of :class:`launcher.job.coordinator.
     Coordinator`): each ``POST /beat`` is noted in its :class:`LivenessMonitor` and, at most
     every ``SILENCE_CHECK_S``, the members silent too long are declared dead and fenced; a lost
     member's peers are released (their next beat's answer says so) and its rendezvous sealed."""
@@ -155,7 +155,7 @@ class MemberLiveness:
     def _member_lost(self, rec: WorkerRecord) -> None:
         """A member of the current generation is gone (lock held): its peers are released (their
         next heartbeat answer says so) and its rendezvous refuses further requests, so that a
-        ring set-up waiting on it fails in seconds (see launcher/liveness.py)."""
+        ring set-up waiting on it fails in seconds (see launcher/job/liveness.py)."""
         g = self.current
         if g is not None and rec.worker_id in g.members and self.first_loss is None:
             self.first_loss = rec.worker_id
@@ -165,7 +165,7 @@ class MemberLiveness:
 
     def beat(self, msg: messages.Beat) -> messages.BeatReply:
         """A worker's heartbeat: note it, and declare dead the members of the current generation
-        that fell silent while a peer beat (``launcher.liveness``); answer whether this worker
+        that fell silent while a peer beat (``launcher.job.liveness``); answer whether this worker
         was fenced and whether its generation lost a member."""
         now = time.monotonic()
         silent: List[tuple] = []

@@ -52,11 +52,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from launcher.events import read as read_events  # noqa: E402
+
 BIN = Path(sys.executable).parent
 WORKLOAD = str(ROOT / "benchmarks" / "workload.py")
 RESULTS = ROOT / "benchmarks" / "results"
@@ -65,13 +68,14 @@ BATCH = 16
 SLICE_SKIP_S = 0.3  # seconds of each throughput slice left out (the job resuming)
 
 
-class Job:
-    """One launcher process running the workload, with its hosts file and timeline directory
-    (``max_np``: the elastic launchers' ``--max-np``, workers; ``launcher_args``: more flags for
-    the launcher)."""
+class WorkloadJob:
+    """A launcher running the workload from a discovery script (``cat`` of a hosts file): the
+    hosts file, the per-step timelines, the event log and the launcher's output, and waits on
+    them.  A subclass says which launcher (:meth:`_launcher`, given the discovery script) and
+    how it is started (``popen``); ``workload_args``: more flags for the workload."""
 
-    def __init__(self, system: str, tmp: Path, np: int, *, step_delay: float = 0.0,
-                 model_mb: float = 0.0, max_np: int = 4, launcher_args: tuple = ()):
+    def __init__(self, system: str, tmp: Path, hosts: str, workload_args: Sequence[str] = (),
+                 popen: Callable[..., subprocess.Popen] = subprocess.Popen):
         self.system = system
         self.tmp = tmp
         self.timeline_dir = tmp / "timelines"
@@ -80,39 +84,26 @@ class Job:
         self.events_path = tmp / "events.jsonl"
         self.stop_path = tmp / "stop"
         self.out_path = tmp / "launcher.out"
-        self.delay_path = tmp / "joiner-build-delay"
-        self.set_joiner_build_delay(0.0)
-        self.set_hosts(np)
+        self.write_hosts(hosts)
         discover = tmp / "discover.sh"
         discover.write_text(f"#!/bin/sh\ncat {self.hosts_path}\n")
         discover.chmod(0o755)
         workload = [sys.executable, WORKLOAD, "--system", system,
                     "--timeline-dir", str(self.timeline_dir), "--stop-file", str(self.stop_path),
-                    "--batch-size", str(BATCH), "--commit-every", "10",
-                    "--step-delay", str(step_delay),
-                    "--joiner-build-delay-file", str(self.delay_path),
-                    "--model-mb", str(model_mb)]
-        if system == "hvd_edl":
-            cmd = [str(BIN / "hvd-edl-run"), "-np", str(np), "--min-np", "1", "--max-np", str(max_np),
-                   "--event-log", str(self.events_path), "--host-discovery-script", str(discover)]
-        elif system == "horovod_elastic":
-            cmd = [str(BIN / "horovodrun"), "--gloo", "--network-interface", "lo", "-np", str(np),
-                   "--min-np", "1", "--max-np", str(max_np), "--host-discovery-script", str(discover)]
-        else:  # static Horovod
-            cmd = [str(BIN / "horovodrun"), "--gloo", "--network-interface", "lo", "-np", str(np),
-                   "-H", f"localhost:{np}"]
+                    "--batch-size", str(BATCH), "--commit-every", "10", *workload_args]
         self.out = open(self.out_path, "w")
-        self.proc = subprocess.Popen(cmd + list(launcher_args) + workload, stdout=self.out, stderr=subprocess.STDOUT,
-                                     cwd=str(ROOT), start_new_session=True)
+        self.proc = popen(self._launcher(discover) + workload, stdout=self.out,
+                          stderr=subprocess.STDOUT, cwd=str(ROOT), start_new_session=True)
         self.started = time.time()
 
-    def set_hosts(self, slots: int) -> None:
-        new = self.hosts_path.with_suffix(".new")
-        new.write_text(f"localhost:{slots}\n")
-        os.replace(new, self.hosts_path)
+    def _launcher(self, discover: Path) -> List[str]:
+        """The launcher's command line, before the workload's."""
+        raise NotImplementedError
 
-    def set_joiner_build_delay(self, seconds: float) -> None:
-        self.delay_path.write_text(f"{seconds}\n")
+    def write_hosts(self, text: str) -> None:
+        new = self.hosts_path.with_suffix(".new")
+        new.write_text(text)
+        os.replace(new, self.hosts_path)  # atomic: discovery never reads half a file
 
     def timelines(self) -> Dict[int, List[dict]]:
         out = {}
@@ -126,42 +117,28 @@ class Job:
             out[int(f.stem.split("-")[1])] = recs
         return out
 
-    def wait_settled(self, size: int, steps: int, after: float, timeout_s: float) -> bool:
-        """True once ``size`` workers each recorded ``steps`` steps at world size ``size`` after
-        ``after`` (unix time); False on timeout or when the job ended."""
+    def events(self) -> List[dict]:
+        return read_events(self.events_path)[0]  # not EventLog.note lines
+
+    def wait(self, pred: Callable[[Dict[int, List[dict]]], object], timeout_s: float) -> bool:
+        """True once ``pred(self.timelines())`` is; False on timeout, or when the job ended
+        and it still is not."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            n = sum(1 for recs in self.timelines().values()
-                    if sum(1 for r in recs if r["size"] == size and r["t"] > after) >= steps)
-            if n >= size:
+            if pred(self.timelines()):
                 return True
             if self.proc.poll() is not None:
-                return False
+                return bool(pred(self.timelines()))
             time.sleep(0.1)
         return False
 
-    def change(self, slots: int) -> float:
-        t = time.time()
-        self.set_hosts(slots)
-        return t
-
-    def kill_highest_rank(self) -> Optional[float]:
-        latest = {pid: recs[-1] for pid, recs in self.timelines().items() if recs}
-        if not latest:
-            return None
-        newest = max(r["t"] for r in latest.values())
-        live = {p: r for p, r in latest.items() if newest - r["t"] < 2.0}
-        pid = max(live, key=lambda p: live[p]["rank"])
-        t = time.time()
-        os.kill(pid, signal.SIGKILL)
-        self.killed_pid = pid
-        return t
-
-    def events(self) -> List[dict]:
-        if not self.events_path.exists():
-            return []
-        lines = [json.loads(x) for x in self.events_path.read_text().splitlines() if x]
-        return [e for e in lines if "generation" in e]  # not EventLog.note lines
+    def wait_settled(self, size: int, steps: int, after: float, timeout_s: float) -> bool:
+        """True once ``size`` workers each recorded ``steps`` steps at world size ``size`` after
+        ``after`` (unix time); False on timeout or when the job ended short of it."""
+        return self.wait(lambda tl: sum(
+            1 for recs in tl.values()
+            if sum(1 for r in recs if r["size"] == size and r["t"] > after) >= steps)
+            >= size, timeout_s)
 
     def finish(self, timeout_s: float = 30.0) -> None:
         """Ask the workers to stop (stop file), wait, then end whatever is left of the job."""
@@ -200,6 +177,56 @@ class Job:
         self.out.flush()
         lines = self.out_path.read_text(errors="replace").splitlines()
         return [x for x in lines if not x.startswith("[")][-n:]
+
+
+class Job(WorkloadJob):
+    """One launcher process on this host running the workload (``max_np``: the elastic
+    launchers' ``--max-np``, workers; ``launcher_args``: more flags for the launcher)."""
+
+    def __init__(self, system: str, tmp: Path, np: int, *, step_delay: float = 0.0,
+                 model_mb: float = 0.0, max_np: int = 4, launcher_args: tuple = ()):
+        self.np, self.max_np, self.launcher_args = np, max_np, tuple(launcher_args)
+        self.delay_path = tmp / "joiner-build-delay"
+        self.set_joiner_build_delay(0.0)
+        super().__init__(system, tmp, f"localhost:{np}\n", [
+            "--step-delay", str(step_delay), "--joiner-build-delay-file", str(self.delay_path),
+            "--model-mb", str(model_mb)])
+
+    def _launcher(self, discover: Path) -> List[str]:
+        np, max_np = str(self.np), str(self.max_np)
+        if self.system == "hvd_edl":
+            cmd = [str(BIN / "hvd-edl-run"), "-np", np, "--min-np", "1", "--max-np", max_np,
+                   "--event-log", str(self.events_path), "--host-discovery-script", str(discover)]
+        elif self.system == "horovod_elastic":
+            cmd = [str(BIN / "horovodrun"), "--gloo", "--network-interface", "lo", "-np", np,
+                   "--min-np", "1", "--max-np", max_np, "--host-discovery-script", str(discover)]
+        else:  # static Horovod
+            cmd = [str(BIN / "horovodrun"), "--gloo", "--network-interface", "lo", "-np", np,
+                   "-H", f"localhost:{np}"]
+        return cmd + list(self.launcher_args)
+
+    def set_hosts(self, slots: int) -> None:
+        self.write_hosts(f"localhost:{slots}\n")
+
+    def set_joiner_build_delay(self, seconds: float) -> None:
+        self.delay_path.write_text(f"{seconds}\n")
+
+    def change(self, slots: int) -> float:
+        t = time.time()
+        self.set_hosts(slots)
+        return t
+
+    def kill_highest_rank(self) -> Optional[float]:
+        latest = {pid: recs[-1] for pid, recs in self.timelines().items() if recs}
+        if not latest:
+            return None
+        newest = max(r["t"] for r in latest.values())
+        live = {p: r for p, r in latest.items() if newest - r["t"] < 2.0}
+        pid = max(live, key=lambda p: live[p]["rank"])
+        t = time.time()
+        os.kill(pid, signal.SIGKILL)
+        self.killed_pid = pid
+        return t
 
 
 # ---- measuring from timelines -------------------------------------------------------------------

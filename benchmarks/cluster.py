@@ -22,21 +22,21 @@ Prints a table and writes benchmarks/results/cluster.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import List, Optional
 
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench import BATCH, change_stall, kill_outcome, machine_info  # noqa: E402
+from bench import WorkloadJob, change_stall, kill_outcome, machine_info  # noqa: E402
 
 
 def _load_test_cluster():
@@ -54,98 +54,53 @@ _cluster = _load_test_cluster()
 Cluster, ClusterUnavailable = _cluster.Cluster, _cluster.ClusterUnavailable
 
 BIN = Path(sys.executable).parent
-WORKLOAD = str(ROOT / "benchmarks" / "workload.py")
 RESULTS = ROOT / "benchmarks" / "results"
 SYSTEMS = ("hvd_edl", "horovod_elastic")
 FAULTS = ("scale_out", "scale_in", "remote_kill", "vanish", "freeze")
 SETTLE_STEPS = 20
 
 
-class ClusterJob:
+class ClusterJob(WorkloadJob):
     """One launcher in the cluster's launcher namespace running the workload."""
 
     def __init__(self, c: Cluster, system: str, tmp: Path, hosts: List[str]):
-        self.c, self.system, self.tmp = c, system, tmp
-        self.timeline_dir = tmp / "timelines"
-        self.timeline_dir.mkdir()
-        self.hosts_path = tmp / "hosts"
-        self.stop_path = tmp / "stop"
-        self.set_hosts(hosts)
-        discover = tmp / "discover.sh"
-        discover.write_text(f"#!/bin/sh\ncat {self.hosts_path}\n")
-        discover.chmod(0o755)
-        workload = [sys.executable, WORKLOAD, "--system", system,
-                    "--timeline-dir", str(self.timeline_dir), "--stop-file", str(self.stop_path),
-                    "--batch-size", str(BATCH), "--commit-every", "10"]
-        common = ["-np", str(len(hosts)), "--min-np", "1", "--max-np", "3",
-                  "--network-interface", c.nic, "-i", c.identity_file,
+        self.c, self.np = c, len(hosts)
+        super().__init__(system, tmp, _lines(hosts), popen=functools.partial(c.popen, "launcher"))
+
+    def _launcher(self, discover: Path) -> List[str]:
+        common = ["-np", str(self.np), "--min-np", "1", "--max-np", "3",
+                  "--network-interface", self.c.nic, "-i", self.c.identity_file,
                   "--host-discovery-script", str(discover)]
-        if system == "hvd_edl":
-            cmd = [str(BIN / "hvd-edl-run"), *common, "--event-log", str(tmp / "events.jsonl"),
-                   "--blacklist-cooldown-range", "5", "10"]
-        else:
-            cmd = [str(BIN / "horovodrun"), "--gloo", *common,
-                   "--blacklist-cooldown-range", "5", "10"]
-        self.out = open(tmp / "launcher.out", "w")
-        self.proc = c.popen("launcher", cmd + workload, stdout=self.out,
-                            stderr=subprocess.STDOUT, cwd=str(ROOT), start_new_session=True)
+        if self.system == "hvd_edl":
+            return [str(BIN / "hvd-edl-run"), *common, "--event-log", str(self.events_path),
+                    "--blacklist-cooldown-range", "5", "10"]
+        return [str(BIN / "horovodrun"), "--gloo", *common, "--blacklist-cooldown-range", "5", "10"]
 
     def set_hosts(self, hosts: List[str]) -> None:
-        new = self.hosts_path.with_suffix(".new")
-        new.write_text("".join(f"{h}:1\n" for h in hosts))
-        os.replace(new, self.hosts_path)
-
-    def timelines(self) -> Dict[int, List[dict]]:
-        out = {}
-        for f in self.timeline_dir.glob("timeline-*.jsonl"):
-            recs = []
-            for line in f.read_text().splitlines():
-                try:
-                    recs.append(json.loads(line))
-                except ValueError:
-                    pass
-            out[int(f.stem.split("-")[1])] = recs
-        return out
-
-    def wait(self, pred, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if pred(self.timelines()):
-                return True
-            if self.proc.poll() is not None:
-                return bool(pred(self.timelines()))
-            time.sleep(0.1)
-        return False
-
-    def settled(self, size: int, after: float, timeout_s: float) -> bool:
-        return self.wait(lambda tl: sum(
-            1 for recs in tl.values()
-            if sum(1 for r in recs if r["size"] == size and r["t"] > after) >= SETTLE_STEPS)
-            >= size, timeout_s)
+        self.write_hosts(_lines(hosts))
 
     def pid_on(self, host: str) -> Optional[int]:
         on = set(self.c.pids(host))
         return next((p for p in self.timelines() if p in on), None)
 
-    def end(self) -> None:
-        self.stop_path.touch()
+    def finish(self, timeout_s: float = 10.0) -> None:
         for h in self.c.hosts:
-            self.c.thaw(h)
-        try:
-            self.proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001 - whatever state it is in, it goes now
-            pass
+            self.c.thaw(h)  # a frozen host's workers see the stop file too
+        super().finish(timeout_s)
+
+    def _kill_tree(self) -> None:
+        """SIGKILL at once: the launcher, every worker and what each started (a remote
+        worker's process tree hangs off its host's sshd, not the launcher)."""
         for p in [self.proc.pid, *self.timelines()]:
             try:
                 for q in [psutil.Process(p), *psutil.Process(p).children(recursive=True)]:
                     q.kill()
             except psutil.NoSuchProcess:
                 pass
-        self.out.close()
 
-    def tail(self, n: int = 6) -> List[str]:
-        lines = (self.tmp / "launcher.out").read_text(errors="replace").splitlines()
-        return [x for x in lines if not x.startswith("[")][-n:]
+
+def _lines(hosts: List[str]) -> str:
+    return "".join(f"{h}:1\n" for h in hosts)
 
 
 def reset_hosts(c: Cluster) -> None:
@@ -172,8 +127,9 @@ def run_one(c: Cluster, system: str, fault: str, bound_s: float) -> dict:
         job = ClusterJob(c, system, Path(tmp), start_hosts)
         res: dict = {"system": system, "fault": fault}
         try:
-            if not job.settled(size, 0, 120):
-                res.update(survived=False, error=f"ring of {size} never formed: {job.tail()}")
+            if not job.wait_settled(size, SETTLE_STEPS, 0, 120):
+                res.update(survived=False,
+                           error=f"ring of {size} never formed: {job.output_tail(6)}")
                 return res
             victim = job.pid_on("h3")
             t = time.time()
@@ -190,7 +146,7 @@ def run_one(c: Cluster, system: str, fault: str, bound_s: float) -> dict:
             elif fault == "freeze":
                 c.freeze("h3")
             if fault in ("scale_out", "scale_in"):
-                ok = job.settled(new, t, bound_s)
+                ok = job.wait_settled(new, SETTLE_STEPS, t, bound_s)
                 st = change_stall(job.timelines(), size, new, t) if ok else None
                 res.update(survived=bool(st), recovery_s=st and st["stall_s"],
                            steps_lost=st and st["rolled_back_steps"])
@@ -202,10 +158,11 @@ def run_one(c: Cluster, system: str, fault: str, bound_s: float) -> dict:
                 res.update(survived=out["survives"], recovery_s=out.get("recovery_s"),
                            steps_lost=out.get("steps_lost"), new_size=out.get("new_size"))
             if not res["survived"]:
-                res["note"] = f"no survivor trained again within {bound_s:g} s: {job.tail(3)}"
+                res["note"] = (f"no survivor trained again within {bound_s:g} s: "
+                               f"{job.output_tail(3)}")
             return res
         finally:
-            job.end()
+            job.finish()
             reset_hosts(c)
 
 

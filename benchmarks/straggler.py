@@ -50,7 +50,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 BATCH = 16
 SETTLE_S = 5.0
 
-from launcher.control import ControlClient, ControlError  # noqa: E402
+from launcher.serve.control import ControlClient, ControlError  # noqa: E402
 
 
 class Run:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from launcher.control import ControlClient  # noqa: E402
+from launcher.serve.control import ControlClient  # noqa: E402
 BIN = Path(sys.executable).parent
 SCRIPT = ROOT / "tests" / "horovod_style" / "elastic_main.py"
 

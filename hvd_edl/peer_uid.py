@@ -1,6 +1,6 @@
 """Who is on the other end of a TCP connection from this machine: the owning user of the peer's
 socket, as the kernel reports it.  Used by both sides (the launcher's servers through
-:mod:`launcher.peer_uid`, which re-exports this module; rank 0's state stream directly): it
+:mod:`launcher.serve.peer_uid`, which re-exports this module; rank 0's state stream directly): it
 lives here because the worker side never imports the launcher.
 
 On Linux the kernel answers "which socket has local end A and remote end B, and whose is it"

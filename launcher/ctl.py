@@ -19,7 +19,7 @@
 
 The job is found through ``--job FILE`` or ``--job PID`` (the launcher's pid, as ``list`` shows
 it), else ``$HVD_EDL_JOB``, else the only running job's file in the default directory
-(:mod:`launcher.control`).  Exit codes: 0 done, 1 the job refused the request (the reason is
+(:mod:`launcher.serve.control`).  Exit codes: 0 done, 1 the job refused the request (the reason is
 printed, the job is unchanged), 2 bad usage (e.g. ``--timeout`` not a positive number of seconds,
 a HOST that is not an RFC 1123 name or IP address), 3 no job found, an unsafe job file or the job
 cannot be reached, 4 ``scale --wait S`` or ``migrate --wait S`` ran out (a migration goes on):
@@ -39,7 +39,7 @@ import sys
 import time
 from typing import List, Optional
 
-from launcher.control import (ControlClient, ControlError, default_job_dir, find_job_file,
+from launcher.serve.control import (ControlClient, ControlError, default_job_dir, find_job_file,
                               running_jobs)
 from launcher.hosts import HostSpecError, check_host
 

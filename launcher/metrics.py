@@ -5,7 +5,7 @@ families) reads :class:`launcher.telemetry.Telemetry` when ``/metrics`` is scrap
 state per metric, nothing on the training path.  prometheus-client's own WSGI app
 (``make_wsgi_app``: the same exposition as its ``start_http_server``, the text format, OpenMetrics
 when asked for, gzip when accepted, ``?name[]=`` filters, any path) answers each request, served on
-the launcher's bind address by the bounded server of :mod:`launcher.bounded_http` on one asyncio
+the launcher's bind address by the bounded server of :mod:`launcher.serve.bounded_http` on one asyncio
 thread: at most ``MAX_CONNECTIONS`` connections (503 past it), a request head of 16 KiB sent
 within ``HEADER_TIMEOUT_S`` (408), one request per connection, a listen backlog of 1,024, and no
 thread per connection (prometheus-client's server started one per connection, never timed a
@@ -46,7 +46,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 
-from launcher.bounded_http import (BodyReader, BoundedHTTPServer, Limits, Request, Response,
+from launcher.serve.bounded_http import (BodyReader, BoundedHTTPServer, Limits, Request, Response,
                                    connection_cap, listen_socket)
 from launcher.telemetry import COUNTER_KINDS, Telemetry
 

@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from launcher.control import ControlClient, ControlError
+from launcher.serve.control import ControlClient, ControlError
 
 COUNTER_LABELS = (("failure", "failures"), ("eviction", "evictions"),
                   ("straggler", "stragglers"), ("migration", "migrations"),

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import VENV_BIN, long_digits
 from hvd_edl import messages
-from launcher import control
+from launcher.serve import control
 
 CTL = str(VENV_BIN / "hvd-edl-ctl")
 
@@ -181,7 +181,7 @@ def test_a_worker_hanging_up_mid_request_is_one_debug_line_not_a_traceback(caplo
     POST /leave`` with a ``ConnectionResetError`` traceback at ERROR level, for each one (any
     client could print them: the body is read before the signature is checked).  Now one
     debug line each, and the server goes on answering."""
-    from launcher.coordinator_server import CoordinatorServer
+    from launcher.serve.coordinator_server import CoordinatorServer
     server = CoordinatorServer(object(), messages.new_secret(), "127.0.0.1")
     port = server.start()
     head = (b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"

@@ -22,9 +22,9 @@ import requests
 
 from conftest import VENV_BIN, Job, long_digits
 from hvd_edl import messages
-from launcher import coordinator_server
+from launcher.serve import coordinator_server
 from launcher.job import rendezvous
-from launcher.coordinator_server import CoordinatorServer
+from launcher.serve.coordinator_server import CoordinatorServer
 from launcher.job.rendezvous import TOKEN_HEADER
 
 CTL = str(VENV_BIN / "hvd-edl-ctl")

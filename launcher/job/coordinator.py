@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 from hvd_edl import messages
-from launcher.coordinator_server import CoordinatorServer  # noqa: F401 - served from here
+from launcher.serve.coordinator_server import CoordinatorServer  # noqa: F401 - served from here
 from launcher.progress import ProgressBoard
 from launcher.events import EventLog, GenerationEvent
 from launcher.job.formation import Formation, Generation

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Set, Tuple
 
 from hvd_edl import messages
-from launcher import control
+from launcher.serve import control
 from launcher.job.checkpoint_dir import CheckpointDir, CheckpointDirError
 from launcher.job.coordinator import Coordinator, CoordinatorServer
 from launcher.discovery import DiscoveryError

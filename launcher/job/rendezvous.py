@@ -17,7 +17,7 @@ which we patch at build time (``cmake/patches/0002-rendezvous-token.patch``) to 
 generation's server draws its own random token; the coordinator hands it to that generation's
 members only, in their (signed) :class:`hvd_edl.messages.Assignment`.  What each server does:
 
-* every bound of :mod:`launcher.bounded_http` before anything else: ``MAX_CONNECTIONS``
+* every bound of :mod:`launcher.serve.bounded_http` before anything else: ``MAX_CONNECTIONS``
   connections (503 past it), a head of ``MAX_HEADER_BYTES`` / ``MAX_HEADERS`` lines (431) sent
   within ``REQUEST_TIMEOUT_S`` (408), a ``BACKLOG`` of 1024, and no connection from another
   user's process on this machine (403, where the OS says who owns the peer's socket);
@@ -72,7 +72,7 @@ from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
 import psutil
 
-from launcher.bounded_http import (BodyReader, BoundedHTTPServer, HttpError, Limits, Request,
+from launcher.serve.bounded_http import (BodyReader, BoundedHTTPServer, HttpError, Limits, Request,
                                    Response, connection_cap, listen_socket)
 from launcher.hosts import is_local, parse_ip
 

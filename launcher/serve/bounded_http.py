@@ -17,7 +17,7 @@ What a client without the job's secret can hold, per server:
 * a listen backlog of ``backlog`` (large jobs connect in bursts).
 
 Peers on this machine (loopback, or one of its own addresses) owned by another user are refused
-with 403 where the OS says who owns them (:mod:`launcher.peer_uid`).  Malformed input of any kind
+with 403 where the OS says who owns them (:mod:`launcher.serve.peer_uid`).  Malformed input of any kind
 gets a 4xx answer; an exception in a handler a 500; neither reaches the event loop.  A connection
 whose request authenticated (the handler says so) may stay open between requests for
 ``idle_timeout_s`` (the workers' keep-alive sessions and long polls).  After a burst of
@@ -36,7 +36,7 @@ import socket
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Dict, FrozenSet, Optional, Set, Tuple
 
-from launcher import peer_uid
+from launcher.serve import peer_uid
 
 log = logging.getLogger(__name__)
 

@@ -3,12 +3,12 @@ server.
 
 Requests are checked on the event loop's thread, in this order, and a refused one changes nothing:
 
-1. the bounds of :mod:`launcher.bounded_http` (connections, head size and lines, time to send
+1. the bounds of :mod:`launcher.serve.bounded_http` (connections, head size and lines, time to send
    it, unauthenticated body bytes; another user's local process gets 403);
 2. ``POST`` only (else 405), a ``Content-Length`` of at most ``messages.MAX_BODY_BYTES`` (else 411
    / 413, unread);
 3. a signature header at all (else 401, unread, no ``100 Continue``), then a valid, fresh, not
-   yet seen signature over the body (else 403, see :mod:`launcher.control_auth`);
+   yet seen signature over the body (else 403, see :mod:`launcher.serve.control_auth`);
 4. only then the JSON body is parsed and the route's handler runs: malformed JSON, JSON nested
    too deep and fields of the wrong type answer 400.
 
@@ -33,9 +33,9 @@ import time
 from typing import Any, Callable, Dict, Optional
 
 from hvd_edl import messages
-from launcher.bounded_http import (BodyReader, BoundedHTTPServer, HttpError, Limits, Request,
+from launcher.serve.bounded_http import (BodyReader, BoundedHTTPServer, HttpError, Limits, Request,
                                    Response, connection_cap, listen_socket)
-from launcher.control_auth import Refused, RequestAuthenticator
+from launcher.serve.control_auth import Refused, RequestAuthenticator
 from launcher.job.rendezvous import _local_addresses
 
 log = logging.getLogger(__name__)

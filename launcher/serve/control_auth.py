@@ -13,7 +13,7 @@ a random nonce and the body.  The server
 * parses the body (JSON, never pickle) only after all of that passed; a body too deeply nested
   or with a field of the wrong type answers 400.
 
-Before any of this, :mod:`launcher.bounded_http` bounds what an unauthenticated client can hold
+Before any of this, :mod:`launcher.serve.bounded_http` bounds what an unauthenticated client can hold
 (connections, header bytes and lines, time to send them, unauthenticated body bytes) and refuses
 local peers of another user.
 

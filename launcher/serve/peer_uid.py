@@ -1,6 +1,6 @@
 """Who is on the other end of a TCP connection from this machine (the owning user of the peer's
 socket, as the kernel reports it): :mod:`hvd_edl.peer_uid`, re-exported here for the launcher's
-servers (:mod:`launcher.bounded_http`).  The implementation moved to ``hvd_edl/`` so that rank
+servers (:mod:`launcher.serve.bounded_http`).  The implementation moved to ``hvd_edl/`` so that rank
 0's state stream (worker side, which never imports the launcher) refuses other users' sockets
 with the same check.
 """

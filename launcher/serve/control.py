@@ -2,7 +2,7 @@
 client finds it.
 
 The API is served by the coordinator's HTTP server (same port, same bind address, same per-job
-secret and signature check as the workers' requests, see :mod:`launcher.control_auth`).  Every
+secret and signature check as the workers' requests, see :mod:`launcher.serve.control_auth`).  Every
 call is ``POST`` with a JSON object and answers a JSON object:
 
 ==================  ===============  ==========================================================

@@ -38,13 +38,7 @@ import psutil
 import chaos_harness as harness
 from chaos_harness import RESULTS, Fault
 
-BAD_OUTPUTS = {
-    "malformed line": "localhost:2\nthis is not a host!\n",
-    "zero slots": "localhost:0\n",
-    "duplicate host": "localhost:2\nlocalhost:1\n",
-    "empty output": "",
-    "non-zero exit": None,  # the script exits 3
-}
+BAD_OUTPUTS = harness.bad_outputs("localhost", 2)
 KINDS = ("kill", "term", "hosts", "bad")
 
 

@@ -178,6 +178,18 @@ def settle(job: Job) -> None:
     job.wait(lambda: ledger_steps(job) >= steps + 20, 60)
 
 
+def bad_outputs(host: str, slots: int) -> Dict[str, Optional[str]]:
+    """The bad discovery outputs a ``bad`` fault draws from, around ``host:slots`` (None: the
+    script exits 3)."""
+    return {
+        "malformed line": f"{host}:{slots}\nthis is not a host!\n",
+        "zero slots": f"{host}:0\n",
+        "duplicate host": f"{host}:{slots}\n{host}:1\n",
+        "empty output": "",
+        "non-zero exit": None,
+    }
+
+
 def strike_bad_discovery(job: Job, rng: random.Random, bad_outputs: Dict[str, Optional[str]],
                          timeout_s: float, kept: str = "", fault=Fault) -> Fault:
     """The discovery output turns bad (one of ``bad_outputs`` drawn by ``rng``; None: the script

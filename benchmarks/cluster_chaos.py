@@ -75,13 +75,7 @@ SILENT = ("vanish", "freeze", "partition")
 HOSTS = ("h1", "h2", "h3", "h4")
 REGROW_S = 45.0   # before a fault that needs two members: how long the ring may take to regrow
 SLOW_STALL_S = 5.0  # a survivors' stall above this is reported (the goal is 3 s)
-BAD_OUTPUTS = {
-    "malformed line": "h1:1\nthis is not a host!\n",
-    "zero slots": "h1:0\n",
-    "duplicate host": "h1:1\nh1:1\n",
-    "empty output": "",
-    "non-zero exit": None,  # the script exits 3
-}
+BAD_OUTPUTS = harness.bad_outputs("h1", 1)
 
 
 @dataclass

@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "and prints it (default: no metrics)")
     p.add_argument("--autoscale", metavar="efficiency:E|cost", default=None,
                    help="elastic: size the job on a speed model fitted from a start-up profile "
-                        "(launcher/autoscale.py): efficiency:E grows while one more worker adds "
+                        "(launcher/apps/autoscale.py): efficiency:E grows while one more worker adds "
                         ">= E (0 < E <= 1) of a lone worker's throughput; cost picks the size "
                         "with the lowest predicted cost per sample (--price-*, "
                         "--revocation-rate)")
@@ -283,7 +283,7 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
     autoscale = None
     if a.autoscale is not None or any(v is not None for v in (
             a.price_on_demand, a.price_spot, a.revocation_rate)):
-        from launcher.autoscale import parse_policy
+        from launcher.apps.autoscale import parse_policy
         if a.autoscale is None:
             parser.error("--price-on-demand, --price-spot and --revocation-rate go with "
                          "--autoscale cost")

@@ -2,11 +2,11 @@
 objectives' choices on a known model and the flags' parsing (no launcher: cheap)."""
 import pytest
 
-from launcher import autoscale
-from launcher.autoscale import Policy, cost_per_sample, cost_target, efficiency_target, \
+from launcher.apps import autoscale
+from launcher.apps.autoscale import Policy, cost_per_sample, cost_target, efficiency_target, \
     parse_policy
 from launcher.cli import parse_spec
-from launcher.speed_model import ProfilePoint, SpeedModel
+from launcher.apps.speed_model import ProfilePoint, SpeedModel
 
 
 def _model(ring=0.05, compute=0.1):

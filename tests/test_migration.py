@@ -222,7 +222,7 @@ class _Driver:
 def test_migration_is_abandoned_when_a_new_worker_dies_while_building(tmp_path):
     """Unit level: a new worker that dies before the swap abandons the migration: the other new
     worker is sent away, the old ones stay members, the source is not drained, a note says why."""
-    from launcher.migration import Migration, Phase
+    from launcher.apps.migration import Migration, Phase
     rdv = _Rendezvous()
     try:
         events = EventLog(str(tmp_path / "events.jsonl"))
@@ -252,7 +252,7 @@ def test_moving_every_member_hands_the_state_over_in_two_switches(tmp_path):
     to the new workers inside one ring: the oldest leaver stays one generation more as rank 0
     (a scale-out), then leaves (a scale-in); the migration ends after both, the source
     drained."""
-    from launcher.migration import Migration, Phase
+    from launcher.apps.migration import Migration, Phase
     coord = _ring_of_two()
     driver = _Driver(coord, {"localhost": 2, "127.0.0.1": 2})
     m = Migration("localhost", "127.0.0.1", ["w1", "w2"], [("127.0.0.1", 0), ("127.0.0.1", 1)])

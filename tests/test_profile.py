@@ -10,7 +10,7 @@ import pytest
 
 from conftest import VENV_BIN, long_digits
 from hvd_edl import audit
-from launcher.speed_model import ProfilePoint, SpeedModel, loso_mape
+from launcher.apps.speed_model import ProfilePoint, SpeedModel, loso_mape
 
 CTL = str(VENV_BIN / "hvd-edl-ctl")
 DIGITS_TRAIN = 1347

@@ -5,7 +5,7 @@ without one beside it that sees no straggler) is the second half of test_migrati
 both: it is the same swap)."""
 import math
 
-from launcher.straggler import StragglerDetector, StragglerPolicy
+from launcher.apps.straggler import StragglerDetector, StragglerPolicy
 from launcher.telemetry import WorkerStats
 
 

@@ -148,7 +148,7 @@ class Coordinator(Formation, Polls, MemberLiveness):
         self.checkpoints = None
         self.checkpoint_request = 0
         # workers held back from joining (a migration's or a straggler replacement's new
-        # workers, launcher/migration.py): pending or ready, not counted as ready until
+        # workers, launcher/apps/migration.py): pending or ready, not counted as ready until
         # swap() releases them in the same switch as the workers they replace
         self.reserved: set = set()
 

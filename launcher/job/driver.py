@@ -24,9 +24,9 @@ from launcher.job.checkpoint_dir import CheckpointDir, CheckpointDirError
 from launcher.job.coordinator import Coordinator, CoordinatorServer
 from launcher.discovery import DiscoveryError
 from launcher.events import EventLog
-from launcher.profiler import Profiler
-from launcher import migration as migration_
-from launcher import straggler as straggler_
+from launcher.apps.profiler import Profiler
+from launcher.apps import migration as migration_
+from launcher.apps import straggler as straggler_
 from launcher.job.registry import WorkerRecord, WorkerState
 from launcher.job.rendezvous import GenerationRendezvous
 from launcher.job.slot_book import SlotBook
@@ -76,11 +76,11 @@ class JobSpec:
     checkpoint_dir: Optional[str] = None     # --checkpoint-dir (None: no checkpoints)
     checkpoint_every_s: float = 60.0         # --checkpoint-every
     checkpoint_keep: int = 3                 # --checkpoint-keep
-    straggler_policy: str = "report"         # --straggler-policy (launcher/straggler.py)
+    straggler_policy: str = "report"         # --straggler-policy (launcher/apps/straggler.py)
     straggler_ratio: float = 2.0             # --straggler-ratio
     straggler_window_s: float = 5.0          # --straggler-window
     metrics_port: Optional[int] = None       # --metrics-port (None: no metrics; 0: any free)
-    autoscale: Optional[object] = None       # --autoscale (a launcher.autoscale.Policy)
+    autoscale: Optional[object] = None       # --autoscale (a launcher.apps.autoscale.Policy)
 
 
 class Driver:
@@ -115,7 +115,7 @@ class Driver:
         self._lock = threading.Lock()
         self._drain_lock = threading.Lock()
         self.profiler = Profiler(self)  # hvd-edl-ctl profile (EDL's profiling)
-        self.autoscaler = None  # launcher.autoscale.Autoscaler (--autoscale)
+        self.autoscaler = None  # launcher.apps.autoscale.Autoscaler (--autoscale)
         self.migration: Optional[migration_.Migration] = None  # running or last (hvd-edl-ctl)
         self.stragglers = straggler_.StragglerDetector(straggler_.StragglerPolicy(
             spec.straggler_policy, spec.straggler_ratio, spec.straggler_window_s))
@@ -224,7 +224,7 @@ class Driver:
         for _ in range(initial):
             self._spawn_one(initial=True)
         if self.spec.autoscale is not None and self.spec.elastic:
-            from launcher.autoscale import Autoscaler
+            from launcher.apps.autoscale import Autoscaler
             self.autoscaler = Autoscaler(self, self.spec.autoscale)
             self.autoscaler.start()
         while True:
@@ -532,7 +532,7 @@ class Driver:
 
     def migrate(self, source: str, target: str, wait_s: float = 120.0) -> dict:
         """``hvd-edl-ctl migrate``: move every worker on ``source`` to ``target`` in one
-        stop-free switch (:mod:`launcher.migration`); waits up to ``wait_s`` seconds (at most
+        stop-free switch (:mod:`launcher.apps.migration`); waits up to ``wait_s`` seconds (at most
         600) for it to end.  Returns :meth:`Migration.result` (``phase`` "building" or
         "swapping" when the wait ran out: the migration goes on).
 
@@ -559,7 +559,7 @@ class Driver:
     # ---- actions -------------------------------------------------------------------------------
 
     # ---- the public interface -------------------------------------------------------------------
-    # What the applications (launcher/migration.py, straggler.py, profiler.py, autoscale.py) and
+    # What the applications (launcher/apps/migration.py, straggler.py, profiler.py, autoscale.py) and
     # the control API use of a running job; nothing else of the driver or the coordinator is
     # touched across rooms.  Besides these: set_target / restore_target, drain, migrate,
     # status, telemetry_snapshot, request_checkpoint (above), the slot book (``slots``,
@@ -647,7 +647,7 @@ class Driver:
     def start_worker(self, host: str, slot: int, reserve: bool = False,
                      initial: bool = False) -> WorkerRecord:
         """Start one worker on ``host``:``slot``; ``reserve``: held back from joining until a
-        swap releases it (:meth:`Coordinator.reserve`, :meth:`swap`, :mod:`launcher.migration`);
+        swap releases it (:meth:`Coordinator.reserve`, :meth:`swap`, :mod:`launcher.apps.migration`);
         ``initial``: one of the job's first workers (the driver's own start)."""
         self._seq += 1
         worker_id = f"w{self._seq}"

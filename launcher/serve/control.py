@@ -16,7 +16,7 @@ path                body             effect
 ``/ctl/checkpoint`` ``{"wait": S}``  rank 0 writes a checkpoint at its next commit; answers
                                      ``{"path", "step"}`` once written (``path`` null after S s)
 ``/ctl/profile``    ``{"sizes": [N],  walk through those world sizes stop-free, measure each
-                    "seconds": S,    (``launcher.profiler``); answers at once; ``{"status":
+                    "seconds": S,    (``launcher.apps.profiler``); answers at once; ``{"status":
                     "out": DIR}``    true}`` answers the running or last profile instead
 ``/ctl/migrate``    ``{"from": A,    the workers on A move to B in one stop-free switch (new
                     "to": B,         ones build first); A is drained; answers the migration

@@ -23,7 +23,7 @@ to the new workers in the same ring: the coordinator keeps the oldest leaver one
 generation as rank 0 (its usual rule, see :meth:`Coordinator._try_form`), so that case takes
 two switches (a scale-out and a scale-in) and the note says so.
 
-The same mechanism replaces a straggler (:mod:`launcher.straggler`): one leaver, one joiner.
+The same mechanism replaces a straggler (:mod:`launcher.apps.straggler`): one leaver, one joiner.
 """
 from __future__ import annotations
 

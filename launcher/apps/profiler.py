@@ -15,7 +15,7 @@ API (``/ctl/profile``); it runs in a thread of the launcher:
    per-worker means cover only the new size), then measures for ``seconds``: the job's samples/s
    (``Telemetry.throughput``) and the members' mean step, compute and wait seconds per step;
 3. it sets the target it found back and waits until the job is back at its size;
-4. it writes ``profile.json`` (the points, the fitted :class:`launcher.speed_model.SpeedModel`
+4. it writes ``profile.json`` (the points, the fitted :class:`launcher.apps.speed_model.SpeedModel`
    and its leave-one-size-out error) and ``profile.png`` (throughput and scaling efficiency
    against world size), and notes ``profile`` in the event log.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional, Sequence
 
 if TYPE_CHECKING:  # the speed model needs scikit-learn: imported when a profile ends, not at
-    from launcher.speed_model import SpeedModel  # every launcher start (--help: 1.4 -> 0.3 s)
+    from launcher.apps.speed_model import SpeedModel  # every launcher start (--help: 1.4 -> 0.3 s)
 
 log = logging.getLogger(__name__)
 
@@ -260,7 +260,7 @@ class Profiler:
             per_worker = base["samples_per_s"] / base["world_size"]
             for p in points:
                 p["efficiency"] = p["samples_per_s"] / (p["world_size"] * per_worker)
-        from launcher.speed_model import ProfilePoint, SpeedModel, loso_mape
+        from launcher.apps.speed_model import ProfilePoint, SpeedModel, loso_mape
         model_info, mape = None, {}
         model = None
         pps = [ProfilePoint.from_dict(p) for p in points]

@@ -37,7 +37,7 @@ Policies (``--straggler-policy``, default ``report``):
 * ``evict``: also ask it to leave (a scale-in; not below ``--min-np``), its slot rests
   ``rest_s`` seconds (no worker is placed there meanwhile);
 * ``replace``: also start a worker on a free slot elsewhere, let it build, and swap it for the
-  straggler in one stop-free switch (:mod:`launcher.migration`, kind "replace"); the
+  straggler in one stop-free switch (:mod:`launcher.apps.migration`, kind "replace"); the
   straggler's slot rests ``rest_s`` seconds.  Without a free slot it is only reported.
 
 Counts go to ``coord.telemetry.count("straggler")`` and ``count("eviction")``.
@@ -150,7 +150,7 @@ class StragglerDetector:
 def mitigate(driver, detector: StragglerDetector, now: float) -> None:
     """One pass of the driver's loop: find stragglers among the current members and act on
     them as the policy says (report / evict / replace); see the module docstring."""
-    from launcher import migration
+    from launcher.apps import migration
     ring = driver.ring()
     if ring.generation == 0 or ring.finishing or ring.failure or not ring.logged:
         return
@@ -202,7 +202,7 @@ def mitigate(driver, detector: StragglerDetector, now: float) -> None:
 def _free_slot_elsewhere(driver, f: Finding, now: float) -> Optional[tuple]:
     """A free usable slot for a straggler's replacement, not the straggler's own: another
     host's first (a slow machine slows every slot of it), then another slot of its host."""
-    from launcher.migration import free_slots
+    from launcher.apps.migration import free_slots
     hosts = sorted(driver.slots.hosts, key=lambda h: h == f.host)
     for host in hosts:
         for slot in free_slots(driver, host, now):

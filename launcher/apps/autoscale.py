@@ -13,11 +13,11 @@ worker-hour.  With both prices, rank 0 (the holder of the state) runs on demand 
 n - 1 workers on spot servers; with one price, every worker pays it and only spot workers are
 revoked.
 
-The model.  At start-up the autoscaler profiles the job (``launcher.profiler``, every size from
+The model.  At start-up the autoscaler profiles the job (``launcher.apps.profiler``, every size from
 --min-np to the usable slots, at most ``MAX_PROFILE_SIZES`` of them, ``profile_s`` seconds each:
 a few seconds of stop-free switches instead of a guess; its profile.json and profile.png go
 beside the ``--event-log``, else to the temporary folder) and fits a
-:class:`launcher.speed_model.SpeedModel`; afterwards each size the job holds for a while
+:class:`launcher.apps.speed_model.SpeedModel`; afterwards each size the job holds for a while
 refreshes that size's point from the telemetry (the model learns from the sizes it passes
 through, e.g. sizes a discovery timetable forces on it; without a model, e.g. after a profile
 aborted by a failure, it moves to the nearest size not measured yet, one at a time).
@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-from launcher.speed_model import ProfilePoint, SpeedModel
+from launcher.apps.speed_model import ProfilePoint, SpeedModel
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ import psutil
 
 from launcher.discovery import FixedHosts, HostDiscoveryScript
 from launcher.job.driver import Driver, JobSpec
-from launcher.hosts import HostSpecError, parse_host_lines, parse_hosts_arg
+from launcher.discovery.hosts import HostSpecError, parse_host_lines, parse_hosts_arg
 
 
 MAX_WORKERS = 65536  # upper bound of -np/--min-np/--max-np/--slots-per-host (a sanity limit)

@@ -41,7 +41,7 @@ from typing import List, Optional
 
 from launcher.serve.control import (ControlClient, ControlError, default_job_dir, find_job_file,
                               running_jobs)
-from launcher.hosts import HostSpecError, check_host
+from launcher.discovery.hosts import HostSpecError, check_host
 
 EXIT_REFUSED = 1
 EXIT_UNREACHABLE = 3
@@ -206,7 +206,7 @@ def _seconds(text: str) -> float:
 
 
 def _host(text: str) -> str:
-    """argparse type: a host in the launcher's canonical form (:func:`launcher.hosts.check_host`:
+    """argparse type: a host in the launcher's canonical form (:func:`launcher.discovery.hosts.check_host`:
     an RFC 1123 name, lower-cased, or an IP address; ``[::1]`` brackets allowed)."""
     if text.startswith("[") and text.endswith("]"):
         text = text[1:-1]

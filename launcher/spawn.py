@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from hvd_edl.messages import ENV_SECRET, ENV_WORKER_ID
-from launcher.hosts import is_local
+from launcher.discovery.hosts import is_local
 from launcher.remote_worker import MARKER
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ import pytest
 from conftest import LAUNCHER, ROOT, long_digits, summary
 from launcher.cli import parse_spec
 from launcher.discovery import MAX_OUTPUT_BYTES, DiscoveryError, HostDiscoveryScript
-from launcher import hosts
-from launcher.hosts import HostSpecError, format_host_entry, parse_host_entry, parse_host_lines
+from launcher.discovery import hosts
+from launcher.discovery.hosts import HostSpecError, format_host_entry, parse_host_entry, parse_host_lines
 
 
 # ---- the format, unit level --------------------------------------------------------------------

@@ -4,7 +4,7 @@
 The contract for a discovery script (Horovod's format): print one ``host[:slots]`` a line
 (``[::1]:2`` for IPv6; blank lines and ``#`` comments are ignored) and exit 0, within
 ``--discovery-timeout`` seconds, printing at most 1 MiB.  Hosts are RFC 1123 names (at most 253
-characters) or IP literals, see :mod:`launcher.hosts`.  Anything else (a malformed line, an
+characters) or IP literals, see :mod:`launcher.discovery.hosts`.  Anything else (a malformed line, an
 invalid host name, slots not an integer in [1, 1024], a host listed twice, no hosts at all, a
 non-zero exit, a hang, a script that is missing or not executable) raises
 :class:`DiscoveryError`; the driver then keeps the last good host set and prints one line each
@@ -33,7 +33,7 @@ import threading
 import time
 from typing import Dict, Hashable, Optional
 
-from launcher.hosts import HostSpecError, check_host, format_host_entry, parse_host_lines
+from launcher.discovery.hosts import HostSpecError, check_host, format_host_entry, parse_host_lines
 
 log = logging.getLogger(__name__)
 

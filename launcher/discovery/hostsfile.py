@@ -16,7 +16,7 @@ from typing import List, Optional
 if not __package__:  # run as a file: import from the repository, not from this folder
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from launcher.hosts import HostSpecError, format_host_entry, parse_host_lines  # noqa: E402
+from launcher.discovery.hosts import HostSpecError, format_host_entry, parse_host_lines  # noqa: E402
 
 
 def main(argv: Optional[List[str]] = None) -> int:

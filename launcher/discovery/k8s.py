@@ -20,7 +20,7 @@ from typing import List, Optional
 if not __package__:  # run as a file: import from the repository, not from this folder
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from launcher.hosts import format_host_entry  # noqa: E402
+from launcher.discovery.hosts import format_host_entry  # noqa: E402
 
 
 def usable_pods(pod_list: dict) -> List[dict]:

@@ -34,7 +34,7 @@ from typing import Callable, List, Optional, Tuple
 
 import requests
 
-from launcher.hosts import HostSpecError, format_host_entry, parse_host_lines
+from launcher.discovery.hosts import HostSpecError, format_host_entry, parse_host_lines
 
 MAX_PARALLEL = 32
 

@@ -74,7 +74,7 @@ import psutil
 
 from launcher.serve.bounded_http import (BodyReader, BoundedHTTPServer, HttpError, Limits, Request,
                                    Response, connection_cap, listen_socket)
-from launcher.hosts import is_local, parse_ip
+from launcher.discovery.hosts import is_local, parse_ip
 
 log = logging.getLogger(__name__)
 

@@ -256,9 +256,9 @@ def routes(driver) -> Dict[str, Callable[[dict], dict]]:
         return float(v)
 
     def _named(data: dict, key: str) -> str:
-        """The host in ``data[key]``, canonical (``launcher.hosts.check_host``: as discovery
+        """The host in ``data[key]``, canonical (``launcher.discovery.hosts.check_host``: as discovery
         spells it), or ValueError (HostSpecError) with one line."""
-        from launcher.hosts import check_host
+        from launcher.discovery.hosts import check_host
         v = data.get(key)
         if not isinstance(v, str) or not v:
             raise ValueError(f"{key!r} must be a host name, got {v!r}")

@@ -1,42 +1,24 @@
-"""Starting worker processes: locally, or over ssh for remote hosts; their output is prefixed with
-the worker's rank; their exit is reported to a callback.
-
-A remote worker runs under :mod:`launcher.remote_worker`, a small supervisor whose source and the
-worker's environment (the job secret included) travel over the ssh session's stdin, never on a
-command line; it kills the worker's process group when the session ends, so a remote worker
-cannot outlive its job.  ssh's own failures (exit 255 before the worker started: host
-unreachable, key refused, host key changed, no ``ssh``) are reported in one line naming the host
-and ssh's message."""
+"""A worker process as the launcher sees it: what it is started with (:class:`WorkerSpec`),
+its output prefixed with its rank, its exit reported to a callback (:class:`WorkerProcess`),
+local or over ssh (for a remote worker the local process is the ssh client, and its exit code
+comes back from the remote supervisor, ``remote_worker.py``); and stopping them all."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
-import shlex
-import shutil
 import signal
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from hvd_edl.messages import ENV_SECRET, ENV_WORKER_ID
-from launcher.discovery.hosts import is_local
-from launcher.remote_worker import MARKER
+from launcher.spawn.remote_worker import MARKER
 
 log = logging.getLogger(__name__)
 
 SSH_FAILED = 255   # ssh's exit code for its own errors (and for a session lost midway)
-# the launcher's environment carried to remote workers, less these (horovodrun's list and what
-# only makes sense on this host or in this shell)
-NOT_CARRIED = re.compile(r"BASH_FUNC_.*|OLDPWD|PWD|_|SHLVL|HOSTNAME|SSH_.*|.*CUDA_VISIBLE_DEVICES"
-                         r"|DISPLAY|TERM|TERMCAP|XAUTHORITY")
-# the remote command line: read the supervisor's source from stdin and run it (nothing secret)
-BOOTSTRAP = "import json,sys;exec(json.loads(sys.stdin.readline()))"
-REMOTE_PYTHON = "python3"
 
 
 @dataclass(frozen=True)
@@ -247,66 +229,6 @@ def worker_output_files(output_dir: str, worker_id: str) -> Dict[str, object]:
     folder = os.path.join(output_dir, f"worker.{worker_id}")
     os.makedirs(folder, exist_ok=True)
     return {name: open(os.path.join(folder, name), "w") for name in ("stdout", "stderr")}
-
-
-def ssh_command(host: str, port: Optional[int] = None,
-                identity_file: Optional[str] = None) -> List[str]:
-    """The ssh client's argv up to the remote command: no prompts (``BatchMode``), a host seen
-    for the first time is accepted but a changed host key refused (``accept-new``), a dead
-    link noticed within 15 s (``ServerAlive*``); ``-p`` / ``-i`` as horovodrun passes them."""
-    cmd = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new",
-           "-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=5",
-           "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR"]
-    if port:
-        cmd += ["-p", str(port)]
-    if identity_file:
-        cmd += ["-i", identity_file]
-    return cmd + [host]
-
-
-def remote_environment(spec: WorkerSpec, extra_env: Dict[str, str]) -> Dict[str, str]:
-    """What a remote worker's environment adds to its host's: the launcher's own environment
-    (as horovodrun carries it, less :data:`NOT_CARRIED`), the job's and the worker's variables."""
-    env = {k: v for k, v in os.environ.items() if not NOT_CARRIED.fullmatch(k)}
-    env.update(spec.env)
-    env.update(extra_env)
-    return env
-
-
-def spawn(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Callable[[], str],
-          on_exit: Callable[[int], None], output_dir: Optional[str] = None):
-    """Start ``spec.command`` for one worker on ``host`` (local hosts without ssh); with
-    ``output_dir`` its output also goes to :func:`worker_output_files`.  Returns a
-    :class:`WorkerProcess` (or, when ``ssh`` is missing, a worker that exits at once with 255
-    after one line saying so)."""
-    files = worker_output_files(output_dir, extra_env[ENV_WORKER_ID]) if output_dir else None
-    if is_local(host):
-        env = dict(os.environ)
-        env.update(spec.env)
-        env.update(extra_env)
-        popen = subprocess.Popen(spec.command, env=env, cwd=spec.cwd, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                 start_new_session=True, preexec_fn=_die_with_parent)
-        return WorkerProcess(popen, label, on_exit, files=files)
-    if shutil.which("ssh") is None:
-        _say(f"ssh to host {host} failed: no 'ssh' command on PATH (install openssh-client)")
-        return _NotStarted(on_exit)
-    remote = f"exec {REMOTE_PYTHON} -c {shlex.quote(BOOTSTRAP)} hvd-edl-worker " \
-             f"{shlex.quote(extra_env.get(ENV_WORKER_ID, '?'))}"
-    cmd = ssh_command(host, spec.ssh_port, spec.ssh_identity_file) + [remote]
-    # the ssh client itself gets no secret; the worker id stays findable in its environment
-    local_env = {k: v for k, v in {**os.environ, **extra_env}.items() if k != ENV_SECRET}
-    popen = subprocess.Popen(cmd, env=local_env, cwd=spec.cwd, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, stdin=subprocess.PIPE,
-                             start_new_session=True, preexec_fn=_die_with_parent)
-    proc = WorkerProcess(popen, label, on_exit, files=files, host=host)
-    job = {"cwd": spec.cwd, "env": remote_environment(spec, extra_env),
-           "command": list(spec.command), "label": f"{extra_env.get(ENV_WORKER_ID)}@{host}"}
-    proc._send(json.dumps(_SUPERVISOR_SOURCE) + "\n" + json.dumps(job) + "\n")
-    return proc
-
-
-_SUPERVISOR_SOURCE = (Path(__file__).with_name("remote_worker.py")).read_text()
 
 
 def terminate_all(procs: List, grace_s: float = 10.0, sig: int = signal.SIGTERM) -> None:

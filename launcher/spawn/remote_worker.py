@@ -1,7 +1,7 @@
 """The remote end of an ssh-spawned worker: a small supervisor that runs on the worker's host as
 the ssh session's command and makes sure the worker never outlives its session.
 
-:mod:`launcher.spawn` sends this file's source as the first line of the session's stdin (the
+:mod:`launcher.spawn.ssh` sends this file's source as the first line of the session's stdin (the
 remote command line is only a bootstrap that reads and runs it, so nothing secret is ever in an
 argv), then one JSON line ``{"cwd", "env", "command", "label"}`` (the environment, secret
 included, travels this way), then keeps stdin open.  Later lines are ``signal N``: send signal N

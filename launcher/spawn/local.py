@@ -1,0 +1,27 @@
+"""Starting a worker on this host: a child process in a session of its own, killed when the
+launcher dies (``PR_SET_PDEATHSIG``), its output read by :class:`WorkerProcess`."""
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Callable, Dict, Optional
+
+from launcher.spawn.process import WorkerProcess, WorkerSpec, _die_with_parent
+
+
+def start_local(spec: WorkerSpec, extra_env: Dict[str, str], label: Callable[[], str],
+                on_exit: Callable[[int], None], files: Optional[Dict[str, object]] = None
+                ) -> WorkerProcess:
+    """Start ``spec.command`` here with the launcher's environment plus ``spec.env`` and
+    ``extra_env``.
+
+    Raises:
+        OSError: the command cannot be started.
+    """
+    env = dict(os.environ)
+    env.update(spec.env)
+    env.update(extra_env)
+    popen = subprocess.Popen(spec.command, env=env, cwd=spec.cwd, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                             start_new_session=True, preexec_fn=_die_with_parent)
+    return WorkerProcess(popen, label, on_exit, files=files)

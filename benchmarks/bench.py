@@ -58,7 +58,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from launcher.events import read as read_events  # noqa: E402
+from launcher.observe.events import read as read_events  # noqa: E402
 
 BIN = Path(sys.executable).parent
 WORKLOAD = str(ROOT / "benchmarks" / "workload.py")

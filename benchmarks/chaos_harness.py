@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from hvd_edl import audit  # noqa: E402
-from launcher.events import read as read_events  # noqa: E402
+from launcher.observe.events import read as read_events  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BIN = Path(sys.executable).parent

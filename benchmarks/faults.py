@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from hvd_edl import audit  # noqa: E402
-from launcher.events import read as read_events  # noqa: E402
+from launcher.observe.events import read as read_events  # noqa: E402
 
 BIN = Path(sys.executable).parent
 SCRIPT = str(ROOT / "tests" / "horovod_style" / "ledger_main.py")

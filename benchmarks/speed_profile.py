@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.events import is_generation
+from launcher.observe.events import is_generation
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

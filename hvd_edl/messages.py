@@ -230,7 +230,7 @@ class WatchRequest:
     step) or is over, or after ``wait_s``.  Also answered at once when ``hvd-edl-ctl status``
     wants fresh progress: ``step`` (optimizer steps), ``epoch`` and ``samples`` (the first
     ElasticSampler's epoch and samples of every rank since epoch 0, as of the last commit;
-    -1 unknown) are what the status shows (``launcher.progress``)."""
+    -1 unknown) are what the status shows (``launcher.observe.progress``)."""
     worker_id: str
     generation: int
     wait_s: float = 20.0

@@ -9,7 +9,7 @@ optimizer's ``synchronize()`` of the gradient handles, and the script's own bloc
 The samplers add the samples each step processed on this rank.  Nothing extra goes over the
 ring: the heartbeat (:mod:`hvd_edl.heartbeat`) sends the sums since its previous beat
 (``messages.Beat.steps_done / compute_s / wait_s / samples``) and the launcher keeps the windows
-(``launcher/telemetry.py``).
+(``launcher/observe/telemetry.py``).
 
 The split of a step into compute and wait is what EDL's straggler detection reads (a slow worker
 waits little, its peers wait for it: EDL, Wu et al., arXiv 1909.11985) and the throughput

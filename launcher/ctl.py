@@ -303,8 +303,8 @@ def format_status(s: dict) -> str:
     lines.extend(_autoscale_lines(s.get("autoscale")))
     tel = s.get("telemetry")
     rows = {}
-    if tel:  # the heartbeats' figures (launcher.telemetry)
-        from launcher.top import job_lines
+    if tel:  # the heartbeats' figures (launcher.observe.telemetry)
+        from launcher.observe.top import job_lines
         speed, counts = job_lines(tel)[1:]
         lines += ["telemetry:  " + speed, "counted:    " + counts]
         rows = {w["worker_id"]: w for w in tel["workers"]}
@@ -406,7 +406,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         client = ControlClient(find_job_file(a.job), timeout_s=a.timeout)
         if a.cmd == "top":
-            from launcher import top
+            from launcher.observe import top
             return top.run(client, a.interval, a.once)
         if a.cmd == "status":
             s = client.call("status")

@@ -48,7 +48,7 @@ class Job:
         os.replace(tmp, self.hosts_path)  # atomic: discovery never reads half a file
 
     def events(self) -> List[dict]:
-        from launcher.events import read
+        from launcher.observe.events import read
         return read(self.events_path)[0]  # the generations (EventLog.note lines are not)
 
     def wait_for(self, what: str, pred: Callable[[], object], timeout_s: float = 90.0):

@@ -78,8 +78,8 @@ class _Driver:
 
     def __init__(self, tmp_path, slots):
         from launcher.job.coordinator import RingSnapshot
-        from launcher.events import EventLog
-        from launcher.telemetry import Telemetry
+        from launcher.observe.events import EventLog
+        from launcher.observe.telemetry import Telemetry
         self.spec = type("Spec", (), {"min_np": 1, "max_np": 8, "event_log": None})()
         self.slots, self.targets, self.telemetry = slots, [], Telemetry()
         self._ring = RingSnapshot(generation=1, kind="start", members=("w1", "w2"),

@@ -8,7 +8,7 @@ import time
 from hvd_edl import messages
 from launcher.job import liveness
 from launcher.job.coordinator import Coordinator
-from launcher.events import EventLog, read as read_events
+from launcher.observe.events import EventLog, read as read_events
 from launcher.job.registry import WorkerRecord, WorkerState
 
 from test_migration import _Rendezvous

@@ -11,7 +11,7 @@ from conftest import VENV_BIN, Job, long_digits
 from hvd_edl import audit, messages
 from launcher import ctl
 from launcher.job.coordinator import Coordinator
-from launcher.events import EventLog
+from launcher.observe.events import EventLog
 from launcher.job.registry import WorkerRecord, WorkerState
 
 

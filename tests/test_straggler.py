@@ -6,7 +6,7 @@ both: it is the same swap)."""
 import math
 
 from launcher.apps.straggler import StragglerDetector, StragglerPolicy
-from launcher.telemetry import WorkerStats
+from launcher.observe.telemetry import WorkerStats
 
 
 def _stats(compute_ms, now, rank0=0):

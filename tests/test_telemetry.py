@@ -7,8 +7,8 @@ import math
 import pytest
 
 from hvd_edl.step_timer import StepTimer
-from launcher.events import GenerationEvent
-from launcher.telemetry import COUNTER_KINDS, Telemetry
+from launcher.observe.events import GenerationEvent
+from launcher.observe.telemetry import COUNTER_KINDS, Telemetry
 
 
 def test_step_timer_splits_steps_into_compute_and_wait_and_resends_unanswered_beats():
@@ -223,7 +223,7 @@ def test_slow_connections_to_metrics_get_no_thread_each_and_a_scrape_still_answe
     import requests
     from prometheus_client import generate_latest
     from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
-    from launcher import metrics
+    from launcher.observe import metrics
     from test_stream_security import Attacker
     monkeypatch.setattr(metrics, "HEADER_TIMEOUT_S", 1.0, raising=False)
     tel = Telemetry(window_s=2.0)

@@ -3,7 +3,7 @@ scikit-learn from profile points (after CM-DARE, Li, Walls and Guo, arXiv 2004.0
 regression models of training speed reached 3.4 % mean absolute percentage error).
 
 Data-parallel step time is modelled as the sum of its two parts, each measured per step by the
-workers (``compute_s`` and ``wait_s``, see ``launcher/telemetry.py``):
+workers (``compute_s`` and ``wait_s``, see ``launcher/observe/telemetry.py``):
 
 * compute  c(n) = c0 + c1 (n - 1): per-worker forward/backward, constant in n for a fixed
   per-worker batch on dedicated devices; ``c1`` >= 0 takes the contention of workers sharing

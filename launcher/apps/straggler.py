@@ -3,7 +3,7 @@ much slower than the others, and report, evict or replace it.
 
 In synchronous data-parallel training every member's *step* takes as long as the slowest one's;
 what tells a straggler apart is its *compute* time per step (``WorkerStats.compute_s``: the
-step minus the time blocked in collectives, :mod:`hvd_edl.telemetry`): the straggler computes
+step minus the time blocked in collectives, :mod:`hvd_edl.step_timer`): the straggler computes
 long and waits little, its peers compute briefly and wait for it.
 
 A member is a straggler when its compute time per step (the telemetry's window mean,
@@ -113,7 +113,7 @@ class StragglerDetector:
 
     def check(self, stats: List, generation: int, generation_age_s: float,
               now: float) -> List[Finding]:
-        """New stragglers among ``stats`` (``launcher.telemetry.WorkerStats`` of the current
+        """New stragglers among ``stats`` (``launcher.observe.telemetry.WorkerStats`` of the current
         members, rank >= 0), ``generation_age_s`` seconds after the current generation formed;
         ``now``: ``time.monotonic()``.  Each worker is returned at most once per generation."""
         p = self.policy

@@ -22,14 +22,14 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from hvd_edl import messages
 from launcher.serve.coordinator_server import CoordinatorServer  # noqa: F401 - served from here
-from launcher.progress import ProgressBoard
-from launcher.events import EventLog, GenerationEvent
+from launcher.observe.progress import ProgressBoard
+from launcher.observe.events import EventLog, GenerationEvent
 from launcher.job.formation import Formation, Generation
 from launcher.job.liveness import LivenessMonitor, MemberLiveness
 from launcher.job.polls import CountingDict, NotifyingCondition, Polls
 from launcher.job.registry import WorkerRecord, WorkerState
 from launcher.job.rendezvous import GenerationRendezvous
-from launcher.telemetry import Telemetry
+from launcher.observe.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -362,7 +362,7 @@ class Coordinator(Formation, Polls, MemberLiveness):
                 stopping=self.stopping, history=history)
 
     def rank0_progress(self):
-        """Rank 0's last progress report (``launcher.progress``: ``at``, ``step``, ``samples``),
+        """Rank 0's last progress report (``launcher.observe.progress``: ``at``, ``step``, ``samples``),
         None before any."""
         with self.lock:
             g = self.current

@@ -23,7 +23,7 @@ from launcher.serve import control
 from launcher.job.checkpoint_dir import CheckpointDir, CheckpointDirError
 from launcher.job.coordinator import Coordinator, CoordinatorServer
 from launcher.discovery import DiscoveryError
-from launcher.events import EventLog
+from launcher.observe.events import EventLog
 from launcher.apps.profiler import Profiler
 from launcher.apps import migration as migration_
 from launcher.apps import straggler as straggler_
@@ -102,7 +102,7 @@ class Driver:
                                         extra_routes=control.routes(self))
         self.target_np = spec.target_np   # None: every usable slot up to max_np
         self.job_path = None
-        self.metrics = None  # launcher.metrics.MetricsServer (--metrics-port)
+        self.metrics = None  # launcher.observe.metrics.MetricsServer (--metrics-port)
         self.wake = threading.Event()
         self.procs: Dict[str, WorkerProcess] = {}
         self.slots = SlotBook()  # hosts, slots, cooldowns, blacklist, drains (launcher/job/slot_book.py)
@@ -175,9 +175,9 @@ class Driver:
                     pass
 
     def _start_metrics(self) -> bool:
-        """Serve ``/metrics`` on the bind address and --metrics-port (``launcher.metrics``);
+        """Serve ``/metrics`` on the bind address and --metrics-port (``launcher.observe.metrics``);
         False (and one error line) when the port cannot be bound."""
-        from launcher.metrics import JobCollector, MetricsServer
+        from launcher.observe.metrics import JobCollector, MetricsServer
         try:
             self.metrics = MetricsServer(JobCollector(self.coord.telemetry, self._capacity),
                                          self.spec.bind_addr, self.spec.metrics_port)
@@ -392,7 +392,7 @@ class Driver:
     # ---- control API (HTTP threads; the loop acts on the next pass) ------------------------------
 
     def telemetry_snapshot(self) -> dict:
-        """The heartbeats' figures (``launcher.telemetry``), JSON-ready: ``job`` (world size,
+        """The heartbeats' figures (``launcher.observe.telemetry``), JSON-ready: ``job`` (world size,
         generation, target world size, steps/s, samples/s, mean step / compute / wait seconds,
         last stall, whether the job is finishing), ``workers`` (one row per worker: step /
         compute / wait seconds per step, rates, state; members first by rank) and ``counters``
@@ -567,7 +567,7 @@ class Driver:
 
     @property
     def telemetry(self):
-        """The heartbeats' figures (a :class:`launcher.telemetry.Telemetry`; thread-safe)."""
+        """The heartbeats' figures (a :class:`launcher.observe.telemetry.Telemetry`; thread-safe)."""
         return self.coord.telemetry
 
     def ring(self, since: Optional[int] = None):

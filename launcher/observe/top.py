@@ -3,7 +3,7 @@
 One frame: the generation, world size (and the target), optimizer step, the job's steps/s and
 samples/s, mean step / compute / wait milliseconds, the last stall, the decision counters, and
 one table row per worker (rank, host:slot, state, step, step / compute / wait ms per step,
-steps/s, samples/s).  The figures are the heartbeats' (``launcher.telemetry``, ``/ctl/telemetry``),
+steps/s, samples/s).  The figures are the heartbeats' (``launcher.observe.telemetry``, ``/ctl/telemetry``),
 which asks the workers nothing, so watching costs the training nothing.
 
 On a terminal the frame is redrawn in place (``rich.live.Live``) until Ctrl-C or the job's end;

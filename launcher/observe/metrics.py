@@ -1,7 +1,7 @@
 """Prometheus metrics of a running job (``hvd-edl-run --metrics-port PORT``).
 
 A custom collector (prometheus-client's ``Collector`` protocol: ``collect()`` yields metric
-families) reads :class:`launcher.telemetry.Telemetry` when ``/metrics`` is scraped: no thread or
+families) reads :class:`launcher.observe.telemetry.Telemetry` when ``/metrics`` is scraped: no thread or
 state per metric, nothing on the training path.  prometheus-client's own WSGI app
 (``make_wsgi_app``: the same exposition as its ``start_http_server``, the text format, OpenMetrics
 when asked for, gzip when accepted, ``?name[]=`` filters, any path) answers each request, served on
@@ -48,7 +48,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
 
 from launcher.serve.bounded_http import (BodyReader, BoundedHTTPServer, Limits, Request, Response,
                                    connection_cap, listen_socket)
-from launcher.telemetry import COUNTER_KINDS, Telemetry
+from launcher.observe.telemetry import COUNTER_KINDS, Telemetry
 
 log = logging.getLogger(__name__)
 

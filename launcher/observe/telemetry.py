@@ -3,9 +3,9 @@ steps/s and samples/s over a sliding window, the job's throughput, the stalls of
 generation changes and counters of the decisions taken about it.
 
 Each beat (``messages.Beat``, every ``BEAT_S``) carries the sums since the worker's previous beat
-(timed steps, compute and wait seconds, samples; see ``hvd_edl/telemetry.py``).  The coordinator
+(timed steps, compute and wait seconds, samples; see ``hvd_edl/step_timer.py``).  The coordinator
 owns one :class:`Telemetry` (``coord.telemetry``) and feeds it from ``Coordinator.beat``; the
-metrics endpoint (``launcher/metrics.py``), ``hvd-edl-ctl status`` / ``top``, the straggler
+metrics endpoint (``launcher/observe/metrics.py``), ``hvd-edl-ctl status`` / ``top``, the straggler
 detector and the profiler read it.  This is EDL's idea (Wu et al., arXiv 1909.11985) that the
 leader learns what it needs from what members send anyway, and the measurements CM-DARE's speed
 models are fitted on (Li, Walls and Guo, arXiv 2004.03072).
@@ -124,7 +124,7 @@ class Telemetry:
             self._rank_of = {m: i for i, m in enumerate(self._members)}
 
     def on_generation(self, event) -> None:
-        """A generation change was logged (a ``launcher.events.GenerationEvent``): its
+        """A generation change was logged (a ``launcher.observe.events.GenerationEvent``): its
         ``stall_s`` goes to the stalls histogram ("start" events have none)."""
         if event.kind == "start":
             return

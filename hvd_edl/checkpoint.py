@@ -88,7 +88,7 @@ ENV_KEY = "HVD_EDL_CHECKPOINT_KEY"            # the key itself: launcher -> work
 ENV_KEY_FILE = "HVD_EDL_CHECKPOINT_KEY_FILE"  # where the key is kept (default DEFAULT_KEY_FILE)
 DEFAULT_KEY_FILE = "~/.hvd_edl/checkpoint.key"
 DEFAULT_EVERY_S = 60.0  # seconds between checkpoints: at most a minute of work lost to a loss of
-                        # every worker; a 100 MB write takes about a second here (see the README)
+                        # every worker; a 100 MB write takes about a second here (docs/checkpoints.md)
 DEFAULT_KEEP = 3        # checkpoints kept: the newest, and two to fall back on if it is bad
 FORMAT = "hvd_edl.checkpoint/1"
 MAC_DOMAIN = b"hvd_edl.checkpoint-sidecar/2\n"  # what the sidecar's HMAC is computed over, first

@@ -8,7 +8,7 @@ one per epoch), ``localhost`` and ``127.0.0.1`` stand for two hosts, and the ass
 log: each epoch's world size, the rank its rank 0 started with (``HOROVOD_RANK`` at spawn) and how
 many times the elastic function was entered.
 
-Where hvd_edl differs from Horovod by design, the test asserts ours and says so (README,
+Where hvd_edl differs from Horovod by design, the test asserts ours and says so (docs/differences.md,
 "Differences from Horovod"):
 
 * a failed process rests its *slot*, not its whole host: after rank 0 on ``localhost`` fails,

@@ -15,7 +15,7 @@ The files and their checks are :mod:`hvd_edl.checkpoint`'s (shared with the work
 write them).  The lock is a ``filelock`` lock on ``DIR/.hvd-edl.lock`` (``fcntl`` on POSIX): the
 kernel drops it when the launcher dies, even by ``kill -9``, so the same command run again gets
 it at once.  On a network filesystem ``fcntl`` locks are as good as its lock manager (NFSv4:
-leases; some FUSE filesystems: none); see the README.
+leases; some FUSE filesystems: none); see docs/checkpoints.md, "On a cluster".
 """
 from __future__ import annotations
 

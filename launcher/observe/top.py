@@ -17,10 +17,6 @@ import sys
 import time
 from typing import Optional
 
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
 
 from launcher.serve.control import ControlClient, ControlError
 
@@ -54,8 +50,13 @@ def job_lines(t: dict) -> list:
     ]
 
 
-def render(t: dict) -> Group:
-    """One frame (a rich renderable) of a ``/ctl/telemetry`` answer."""
+def render(t: dict):
+    """One frame of a ``/ctl/telemetry`` answer: a ``rich.console.Group`` of the job's lines and
+    the workers' table (rich is imported here, for the view itself: ``hvd-edl-ctl status``
+    needs only :func:`job_lines`)."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
     table = Table(box=None, pad_edge=False, header_style="bold")
     for name in ("worker", "rank", "host:slot", "state", "step", "step ms", "comp ms",
                  "wait ms", "steps/s", "samples/s"):  # fits 80 columns
@@ -89,6 +90,8 @@ def run(client: ControlClient, interval_s: float = 1.0, once: bool = False,
     Raises:
         ValueError: ``interval_s`` is not positive.
     """
+    from rich.console import Console
+    from rich.live import Live
     if not interval_s > 0:
         raise ValueError(f"interval must be positive, got {interval_s}")
     out = out or sys.stdout

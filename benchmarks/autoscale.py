@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from launcher.observe.events import is_generation
+from bench import stop_launcher
+from launcher.observe.events import read as read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -85,16 +85,9 @@ def main() -> int:
                           "samples_per_s": job.get("samples_per_s"),
                           "autoscale_phase": (s.get("autoscale") or {}).get("phase")})
     finally:
-        (tmp / "stop").touch()
-        try:
-            launcher.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            launcher.send_signal(signal.SIGTERM)
-            launcher.wait(timeout=30)
-        out.close()
-    lines = [json.loads(x) for x in events.read_text().splitlines() if x.strip()]
-    gens = [e for e in lines if is_generation(e)]
-    notes = [e for e in lines if e.get("event") == "autoscale"]
+        stop_launcher(launcher, tmp / "stop", out)
+    gens, notes = read_events(events)
+    notes = [e for e in notes if e.get("event") == "autoscale"]
     decisions = [n for n in notes if n.get("phase") == "decision"]
     rows = []
     for i, d in enumerate(decisions):

@@ -229,6 +229,18 @@ class Job(WorkloadJob):
         return t
 
 
+def stop_launcher(proc: subprocess.Popen, stop: Path, out, timeout_s: float = 60.0) -> None:
+    """End a job the polite way: its stop file, ``timeout_s`` to exit, else SIGTERM and 30 s
+    more; then close ``out``, the file its output went to."""
+    stop.touch()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    out.close()
+
+
 # ---- measuring from timelines -------------------------------------------------------------------
 
 def change_stall(tl: Dict[int, List[dict]], old: int, new: int, after: float) -> Optional[dict]:

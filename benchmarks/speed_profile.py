@@ -21,14 +21,14 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from launcher.observe.events import is_generation
+from bench import stop_launcher
+from launcher.observe.events import read as read_events
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -73,21 +73,14 @@ def profile_job(name: str, a) -> dict:
         doc = json.loads((tmp / "profile.json").read_text())
         doc["load_before"], doc["load_after"] = load_before, os.getloadavg()
         doc["profile_wall_s"] = round(time.monotonic() - t0, 1)
-        lines = [json.loads(x) for x in events.read_text().splitlines() if x.strip()]
-        doc["generations"] = [e for e in lines if is_generation(e)]
+        doc["generations"] = read_events(events)[0]
         RESULTS.mkdir(parents=True, exist_ok=True)
         (RESULTS / f"profile_{name}.json").write_text(json.dumps(doc, indent=2))
         if (tmp / "profile.png").exists():
             shutil.copy(tmp / "profile.png", RESULTS / f"profile_{name}.png")
         return doc
     finally:
-        (tmp / "stop").touch()
-        try:
-            launcher.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            launcher.send_signal(signal.SIGTERM)
-            launcher.wait(timeout=30)
-        out.close()
+        stop_launcher(launcher, tmp / "stop", out)
 
 
 def main() -> int:

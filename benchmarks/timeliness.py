@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import stop_launcher  # noqa: E402
+from launcher.observe.events import read as read_events  # noqa: E402
 from launcher.serve.control import ControlClient  # noqa: E402
 BIN = Path(sys.executable).parent
 SCRIPT = ROOT / "tests" / "horovod_style" / "elastic_main.py"
@@ -45,10 +46,7 @@ PATTERNS = {
 
 
 def _events(path: Path):
-    if not path.exists():
-        return []
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [e for e in lines if "generation" in e]  # not EventLog.note lines
+    return read_events(path)[0]  # not EventLog.note lines
 
 
 def _wait(pred, timeout_s: float, what: str):
@@ -94,13 +92,7 @@ def run_pattern(name: str, requests: int, pause_s: float, rng: random.Random) ->
             _wait(lambda: next((e for e in _events(events) if e["generation"] == gen), None),
                   180, f"generation {gen}")
     finally:
-        stop.touch()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
-        out.close()
+        stop_launcher(proc, stop, out)
     return {"pattern": name, "delays_s": [round(d, 3) for d in delays], "commits": commits,
             "median_s": round(statistics.median(delays), 3), "max_s": round(max(delays), 3)}
 

@@ -43,7 +43,9 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench import stop_launcher  # noqa: E402
 from hvd_edl import messages  # noqa: E402
+from launcher.observe.events import read as read_events  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 BATCH = 16
@@ -93,10 +95,7 @@ class Job:
         raise RuntimeError(f"timed out waiting for {what}")
 
     def events(self) -> List[dict]:
-        if not self.events_path.exists():
-            return []
-        lines = [json.loads(x) for x in self.events_path.read_text().splitlines() if x]
-        return [e for e in lines if "generation" in e]  # not EventLog.note lines
+        return read_events(self.events_path)[0]  # not EventLog.note lines
 
     def signed_status(self) -> requests.Response:
         path = "/ctl/status"
@@ -124,13 +123,7 @@ class Job:
         return steps * BATCH / max(t1 - t0, 1e-9)
 
     def stop(self) -> None:
-        (self.tmp / "stop").touch()
-        try:
-            self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.proc.terminate()
-            self.proc.wait(30)
-        self.out.close()
+        stop_launcher(self.proc, self.tmp / "stop", self.out, timeout_s=120)
 
 
 class Sampler(threading.Thread):

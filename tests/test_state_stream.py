@@ -42,10 +42,10 @@ BUFFER_BYTES = 2 * 256 * 4 + 8  # the worker's BatchNorm1d(256): running mean, v
 def worker(out: str, stop: str) -> None:
     """A small elastic job: Adam (0-dim step tensors and two moments), a commit every step;
     after every sync each rank appends {generation, rank, checksum, last_sync} to ``out``."""
-    import time
     import torch
     import hvd_edl.torch as hvd
     from hvd_edl import runtime
+    from train_loop import train_until_stopped  # tests/train_loop.py
     hvd.init()
     torch.set_num_threads(1)
     torch.manual_seed(os.getpid())  # every process starts from different weights
@@ -61,16 +61,7 @@ def worker(out: str, stop: str) -> None:
             f.write(json.dumps({"generation": runtime.get().generation, "rank": hvd.rank(),
                                 "size": hvd.size(), "checksum": _checksum(model, optimizer),
                                 "last_sync": state.last_sync}) + "\n")
-        while True:
-            optimizer.zero_grad()
-            model(torch.randn(8, 64)).pow(2).mean().backward()
-            optimizer.step()
-            state.batch += 1
-            time.sleep(0.02)
-            state.commit()
-            flag = torch.tensor([1 if os.path.exists(stop) else 0], dtype=torch.int32)
-            if state.batch % 5 == 0 and hvd.allreduce(flag, op=hvd.Max, name="stop")[0] > 0:
-                return
+        train_until_stopped(hvd, state, model, optimizer, stop, 64)
 
     train(state)
 

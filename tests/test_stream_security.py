@@ -218,6 +218,7 @@ def worker(out: str, stop: str, hook_dir: str) -> None:
     import torch
     import hvd_edl.torch as hvd
     from hvd_edl import runtime, state_stream
+    from train_loop import train_until_stopped  # tests/train_loop.py
     hvd.init()
     torch.set_num_threads(1)
     paused = {"s": 0.0}
@@ -247,16 +248,7 @@ def worker(out: str, stop: str, hook_dir: str) -> None:
             f.write(json.dumps({"generation": runtime.get().generation, "rank": hvd.rank(),
                                 "last_sync": state.last_sync, "pause_s": paused["s"]}) + "\n")
         paused["s"] = 0.0
-        while True:
-            optimizer.zero_grad()
-            model(torch.randn(8, 256)).pow(2).mean().backward()
-            optimizer.step()
-            state.batch += 1
-            time.sleep(0.02)
-            state.commit()
-            flag = torch.tensor([1 if os.path.exists(stop) else 0], dtype=torch.int32)
-            if state.batch % 5 == 0 and hvd.allreduce(flag, op=hvd.Max, name="stop")[0] > 0:
-                return
+        train_until_stopped(hvd, state, model, optimizer, stop, 256)
 
     train(state)
 

@@ -47,12 +47,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
-import psutil
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from hvd_edl.messages import ENV_WORKER_ID  # noqa: E402
 import chaos_harness as harness  # noqa: E402
 from chaos_harness import DIGITS, RESULTS  # noqa: E402
 
@@ -136,18 +133,7 @@ class ClusterChaosJob(harness.Job):
 
     def training_pid(self, host: str, worker_id: str) -> Optional[int]:
         """The training process of ``worker_id`` on ``host`` (not its supervisor or ssh)."""
-        found = []
-        for pid in self.c.pids(host):
-            try:
-                p = psutil.Process(pid)
-                if p.environ().get(ENV_WORKER_ID) == worker_id and \
-                        any(DIGITS in a for a in p.cmdline()):
-                    found.append(p)
-            except psutil.Error:
-                continue
-        pids = {p.pid for p in found}
-        top = [p for p in found if p.ppid() not in pids]
-        return top[0].pid if top else None
+        return self.c.training_pid(host, worker_id, DIGITS)
 
 
 def _lines(hosts: List[str]) -> str:

@@ -406,6 +406,25 @@ class Cluster:
         """Every process running on a host (its sshd, sessions, workers)."""
         return pids_in_netns(self.host(where).netns)
 
+    def training_pid(self, where: Where, worker_id: str, script: str) -> Optional[int]:
+        """The training process of ``worker_id`` on a host: the topmost of its processes whose
+        environment names that worker and whose command line runs ``script`` (not its
+        supervisor or ssh); None when there is none."""
+        import psutil
+        from hvd_edl.messages import ENV_WORKER_ID
+        found = []
+        for pid in self.pids(where):
+            try:
+                p = psutil.Process(pid)
+                if p.environ().get(ENV_WORKER_ID) == worker_id and \
+                        any(script in a for a in p.cmdline()):
+                    found.append(p)
+            except psutil.Error:
+                continue
+        pids = {p.pid for p in found}
+        top = [p for p in found if p.ppid() not in pids]
+        return top[0].pid if top else None
+
     def freeze(self, where: Where) -> int:
         """SIGSTOP every process of a host (a frozen VM); returns how many."""
         pids = self.pids(where)

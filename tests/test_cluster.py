@@ -24,7 +24,7 @@ import pytest
 from cluster import ALT_SSH_PORT, GHOST, Cluster, ClusterUnavailable
 from conftest import DIGITS, LAUNCHER, STOP_FILE, Job
 from hvd_edl import audit
-from hvd_edl.messages import ENV_SECRET, ENV_WORKER_ID
+from hvd_edl.messages import ENV_SECRET
 
 DIGITS_TRAIN = 1347
 
@@ -67,18 +67,7 @@ class ClusterJob(Job):
 
     def remote_pid(self, host: str, worker_id: str) -> Optional[int]:
         """The training process of ``worker_id`` on ``host`` (not its supervisor or ssh)."""
-        found = []
-        for pid in self.cluster.pids(host):
-            try:
-                p = psutil.Process(pid)
-                if p.environ().get(ENV_WORKER_ID) == worker_id and \
-                        any(DIGITS in a for a in p.cmdline()):
-                    found.append(p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        pids = {p.pid for p in found}
-        top = [p for p in found if p.ppid() not in pids]
-        return top[0].pid if top else None
+        return self.cluster.training_pid(host, worker_id, DIGITS)
 
 
 @pytest.fixture

@@ -51,6 +51,11 @@ class Job:
         from launcher.observe.events import read
         return read(self.events_path)[0]  # the generations (EventLog.note lines are not)
 
+    def notes(self, kind: str) -> List[dict]:
+        """The event log's :meth:`EventLog.note` lines of ``kind`` ("migration", "profile" ...)."""
+        from launcher.observe.events import read
+        return [n for n in read(self.events_path)[1] if n.get("event") == kind]
+
     def wait_for(self, what: str, pred: Callable[[], object], timeout_s: float = 90.0):
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

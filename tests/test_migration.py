@@ -58,11 +58,6 @@ def _ctl_here(capsys, job_file, *args):
     return code, out.out, out.err
 
 
-def _notes(job, kind):
-    lines = [json.loads(x) for x in job.events_path.read_text().splitlines() if x]
-    return [e for e in lines if e.get("event") == kind]
-
-
 def test_migration_and_straggler_replacement_each_take_one_replace_generation(
         tmp_path, monkeypatch, capsys):
     """One job (EDL's job migration, then straggler mitigation on the moved job): ``migrate``
@@ -112,7 +107,7 @@ def test_migration_and_straggler_replacement_each_take_one_replace_generation(
         assert swap["left"] == ["w1@localhost:0", "w2@localhost:1"]
         # the old workers trained while the new ones built: the switch costs a scale-out's
         assert swap["stall_s"] < 2.0, swap
-        notes = _notes(job, "migration")
+        notes = job.notes("migration")
         assert [n["phase"] for n in notes] == ["start", "done"], notes
         code, out, _ = _ctl_here(capsys, job_file, "status", "--json")
         s = json.loads(out)
@@ -121,7 +116,7 @@ def test_migration_and_straggler_replacement_each_take_one_replace_generation(
         assert "migration:  w1, w2 localhost -> 127.0.0.1: done" in out, out
 
         # w4's slot (127.0.0.1:1) computes 3x slower: found, replaced on a free slot
-        found = job.wait_for("the straggler note", lambda: _notes(job, "straggler"), 60)[0]
+        found = job.wait_for("the straggler note", lambda: job.notes("straggler"), 60)[0]
         assert found["worker"] == "w4" and found["phase"] == "found", found
         assert found["compute_ms"] > 2 * found["median_ms"], found
         assert found["replacement_slot"] == "127.0.0.1:3"  # localhost is drained
@@ -141,7 +136,7 @@ def test_migration_and_straggler_replacement_each_take_one_replace_generation(
         # nothing moved back (localhost drained, the slow slot resting); the clean job unchanged
         assert [e["kind"] for e in job.events()] == ["start", "replace", "replace"]
         assert clean_gens and [e["kind"] for e in clean.events()] == ["start"]
-        assert _notes(clean, "straggler") == [] and "straggler" not in clean.output()
+        assert clean.notes("straggler") == [] and "straggler" not in clean.output()
         report = audit.check(ledger, DIGITS_TRAIN)
         assert (report.repeated, report.missing) == (0, 0), report.to_dict()
     finally:

@@ -100,9 +100,7 @@ def test_profile_walks_1_2_3_workers_stop_free_and_returns_to_2(tmp_path, job_fa
     assert [e["world_size"] for e in events] == [2, 1, 2, 3, 2]
     assert all(e["rolled_back_steps"] == 0 for e in events), events
     assert [e["kind"] for e in events[1:]] == ["scale_in", "scale_out", "scale_out", "scale_in"]
-    notes = [json.loads(line) for line in job.events_path.read_text().splitlines()
-             if '"event"' in line]
-    done = [n for n in notes if n["event"] == "profile" and n.get("phase") == "done"]
+    done = [n for n in job.notes("profile") if n.get("phase") == "done"]
     assert len(done) == 1 and [p["world_size"] for p in done[0]["points"]] == [1, 2, 3]
     report = audit.check(ledger, DIGITS_TRAIN)
     assert report.epochs and all(e.complete for e in report.epochs)

@@ -222,11 +222,17 @@ class Job(WorkloadJob):
             return None
         newest = max(r["t"] for r in latest.values())
         live = {p: r for p, r in latest.items() if newest - r["t"] < 2.0}
-        pid = max(live, key=lambda p: live[p]["rank"])
-        t = time.time()
-        os.kill(pid, signal.SIGKILL)
-        self.killed_pid = pid
-        return t
+        # highest rank first; a worker that wrote a step within the window may have exited
+        # since (Horovod Elastic's reset ends workers): the next one is killed instead
+        for pid in sorted(live, key=lambda p: live[p]["rank"], reverse=True):
+            t = time.time()
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.killed_pid = pid
+            return t
+        return None
 
 
 def stop_launcher(proc: subprocess.Popen, stop: Path, out, timeout_s: float = 60.0) -> None:

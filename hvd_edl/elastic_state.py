@@ -207,6 +207,7 @@ def run_fn(func: Callable, reset: Callable[[], None]) -> Callable:
         rt = runtime.get()
         if rt is not None:
             rt.join(elastic_run=True)
+            rt.entered_again()  # a second elastic function: training goes on
         while True:
             try:
                 if rt is None or rt.sync_needed():

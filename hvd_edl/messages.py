@@ -182,10 +182,13 @@ class Finished:
     """``POST /finished``: the worker's training function (under ``hvd.elastic.run``) returned in
     ``generation`` at optimizer step ``step``: training is over.  The coordinator forms no more
     generations and never takes this worker's silence (its interpreter's teardown) for a
-    failure; the job ends once the members have exited."""
+    failure; the job ends once the members have exited.  ``done`` False: the worker entered an
+    elastic function again (a script with a second one, e.g. an evaluation phase): training
+    goes on after all."""
     worker_id: str
     generation: int
     step: int = 0
+    done: bool = True
 
 
 @dataclass

@@ -226,6 +226,21 @@ class WorkerRuntime:
         except Exception as e:  # noqa: BLE001 - never in the way of the process's exit
             log.debug("worker %s: could not report its exit: %s", self.worker_id, e)
 
+    def entered_again(self) -> None:
+        """The script entered an elastic function after one had returned (a second phase):
+        training goes on (``Finished(done=False)``)."""
+        if not self._finished_reported:
+            return
+        self._finished_reported = False
+        self._finishing_seen = False
+        try:
+            self.client.post("/finished", messages.Finished(self.worker_id, self.generation,
+                                                            self.steps, done=False),
+                             messages.WatchReply, timeout_s=FINISHED_TIMEOUT_S)
+        except (CoordinatorUnreachable, RuntimeError) as e:
+            log.warning("worker %s: could not report the new elastic function: %s",
+                        self.worker_id, e)
+
     def finished(self) -> None:
         """The training function returned: tell the coordinator (``POST /finished``, at most
         ``FINISHED_TIMEOUT_S`` seconds) that training is over, so that the end of the job is

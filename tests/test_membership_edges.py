@@ -217,3 +217,26 @@ def test_a_member_exiting_is_never_fenced_for_its_teardown_and_releases_its_peer
     coord.beat(messages.Beat("w1", 1, 10))
     assert not coord.workers["w2"].fenced  # its teardown is not a freeze
     assert coord.on_exit("w2", 0) == "left" and not coord.finishing
+
+
+def test_a_second_elastic_function_after_the_first_returned_keeps_the_job_elastic():
+    """A script with two elastic functions (training, then an evaluation phase): between them
+    the job is finishing; entering the second makes it elastic again (a failure then forms a
+    generation instead of ending the job)."""
+    coord = _ring()
+    for w in ("w1", "w2"):
+        coord.finished(messages.Finished(w, 1, 50))
+    assert coord.finishing
+    for w in ("w1", "w2"):
+        coord.finished(messages.Finished(w, 1, 50, done=False))
+    assert not coord.finishing
+    coord.on_exit("w2", -9)
+    assert _report(coord, "w1", 1, reason="failure").generation == 2
+
+
+def test_a_worker_that_exited_after_training_ends_the_job_for_good():
+    coord = _ring()
+    coord.finished(messages.Finished("w2", 1, 50))
+    coord.on_exit("w2", 0)
+    coord.finished(messages.Finished("w1", 1, 50, done=False))
+    assert coord.finishing  # w2 is gone having finished: the job ends

@@ -126,6 +126,7 @@ class Coordinator(Formation, Polls, MemberLiveness):
         # as N^2 per switch (1,024 workers: benchmarks/control_plane.py)
         self._ready_ids: set = set()
         self.finishing = False
+        self.ended = False  # a worker's exit ended the job (finishing can no longer be undone)
         self.stopping = False  # the launcher is terminating every worker (SIGTERM means die)
         self.failure: Optional[str] = None
         self.failed_worker: Optional[str] = None  # whose exit code the job ends with
@@ -208,6 +209,7 @@ class Coordinator(Formation, Polls, MemberLiveness):
                     # train): the job is over, as under horovodrun; do not respawn it forever
                     self.finishing = True
                     verdict = "finished"
+                self.ended = self.ended or verdict == "finished"
             else:
                 fenced = rec.fenced
                 self._move(rec, WorkerState.DEAD)
@@ -227,7 +229,18 @@ class Coordinator(Formation, Polls, MemberLiveness):
         dead for its silence, only killed after ``END_SILENT_S`` of it (see :meth:`beat`)."""
         with self.cond:
             rec = self._worker(msg.worker_id)
-            if rec.state.alive and not rec.fenced:
+            if not msg.done:
+                # it entered an elastic function again: training goes on, unless the job's end
+                # was decided otherwise (a member exited after training: the job is ending)
+                rec.finished = False
+                if self.finishing and not self.ended and not any(
+                        w.finished and w.state.alive for w in self.workers.values()):
+                    log.info("%s: entered an elastic function again: training goes on",
+                             rec.label)
+                    self.finishing = False
+                    self._try_form()
+                    self.cond.notify_all()
+            elif rec.state.alive and not rec.fenced:
                 rec.finished = True
                 if not self.finishing:
                     log.info("%s: training function returned at step %d (generation %d): "

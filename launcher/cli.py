@@ -308,8 +308,9 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
         from launcher.job.checkpoint_dir import CheckpointDirError, check_directory
         try:  # another user's, or one others can write: refused before anything starts
             check_directory(a.checkpoint_dir, trusted=a.trust_checkpoint_dir)
-        except CheckpointDirError as e:
-            parser.error(str(e))
+        except CheckpointDirError as e:  # one line (not the usage): the flag was well formed
+            print(f"hvd-edl-run: error: {e}", file=sys.stderr)
+            sys.exit(2)
     if a.output_filename:
         try:
             os.makedirs(a.output_filename, exist_ok=True)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import os
 import sys
 import time
 from typing import List, Optional
@@ -394,7 +395,19 @@ def list_jobs(timeout_s: float) -> List[str]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """Run one ``hvd-edl-ctl`` command; returns the exit code (see the module docstring)."""
+    """Run one ``hvd-edl-ctl`` command; returns the exit code (see the module docstring).
+    Output piped into a reader that stops early (``| head``) ends it quietly."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        try:  # the reader is gone: say nothing more (Python's own flush at exit would raise)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 0
+
+
+def _main(argv: Optional[List[str]] = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         if a.cmd == "list":

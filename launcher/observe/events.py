@@ -75,7 +75,8 @@ class EventLog:
                 with open(self.path, "a") as f:
                     f.write(json.dumps({"event": GENERATION, **asdict(ev)}) + "\n")
             if ev.kind == "start":
-                text = f"generation {ev.generation} (start): {ev.world_size} workers"
+                text = (f"generation {ev.generation} (start): {ev.world_size} "
+                        f"worker{'s' if ev.world_size != 1 else ''}")
             else:
                 text = (f"generation {ev.generation} ({ev.kind}): {ev.previous_world_size} -> "
                         f"{ev.world_size} workers at step {ev.step}, stall {ev.stall_s:.3f} s, "

@@ -195,14 +195,18 @@ def _positive_seconds(text: str) -> float:
     return v
 
 
+MAX_WAIT_S = 86400.0  # the longest --wait (seconds): a day (1e10 overflowed a timestamp)
+
+
 def _seconds(text: str) -> float:
     """argparse type: seconds, a finite number >= 0 (``--wait``)."""
     try:
         v = float(text)
     except ValueError:
         v = float("nan")
-    if not 0 <= v < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected seconds (a number >= 0), got {text[:40]!r}")
+    if not 0 <= v <= MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"expected seconds (a number from 0 to {MAX_WAIT_S:g}), "
+                                         f"got {text[:40]!r}")
     return v
 
 

@@ -156,6 +156,11 @@ class CheckpointDir:
                                      f"(its lock {checkpoint.LOCK_NAME} is held): two jobs "
                                      f"never write one directory; give this job another "
                                      f"one") from None
+        except OSError as e:  # e.g. a lock file another user created (filelock refuses it)
+            raise CheckpointDirError(f"--checkpoint-dir {self.path}: its lock "
+                                     f"{checkpoint.LOCK_NAME} cannot be taken: "
+                                     f"{e.strerror or e}; remove it if no job of yours runs "
+                                     f"there") from None
         self._lock = lock
         for name in os.listdir(self.path):
             if name.startswith(".ckpt-") and name.endswith(".tmp"):

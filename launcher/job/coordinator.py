@@ -25,7 +25,7 @@ from launcher.serve.coordinator_server import CoordinatorServer  # noqa: F401 - 
 from launcher.observe.progress import ProgressBoard
 from launcher.observe.events import EventLog, GenerationEvent
 from launcher.job.formation import Formation, Generation
-from launcher.job.liveness import LivenessMonitor, MemberLiveness
+from launcher.job.liveness import END_SILENT_S, LivenessMonitor, MemberLiveness
 from launcher.job.polls import CountingDict, NotifyingCondition, Polls
 from launcher.job.registry import WorkerRecord, WorkerState
 from launcher.job.rendezvous import GenerationRendezvous
@@ -193,12 +193,20 @@ class Coordinator(Formation, Polls, MemberLiveness):
                     released = self.assignments.get(worker_id)
                     if released is not None and released.action == "exit":
                         pass  # a leaver released through the protocol (below --min-np)
-                    elif self.elastic and rec.elastic_run:
+                    elif self.elastic and rec.elastic_run and not self.stopping \
+                            and any(self.workers[w].state.alive for w in self.current.members):
                         # exit 0 inside the training function (sys.exit(0) at step 58 of 333):
                         # not the end of training, whose data would go untrained; a leave,
                         # without notice: its peers are released and go on without it
                         self._member_lost(rec)
                         verdict = "left"
+                    elif self.elastic and rec.elastic_run and not self.stopping:
+                        # the last member alive exited 0 inside training (every rank called
+                        # sys.exit(0)): nobody holds the state; the script ended its training
+                        # itself, and the job ends as under horovodrun (restarting it from
+                        # scratch would do the same for ever)
+                        self.finishing = True
+                        verdict = "ended_early"
                     else:
                         # a script without hvd.elastic.run (or a static job): its end is the
                         # job's end, as under horovodrun
@@ -209,7 +217,7 @@ class Coordinator(Formation, Polls, MemberLiveness):
                     # train): the job is over, as under horovodrun; do not respawn it forever
                     self.finishing = True
                     verdict = "finished"
-                self.ended = self.ended or verdict == "finished"
+                self.ended = self.ended or verdict in ("finished", "ended_early")
             else:
                 fenced = rec.fenced
                 self._move(rec, WorkerState.DEAD)
@@ -340,6 +348,17 @@ class Coordinator(Formation, Polls, MemberLiveness):
                     and time.time() - g.formed_at > EVENT_REPORT_TIMEOUT_S:  # formed_at: wall
                 self._log_event(g)
             self._try_form()
+            quiet = []
+            if g is not None and self.finishing and not self.stopping:
+                # training is over: a member silent END_SILENT_S is killed also when no other
+                # member beats any more (the last one alive, frozen in its teardown)
+                for w in self.liveness.silent_for(
+                        [m for m in g.members if self.workers[m].state.alive
+                         and m not in self.ended_silent], now, END_SILENT_S):
+                    self.ended_silent.add(w)
+                    quiet.append(self.workers[w])
+        for rec in quiet:
+            self.on_end_silent(rec, END_SILENT_S)
 
     def settled(self) -> bool:
         """True while nothing is in flight: every live worker is a member of the current

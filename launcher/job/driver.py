@@ -728,6 +728,11 @@ class Driver:
             if self.spec.elastic:
                 self._record_failure(rec, code)
         verdict = self.coord.on_exit(rec.worker_id, 0 if terminated else code)
+        if verdict == "ended_early":
+            print(f"hvd-edl-run: {rec.label} (rank {rec.rank}), the last member, exited with "
+                  f"code 0 before its training function returned: the script ended training "
+                  f"itself; the job ends (training may be incomplete)", file=sys.stderr,
+                  flush=True)
         if verdict == "left":
             print(f"hvd-edl-run: {rec.label} (rank {rec.rank}) exited with code 0 before "
                   f"training ended: taken as a leave, the others go on without it (its work "

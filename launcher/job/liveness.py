@@ -125,6 +125,12 @@ class LivenessMonitor:
         with self._lock:
             self._last.pop(worker_id, None)
 
+    def silent_for(self, members: Iterable[str], now: float, bound_s: float) -> List[str]:
+        """Members whose last beat (or expectation) is more than ``bound_s`` seconds before
+        ``now``, whether or not any other member beats (unknown members: none)."""
+        with self._lock:
+            return [w for w in members if w in self._last and now - self._last[w] > bound_s]
+
     def silent(self, members: Iterable[str], now: float,
                bound_s: Optional[float] = None) -> List[str]:
         """Members silent for more than ``silent_after_s`` (or ``bound_s`` seconds, when given

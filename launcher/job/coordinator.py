@@ -171,7 +171,9 @@ class Coordinator(Formation, Polls, MemberLiveness):
 
         Returns what its end means for the job, for the driver's line: "finished" (training is
         over), "left" (a member whose script entered ``hvd.elastic.run`` exited 0 before its
-        training function returned: a leave, its peers go on without it; issue 26), or ""."""
+        training function returned: a leave, its peers go on without it; issue 26),
+        "ended_early" (the same, by the last member alive: the script ended its training
+        itself, and the job ends), or ""."""
         verdict = ""
         with self.cond:
             rec = self.workers[worker_id]

@@ -28,8 +28,8 @@ PROC_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
 
 def parse_ip(addr: str):
     """``addr`` as an ``ipaddress`` address (a ``%zone`` dropped, an IPv4-mapped IPv6 address
-    turned into IPv4), or None when it is not an IP address.  (The same as
-    ``launcher.discovery.hosts.parse_ip``, which the worker side cannot import.)"""
+    turned into IPv4), or None when it is not an IP address.  Here, on the worker side, so that
+    both sides use it (``launcher.discovery.hosts`` re-exports it)."""
     try:
         ip = ipaddress.ip_address(addr.split("%")[0])
     except ValueError:

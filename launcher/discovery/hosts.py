@@ -28,6 +28,8 @@ import re
 import socket
 from typing import Dict, FrozenSet, List, Optional, Tuple
 
+from hvd_edl.peer_uid import parse_ip  # one parser for both sides (rendezvous imports it here)
+
 MAX_SLOTS_PER_HOST = 1024   # more is a typo or garbage, and the driver walks every slot
 MAX_NAME_CHARS = 253        # RFC 1035 / 1123: a name's text, without a final dot
 MAX_LABEL_CHARS = 63
@@ -234,15 +236,3 @@ def is_local(host: str) -> bool:
         return False
     me = socket.gethostname().lower().rstrip(".")
     return name in ("localhost", me) or name in _names_of_this_machine(me, HOSTS_FILE)
-
-
-def parse_ip(addr: str):
-    """``addr`` as an ``ipaddress`` address (a ``%zone`` dropped, an IPv4-mapped IPv6 address
-    turned into IPv4), or None when it is not an IP address."""
-    try:
-        ip = ipaddress.ip_address(addr.split("%")[0])
-    except ValueError:
-        return None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip

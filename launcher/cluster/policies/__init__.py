@@ -1,2 +1,41 @@
 """The scheduling policies, one module each: ``fifo``, ``tiresias``, ``edl``
-(:class:`launcher.cluster.policy.Policy` subclasses)."""
+(:class:`launcher.cluster.policy.Policy` subclasses), and :func:`make_policy` by name."""
+from __future__ import annotations
+
+from launcher.cluster.policy import Policy
+
+POLICIES = ("fifo", "tiresias", "edl")
+
+
+def parse_objective(objective: str):
+    """``"jct"`` / ``"throughput"`` / ``"efficiency:E"`` -> (name, E or None); ValueError (one
+    line) otherwise, E must be a number with 0 < E <= 1."""
+    name, sep, arg = objective.partition(":")
+    if name in ("jct", "throughput") and not sep:
+        return name, None
+    if name == "efficiency" and sep:
+        try:
+            e = float(arg)
+        except ValueError:
+            e = float("nan")
+        if 0 < e <= 1:
+            return name, e
+        raise ValueError(f"objective efficiency:E needs 0 < E <= 1, got {arg!r}")
+    raise ValueError(f"unknown objective {objective!r} (jct, throughput or efficiency:E)")
+
+
+def make_policy(name: str, objective: str = "jct") -> Policy:
+    """The policy called ``name`` (fifo, tiresias, edl) for ``objective`` (jct, throughput,
+    efficiency:E; only edl optimises one, fifo and tiresias accept any valid objective and ignore
+    it).  ValueError, one line, for an unknown name or a bad objective."""
+    obj, e = parse_objective(objective)
+    if name == "fifo":
+        from launcher.cluster.policies.fifo import FifoPolicy
+        return FifoPolicy()
+    if name == "tiresias":
+        from launcher.cluster.policies.tiresias import TiresiasPolicy
+        return TiresiasPolicy()
+    if name == "edl":
+        from launcher.cluster.policies.edl import EdlPolicy
+        return EdlPolicy(obj, e)
+    raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})")

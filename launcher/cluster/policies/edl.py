@@ -1,0 +1,197 @@
+"""``edl``: elastic scheduling, EDL's "elastic Tiresias".
+
+Wu et al., "Elastic deep learning in multi-tenant GPU cluster" (arXiv 1909.11985): jobs start as
+soon as their minimum fits, spare GPUs are lent to running jobs where they add the most, and when
+work arrives the lent GPUs are taken back at once by stop-free scale-in instead of preempting.
+One round, a pure function of the snapshot:
+
+1. **Admission, 2D-LAS.** Jobs in Tiresias's order (attained-service queues, then submission;
+   :func:`launcher.cluster.policies.tiresias.las_order`); each whose ``min_np`` fits in what is
+   left of the pool is admitted at ``min_np``.  A running job that is not admitted is suspended
+   (preempted to its checkpoint); an arrival therefore first reclaims lent slots, and only when
+   every admitted job is at its minimum does it preempt the lowest in the order.
+2. **Hold.** A running job changed less than ``hold_s`` ago keeps its size (as far as the slots
+   left after admission allow): no job is resized twice within a hold, so no oscillation.
+3. **Lending.** The slots left go one increment at a time to the admitted job whose speed model
+   (``JobView.throughput``; linear in the slots when unknown) says the next increment of
+   ``k`` slots (up to filling two hosts, so that a job may cross onto a new host) adds the most:
+   ``jct``: the relative throughput gain per slot, weighted ``queue_weight ** queue`` (least
+   attained service first); ``throughput``: the samples/s gained per slot; ``efficiency:E``: as
+   ``jct``, never an increment whose workers add less than ``E`` x a lone worker's samples/s.
+   Slots a job already holds are kept at no cost; new slots for a running job must pay back the
+   switch: the gain over ``payback_s`` must beat the samples lost in ``snap.change_cost_s``
+   (``gain x (payback_s - c) > throughput x c``), else the change is not made.
+4. **Placement.** Sizes are judged at compact placements (fewest hosts); a job that shrinks gives
+   back its slots on its least-used hosts first (it compacts), one that grows takes slots on its
+   own hosts first, then on the hosts with the most free slots; new jobs are placed largest first.
+
+Every job stays within ``[min_np, max_np]`` while it holds slots and no slot goes to two jobs
+(:func:`launcher.cluster.policy.check_allocation`).
+"""
+from __future__ import annotations
+
+import heapq
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from launcher.cluster.policy import (Allocation, JobView, Placement, Policy, Snapshot, fill_hosts,
+                                     placement_of)
+from launcher.cluster.policies.fifo import keep_hosts
+from launcher.cluster.policies.tiresias import DEFAULT_THRESHOLDS_GPU_S, las_order, queue_index
+
+OBJECTIVES = ("jct", "throughput", "efficiency")
+
+
+def compact_placement(n: int, host_slots: int) -> Placement:
+    """``n`` slots on as few hosts of ``host_slots`` slots as possible: ``(4, 4, 2)`` for 10 on
+    4-slot hosts."""
+    full, rest = divmod(n, host_slots)
+    return tuple([host_slots] * full + ([rest] if rest else []))
+
+
+class EdlPolicy(Policy):
+    """Elastic Tiresias (the module's docstring).
+
+    Args:
+        objective: ``jct``, ``throughput`` or ``efficiency``.
+        efficiency: E of ``efficiency:E`` (0 < E <= 1); only with that objective.
+        thresholds_gpu_s: 2D-LAS queue thresholds, GPU-seconds.
+        hold_s: seconds a job keeps its size after a change (None: the larger of 60 s and 20 x
+            the snapshot's change cost).
+        payback_s: horizon a change must pay back its switch cost over (None: the hold time).
+        queue_weight: per-queue weight of the ``jct`` objective (0 < w <= 1).
+    Raises ValueError (one line) for a bad objective or parameter.
+    """
+
+    name = "edl"
+
+    def __init__(self, objective: str = "jct", efficiency: Optional[float] = None,
+                 thresholds_gpu_s: Sequence[float] = DEFAULT_THRESHOLDS_GPU_S,
+                 hold_s: Optional[float] = None, payback_s: Optional[float] = None,
+                 queue_weight: float = 0.5):
+        if objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {objective!r} (jct, throughput or efficiency:E)")
+        if (objective == "efficiency") != (efficiency is not None):
+            raise ValueError("efficiency:E needs E, and only that objective takes one")
+        if efficiency is not None and not 0 < efficiency <= 1:
+            raise ValueError(f"efficiency E must be in (0, 1], got {efficiency}")
+        if not 0 < queue_weight <= 1:
+            raise ValueError(f"queue_weight must be in (0, 1], got {queue_weight}")
+        self.objective = objective
+        self.efficiency = efficiency
+        self.thresholds_gpu_s = tuple(thresholds_gpu_s)
+        self.hold_s = hold_s
+        self.payback_s = payback_s
+        self.queue_weight = queue_weight
+
+    # -- the speed model -------------------------------------------------------------------------
+    @staticmethod
+    def _speed(j: JobView, n: int, host_slots: int) -> float:
+        if n <= 0:
+            return 0.0
+        if j.throughput is None:
+            return float(n)
+        return j.throughput(compact_placement(n, host_slots))
+
+    def _best_increment(self, j: JobView, n: int, cur: int, spare: int, host_slots: int,
+                        weight: float, threshold: float, may_grow: bool
+                        ) -> Optional[Tuple[float, int]]:
+        """(score per slot, k) of the best next increment of ``j`` from ``n`` slots, or None."""
+        top = min(j.max_np, n + spare)
+        if not may_grow:
+            top = min(top, max(cur, n))
+        if top <= n:
+            return None
+        x0 = self._speed(j, n, host_slots)
+        lone = self._speed(j, 1, host_slots)
+        best: Optional[Tuple[float, int]] = None
+        for m in range(n + 1, min(top, n + 2 * host_slots) + 1):
+            k = m - n
+            gain = self._speed(j, m, host_slots) - x0
+            new = max(0, m - max(cur, n))            # slots beyond what it holds now
+            if new and cur:                          # a change of a running job: pay it back
+                gain -= threshold * x0
+            if gain <= 0:
+                continue
+            if self.efficiency is not None and gain / k < self.efficiency * lone:
+                continue
+            if self.objective == "throughput":
+                score = gain / k
+            else:
+                score = weight * gain / k / (x0 if x0 > 0 else lone)
+            if best is None or score > best[0] + 1e-12:
+                best = (score, k)
+        return best
+
+    # -- one round -------------------------------------------------------------------------------
+    def allocate(self, snap: Snapshot) -> Allocation:
+        pool = dict(snap.pool)
+        capacity = sum(pool.values())
+        host_slots = max(pool.values(), default=1)
+        cost = snap.change_cost_s
+        hold_s = self.hold_s if self.hold_s is not None else max(60.0, 20.0 * cost)
+        payback_s = self.payback_s if self.payback_s is not None else hold_s
+        threshold = cost / (payback_s - cost) if payback_s > cost else float("inf")
+
+        order = las_order(snap, self.thresholds_gpu_s)
+        size: Dict[str, int] = {}
+        left = capacity
+        for j in order:                               # 1. admission at min_np, 2D-LAS order
+            if j.min_np <= left:
+                size[j.id] = j.min_np
+                left -= j.min_np
+        admitted = [j for j in order if j.id in size]
+        cur = {j.id: min(j.world_size, j.max_np) for j in admitted}
+        for j in admitted:                            # 2. hold: keep the size of a recent change
+            if cur[j.id] > size[j.id] and snap.now - j.last_change_at < hold_s:
+                extra = min(cur[j.id] - size[j.id], left)
+                size[j.id] += extra
+                left -= extra
+        held = {j.id for j in admitted if j.world_size and snap.now - j.last_change_at < hold_s}
+        weight = {j.id: self.queue_weight ** queue_index(j, snap.now, self.thresholds_gpu_s)
+                  for j in admitted}
+        heap: List[Tuple[float, int, int]] = []       # 3. lending, best increment first
+        rank = {j.id: i for i, j in enumerate(admitted)}
+
+        def push(j: JobView) -> None:
+            b = self._best_increment(j, size[j.id], cur[j.id], left, host_slots, weight[j.id],
+                                     threshold, j.id not in held)
+            if b is not None:
+                # ties: what it holds first (no change), then the 2D-LAS order
+                heapq.heappush(heap, (-b[0], b[1], rank[j.id]))
+
+        for j in admitted:
+            push(j)
+        while heap and left > 0:
+            _, k, i = heapq.heappop(heap)
+            j = admitted[i]
+            if k > left:                              # stale: fewer slots left than it wanted
+                push(j)
+                continue
+            size[j.id] += k
+            left -= k
+            push(j)
+        return self._place(snap, admitted, size)
+
+    @staticmethod
+    def _place(snap: Snapshot, admitted: List[JobView], size: Dict[str, int]) -> Allocation:
+        """4. Hosts for the sizes: keep, compact, then pack (the module's docstring)."""
+        free = dict(snap.pool)
+        alloc: Allocation = {}
+        for j in admitted:                            # what each keeps, its largest hosts first
+            if j.allocation:
+                alloc[j.id] = keep_hosts(j, free, size[j.id])
+        growers = [j for j in admitted if alloc.get(j.id)]
+        starters = sorted((j for j in admitted if not alloc.get(j.id)),
+                          key=lambda j: -size[j.id])
+        for j in growers + starters:
+            have = alloc.get(j.id, {})
+            need = size[j.id] - sum(have.values())
+            if need <= 0:
+                continue
+            more = fill_hosts(free, need, prefer=sorted(have, key=lambda h: -have[h]))
+            if more is None:                          # cannot happen: sizes fit the pool
+                raise AssertionError(f"edl: {need} slots for {j.id} not free")
+            for h, k in more.items():
+                have[h] = have.get(h, 0) + k
+            alloc[j.id] = have
+        return {k: v for k, v in alloc.items() if v}

@@ -186,7 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--autoscale: a decision holds this long before the next (default 30)")
     p.add_argument("--autoscale-profile-seconds", type=_positive_float, default=5.0,
                    metavar="SECONDS", help="--autoscale: measurement per size of the start-up "
-                   "profile (default 5)")
+                   "profile, and of each size held afterwards (default 5)")
+    p.add_argument("--autoscale-profile", metavar="FILE", default=None,
+                   help="--autoscale: start from this profile.json (an earlier run's, or "
+                        "hvd-edl-ctl profile's) instead of profiling at start-up")
     p.add_argument("--straggler-policy", choices=("off", "report", "evict", "replace"),
                    default="report",
                    help="a member whose compute time per step stays above --straggler-ratio x "
@@ -282,10 +285,11 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                      f"(--min-np/--max-np or a host discovery script)")
     autoscale = None
     if a.autoscale is not None or any(v is not None for v in (
-            a.price_on_demand, a.price_spot, a.revocation_rate)):
+            a.price_on_demand, a.price_spot, a.revocation_rate, a.autoscale_profile)):
         from launcher.apps.autoscale import parse_policy
         if a.autoscale is None:
-            parser.error("--price-on-demand, --price-spot and --revocation-rate go with "
+            parser.error("--autoscale-profile goes with --autoscale" if a.autoscale_profile
+                         else "--price-on-demand, --price-spot and --revocation-rate go with "
                          "--autoscale cost")
         if not elastic:
             parser.error("--autoscale needs an elastic job (--min-np/--max-np or "
@@ -293,7 +297,7 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
         try:
             autoscale = parse_policy(a.autoscale, a.price_on_demand, a.price_spot,
                                      a.revocation_rate, a.autoscale_hold,
-                                     a.autoscale_profile_seconds)
+                                     a.autoscale_profile_seconds, a.autoscale_profile)
         except ValueError as e:
             parser.error(str(e))
     command = a.command[1:] if a.command[0] == "--" else a.command

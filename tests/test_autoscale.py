@@ -106,6 +106,7 @@ def test_autoscaler_decides_once_per_hold_and_at_once_when_the_slots_change(tmp_
     d = _Driver(tmp_path, slots=3)
     a = autoscale.Autoscaler(d, Policy("efficiency", efficiency=0.5, hold_s=30.0))
     a.phase, a.model = "running", _model()
+    a._stint_gen, a._stint_n, a._stint = 1, 2, [100.0]  # the current size was measured
     a._tick(100.0)
     assert d.targets == [3]                      # every worker adds > 0.5: up to the slots
     a._tick(101.0)
@@ -132,3 +133,54 @@ def test_autoscaler_without_a_model_measures_the_nearest_unmeasured_size(tmp_pat
     assert d.targets == [3] and a.model is None  # larger first, then held
     a._tick(102.0)
     assert d.targets == [3]
+
+
+def test_a_prediction_inside_the_band_keeps_the_size_and_prints_its_figures(tmp_path):
+    """Issue 30: the model said the second worker adds 0.4996 of a lone worker's throughput
+    (< 0.5) and the job shrank 2 -> 1, measured -42 %.  Inside the band (the throughputs'
+    error, 3 % before repeats) it stays, and the line shows the compared figures."""
+    import json
+    d = _Driver(tmp_path, slots=2)
+    a = autoscale.Autoscaler(d, Policy("efficiency", efficiency=0.5, hold_s=30.0))
+    a.phase = "running"
+    a.points = {1: ProfilePoint(1, 2700.0, samples_per_step=16.0),
+                2: ProfilePoint(2, 4049.0, samples_per_step=16.0)}
+    a._refit()
+    a._stint_gen, a._stint_n, a._stint = 1, 2, [4078.0]
+    a._tick(100.0)
+    assert d.targets == [2]                       # before: [1]
+    note = json.loads((tmp_path / "events.jsonl").read_text().splitlines()[-1])
+    assert (note["from"], note["to"]) == (2, 2)
+    out = (tmp_path / "out").read_text()
+    assert "stays at 2 workers" in out and "adds 0.500 of a lone worker's throughput (model " \
+        "2,700 -> 4,049 samples/s ± 3.0 %); threshold 0.5 - band 0.045: keep it" in out, out
+
+
+def test_a_decision_that_made_things_worse_is_undone_and_held(tmp_path, job_factory):
+    """A real job started from a profile that says a second worker adds 0.05 of the first's
+    throughput (it adds about 1: the steps are sleeps): the autoscaler shrinks 2 -> 1, measures
+    the one worker, finds the removed one added far more than 0.5 + band, goes back to 2 and
+    holds.  Before: the shrink stood for the whole hold, and nothing measured it."""
+    import json
+    from tests.conftest import long_digits
+    profile = tmp_path / "old_profile.json"
+    profile.write_text(json.dumps({"points": [
+        {"world_size": 1, "samples_per_s": 1000.0, "samples_per_step": 16},
+        {"world_size": 2, "samples_per_s": 1050.0, "samples_per_step": 16}]}))
+    job = job_factory(["-np", "2", "--min-np", "1", "--max-np", "2",
+                       "--autoscale", "efficiency:0.5", "--autoscale-profile", str(profile),
+                       "--autoscale-profile-seconds", "3", "--autoscale-hold", "5"],
+                      long_digits(tmp_path, "--step-delay", "0.04"), hosts="localhost:2")
+    shrink = job.wait_for("the shrink", lambda: next(
+        (n for n in job.notes("autoscale") if n.get("phase") == "decision"), None), 90)
+    assert (shrink["from"], shrink["to"]) == (2, 1), shrink
+    revert = job.wait_for("the check", lambda: next(
+        (n for n in job.notes("autoscale") if n.get("phase") in ("revert", "check")), None), 90)
+    assert revert["phase"] == "revert" and (revert["from"], revert["to"]) == (1, 2), revert
+    m2, m1 = revert["measured"]
+    assert m1 < 0.75 * m2, revert                # the lone worker measured about half
+    out = job.wait_for("the target set back", lambda: "target world size 2 (was 1)" in
+                       job.output() and job.output())
+    assert "2 -> 1 workers, predicted" in out and "remove it" in out, out
+    assert "1 -> 2 workers, undone: check of 2 -> 1 workers: measured" in out, out
+    assert "the decision made things worse; back to 2, held 15 s" in out, out

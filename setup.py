@@ -1,4 +1,4 @@
-"""hvd_edl: elastic Horovod for PyTorch (packages hvd_edl and launcher, console scripts hvd-edl-run, hvd-edl-ctl).
+"""hvd_edl: elastic Horovod for PyTorch (packages hvd_edl and launcher, console scripts hvd-edl-run, hvd-edl-ctl, hvd-edl-cluster).
 
 Horovod itself is built by the top-level CMakeLists.txt (see the README), not by this file.
 """
@@ -12,5 +12,6 @@ setup(
     python_requires=">=3.9",
     install_requires=["requests", "filelock", "psutil", "numpy", "prometheus-client", "rich"],
     entry_points={"console_scripts": ["hvd-edl-run = launcher.cli:main",
-                                    "hvd-edl-ctl = launcher.ctl:main"]},
+                                    "hvd-edl-ctl = launcher.ctl:main",
+                                    "hvd-edl-cluster = launcher.cluster.cli:main"]},
 )

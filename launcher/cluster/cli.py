@@ -1,0 +1,276 @@
+"""``hvd-edl-cluster``: one pool of hosts shared by many elastic Horovod jobs.
+
+    hvd-edl-cluster serve -H localhost:8 --state-dir ~/cluster --policy edl   # the service
+    hvd-edl-cluster submit --min-np 1 --max-np 4 -- python train.py           # prints the id
+    hvd-edl-cluster queue | status [JOB] [--json] | cancel JOB | top
+
+``serve`` owns the pool (horovodrun's host formats: ``-H host:slots,...``, ``--hostfile F``, or
+``--host-discovery-script CMD`` for hosts that come and go), runs the policy and the jobs, and
+writes the cluster file (0600, default ``~/.hvd_edl/cluster.json``) that the other commands
+read (``--cluster F``).  Every request is signed with the cluster's secret from that file; no
+secret is ever on a command line.  Bad input (an unknown job, --min-np above --max-np, --np out
+of range, no command, an unreadable or unsafe cluster file, a wrong secret) is one line and exit
+code 2; a service that cannot be reached is one line and exit code 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+from typing import List, Optional
+
+PROG = "hvd-edl-cluster"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line (and exit code 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from launcher.cli import _positive_float, _positive_int, _tcp_port
+    p = _Parser(prog=PROG, description="A pool of hosts shared by many elastic Horovod jobs.")
+    p.add_argument("--cluster", metavar="FILE", help="the cluster file serve wrote (default "
+                   "$HVD_EDL_CLUSTER, else ~/.hvd_edl/cluster.json)")
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
+    s = sub.add_parser("serve", help="run the service: own the pool, schedule and run jobs")
+    src = s.add_mutually_exclusive_group(required=True)
+    src.add_argument("-H", "--hosts", help="host1:slots,host2:slots (horovodrun's -H)")
+    src.add_argument("--hostfile", help="file with one 'host[:slots]' or 'host slots=N' a line")
+    src.add_argument("--host-discovery-script", dest="discovery_script",
+                     help="executable printing one 'host[:slots]' a line; hosts come and go, "
+                          "and a host that leaves takes its slots from the jobs that used them")
+    s.add_argument("--slots-per-host", "--slots", dest="slots", type=_positive_int, default=1,
+                   help="slots of hosts that give none (default 1)")
+    s.add_argument("--discovery-interval", type=_positive_float, default=1.0,
+                   help="seconds between pool discovery calls (default 1)")
+    s.add_argument("--state-dir", required=True, help="the service's folder (0700): its "
+                   "database, the jobs' files and logs, the event log; a restarted service "
+                   "with the same folder re-adopts the running jobs")
+    s.add_argument("--cluster-file", help="where to write the cluster file (default "
+                   "--cluster, else ~/.hvd_edl/cluster.json)")
+    s.add_argument("--policy", choices=("edl", "tiresias", "fifo"), default="edl",
+                   help="edl: elastic (lend idle slots, take them back stop-free); tiresias: "
+                        "least attained service with preemption; fifo: gang-scheduled, first "
+                        "come first served (default edl)")
+    s.add_argument("--objective", default="jct", help="jct, throughput or efficiency:E "
+                   "(edl; default jct)")
+    s.add_argument("--queue-thresholds", metavar="GPU_S[,GPU_S...]", default=None,
+                   help="tiresias, edl: attained-service thresholds between the priority "
+                        "queues, slot-seconds, ascending (default the policies': 16 GPU-hours)")
+    s.add_argument("--hold", type=_positive_float, default=None, metavar="SECONDS",
+                   help="edl: seconds a job keeps its size after a change before it may grow "
+                        "again (default the policy's: 60 s)")
+    s.add_argument("--metrics-port", type=_tcp_port, default=None,
+                   help="serve Prometheus metrics on this port (0: a free one, printed)")
+    s.add_argument("--bind-address", default="127.0.0.1",
+                   help="address the API and metrics listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=_tcp_port, default=0, help="the API's port (default: free)")
+    s.add_argument("--round", dest="round_s", type=_positive_float, default=5.0,
+                   help="seconds between scheduling rounds; a submit, an end or a pool change "
+                        "starts one at once (default 5)")
+    t = sub.add_parser("submit", help="queue a job; prints its id last")
+    t.add_argument("--name", help="a name for people (default: the script's name)")
+    t.add_argument("--min-np", type=_positive_int, help="fewest workers it runs with")
+    t.add_argument("--max-np", type=_positive_int, help="most workers it may be lent")
+    t.add_argument("--np", type=_positive_int, help="the size it asks for (a static "
+                   "scheduler's; default --min-np, else 1)")
+    t.add_argument("--priority", type=int, default=0, help="larger first among equals")
+    t.add_argument("--checkpoint-dir", help="its --checkpoint-dir (preemption and resume; "
+                   "default a folder of the service's)")
+    t.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="set in the job's environment (repeatable)")
+    t.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ...")
+    sub.add_parser("queue", help="the jobs waiting, in order")
+    st = sub.add_parser("status", help="every job, or one")
+    st.add_argument("job", nargs="?")
+    st.add_argument("--json", action="store_true", help='{"jobs": [...]} for scripts')
+    c = sub.add_parser("cancel", help="end a job (a running one gets SIGTERM)")
+    c.add_argument("job")
+    tp = sub.add_parser("top", help="live view: slots per job, queue, utilisation")
+    tp.add_argument("--interval", type=_positive_float, default=2.0)
+    tp.add_argument("--once", action="store_true", help="one frame, then exit")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.cmd is None:
+        parser.error("a command is needed: serve, submit, queue, status, cancel or top")
+    if a.cmd == "serve":
+        return serve(a, parser)
+    from launcher.cluster import cluster_file
+    from launcher.cluster.server import ClusterClient, ClusterRefused
+    try:
+        cluster = cluster_file.read(a.cluster or cluster_file.default_path())
+    except cluster_file.ClusterFileError as e:
+        return _fail(str(e))
+    client = ClusterClient(cluster)
+    try:
+        if a.cmd == "submit":
+            return submit(a, client)
+        if a.cmd == "top":
+            from launcher.cluster import top
+            return top.run(client, a.interval, a.once)
+        if a.cmd == "cancel":
+            r = client.call("cancel", job=a.job)
+            print(f"{PROG}: {r['id']}: " + ("cancelling (SIGTERM sent)" if r.get("cancelling")
+                                            else r["state"]))
+            return 0
+        status = client.call("status", **({"job": a.job} if a.cmd == "status" and a.job
+                                           else {}))
+    except ClusterRefused as e:
+        if e.status in (401, 403):
+            which = a.cluster or cluster_file.default_path()
+            return _fail(f"the service refused the request: {e} (is {which} the file this "
+                         f"service wrote?)")
+        return _fail(str(e), 2 if e.status in (400, 404) else 1)
+    if a.cmd == "queue":
+        waiting = [j for j in status["jobs"] if j["state"] in ("queued", "suspended")]
+        for i, j in enumerate(waiting, 1):
+            print(f"{i:>3}. {j['id']:<6} {j['name'][:24]:<24} {j['state']:<10} np {j['np']} "
+                  f"[{j['min_np']}-{j['max_np']}]")
+        if not waiting:
+            print("(no job waiting)")
+        return 0
+    if a.json:
+        json.dump({"jobs": status["jobs"]}, sys.stdout)
+        print()
+        return 0
+    from launcher.cluster.top import frame_lines
+    print("\n".join(frame_lines(status)))
+    return 0
+
+
+def submit(a, client) -> int:
+    command = a.command[1:] if a.command[:1] == ["--"] else a.command
+    if not command:
+        return _fail("no training command given (e.g. -- python train.py)")
+    lo, hi = a.min_np, a.max_np
+    np_ = a.np or lo or 1
+    lo = lo or np_
+    hi = hi or max(np_, lo)
+    if lo > hi:
+        return _fail(f"--min-np {lo} is larger than --max-np {hi}")
+    if not lo <= np_ <= hi:
+        return _fail(f"--np {np_} must lie within [--min-np {lo}, --max-np {hi}]")
+    if not shutil.which(command[0]):
+        return _fail(f"training command {command[0]!r} not found (not an executable file or "
+                     f"on PATH)")
+    from launcher.cluster.runs import environment
+    try:
+        env = environment(a.env)
+    except ValueError as e:
+        return _fail(str(e))
+    r = client.call("submit", argv=command, cwd=os.getcwd(), env=env, name=a.name, np=np_,
+                    min_np=lo, max_np=hi, priority=a.priority,
+                    checkpoint_dir=os.path.abspath(a.checkpoint_dir) if a.checkpoint_dir
+                    else None)
+    print(f"{PROG}: submitted {r['id']} ({r['state']}); {PROG} status {r['id']}")
+    print(r["id"])
+    return 0
+
+
+def serve(a, parser) -> int:
+    import logging
+    from launcher.cluster import cluster_file
+    from launcher.cluster.policies import make_policy
+    from launcher.cluster.server import ClusterServer, routes
+    from launcher.cluster.service import Service, ServiceError
+    from launcher.discovery import FixedHosts, HostDiscoveryScript
+    from launcher.discovery.hosts import HostSpecError, parse_host_lines, parse_hosts_arg
+    logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(message)s")
+    try:
+        policy = make_policy(a.policy, a.objective)
+        if a.queue_thresholds is not None and hasattr(policy, "thresholds_gpu_s"):
+            try:
+                th = tuple(float(x) for x in a.queue_thresholds.split(","))
+            except ValueError:
+                th = ()
+            if not th or any(t <= 0 for t in th) or list(th) != sorted(th):
+                raise ValueError(f"--queue-thresholds {a.queue_thresholds!r}: expected "
+                                 f"positive ascending slot-seconds, e.g. 60,600")
+            policy.thresholds_gpu_s = th
+        if a.hold is not None and hasattr(policy, "hold_s"):
+            policy.hold_s = a.hold
+    except ValueError as e:
+        return _fail(str(e))
+    try:
+        if a.discovery_script:
+            discovery = HostDiscoveryScript(a.discovery_script, a.slots, 5.0)
+        elif a.hosts:
+            discovery = FixedHosts(parse_hosts_arg(a.hosts))
+        else:
+            with open(a.hostfile) as f:
+                discovery = FixedHosts(parse_host_lines(f.read(), a.slots))
+    except HostSpecError as e:
+        return _fail(str(e))
+    except OSError as e:
+        return _fail(f"cannot read --hostfile: {e.strerror or e}")
+    service = Service(os.path.abspath(os.path.expanduser(a.state_dir)), discovery, policy,
+                      discovery_interval_s=a.discovery_interval, round_s=a.round_s,
+                      fixed_pool=not a.discovery_script)
+    try:
+        service.open()
+    except ServiceError as e:
+        return _fail(str(e))
+    try:
+        server = ClusterServer(routes(service), service.secret(), a.bind_address, a.port)
+    except OSError as e:
+        service.close()
+        return _fail(f"cannot listen on {a.bind_address}:{a.port}: {e.strerror or e}")
+    port = server.start()
+    host = f"[{a.bind_address}]" if ":" in a.bind_address else a.bind_address
+    path = a.cluster_file or a.cluster or cluster_file.default_path()
+    try:
+        path = cluster_file.write(path, f"http://{host}:{port}", service.secret(),
+                                  str(service.state_dir))
+    except OSError as e:
+        server.stop()
+        service.close()
+        return _fail(f"cannot write the cluster file {path}: {e.strerror or e}")
+    metrics = None
+    if a.metrics_port is not None:
+        from launcher.cluster.metrics import ClusterCollector
+        from launcher.observe.metrics import MetricsServer
+        try:
+            metrics = MetricsServer(ClusterCollector(service), a.bind_address, a.metrics_port)
+        except OSError as e:
+            server.stop()
+            service.close()
+            return _fail(f"--metrics-port {a.metrics_port}: {e.strerror or e}")
+        print(f"{PROG}: metrics: {metrics.url(a.bind_address)}", flush=True)
+    print(f"{PROG}: serving {sum(service.pool.values())} slots on "
+          f"{len(service.pool)} hosts, policy {a.policy}, at http://{host}:{port}; cluster "
+          f"file {path}", flush=True)
+
+    def stop(signum, frame):
+        service.stopping = True
+        service.wake.set()
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        service.run()
+    finally:
+        server.stop()
+        if metrics is not None:
+            metrics.stop()
+        service.close()
+    print(f"{PROG}: stopped; running jobs keep running (a serve with --state-dir "
+          f"{service.state_dir} re-adopts them)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,216 @@
+"""The processes of a cluster job: each run is ``python -m launcher.cluster.wrapper ...
+hvd-edl-run ...`` started in a session of its own (it outlives the service), with its files in
+the job's 0700 folder of the state directory:
+
+=====================  ===================================================================
+``jobs/<id>/hosts``    the allocation file its host discovery prints (:mod:`.allocation`)
+``jobs/<id>/job.json`` its ``--job-file`` (URL and control secret; the control API's client)
+``jobs/<id>/events.jsonl``  its ``--event-log``
+``jobs/<id>/checkpoints``   its ``--checkpoint-dir`` when the user gave none
+``run<N>.log``         the launcher's output
+``run<N>.pid``         the wrapper's pid: the run started
+``run<N>.lock``        ``flock``-ed by the wrapper for its life
+``run<N>.exit``        its exit code, written once at its end (:mod:`.wrapper`)
+=====================  ===================================================================
+
+:meth:`Run.probe` answers what became of a run from these files alone, so a restarted service
+re-adopts what an earlier one started: ``ended`` (with the code), ``alive``, ``never`` (the
+service died before the wrapper started: start it now) or ``lost`` (the wrapper died without an
+exit code).
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from launcher.cluster import allocation
+
+log = logging.getLogger(__name__)
+
+DISCOVERY_INTERVAL_S = 0.2  # the jobs' --discovery-interval: a shrink is seen this fast
+
+
+class JobFiles:
+    """The paths of one job's folder (see the module docstring); :meth:`make` creates it."""
+
+    def __init__(self, state_dir: Path, job_id: str):
+        self.dir = Path(state_dir) / "jobs" / job_id
+        self.hosts = self.dir / "hosts"
+        self.job_file = self.dir / "job.json"
+        self.events = self.dir / "events.jsonl"
+        self.checkpoints = self.dir / "checkpoints"
+
+    def make(self) -> "JobFiles":
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return self
+
+    def run_file(self, run: int, kind: str) -> Path:
+        return self.dir / f"run{run}.{kind}"
+
+    def read_hosts(self) -> Dict[str, int]:
+        """The allocation the job sees now ({} when there is no file)."""
+        try:
+            return allocation.parse(allocation.read(str(self.hosts)))
+        except (OSError, ValueError):
+            return {}
+
+    def write_hosts(self, hosts: Dict[str, int]) -> None:
+        allocation.write(str(self.hosts), hosts)
+
+
+def launcher_command() -> List[str]:
+    """How to start ``hvd-edl-run`` with this interpreter."""
+    script = Path(sys.executable).parent / "hvd-edl-run"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "launcher.cli"]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one run of a job is started with.  ``np``, ``min_np``, ``max_np``: the job's
+    bounds (``np`` the size it starts at: its allocation's); ``argv``: the training command;
+    ``checkpoint_dir``: its ``--checkpoint-dir``; ``checkpoint_every_s``: its interval."""
+    argv: Tuple[str, ...]
+    cwd: str
+    env: Tuple[Tuple[str, str], ...]
+    np: int
+    min_np: int
+    max_np: int
+    checkpoint_dir: str
+    checkpoint_every_s: float = 30.0
+
+    def launcher_argv(self, files: JobFiles) -> List[str]:
+        discovery = f"{sys.executable} -I -S {allocation.__file__} {files.hosts}"
+        return launcher_command() + [
+            "-np", str(self.np), "--min-np", str(self.min_np), "--max-np", str(self.max_np),
+            "--host-discovery-script", discovery,
+            "--discovery-interval", str(DISCOVERY_INTERVAL_S),
+            "--job-file", str(files.job_file), "--event-log", str(files.events),
+            "--checkpoint-dir", self.checkpoint_dir,
+            "--checkpoint-every", f"{self.checkpoint_every_s:g}", "--"] + list(self.argv)
+
+
+class Run:
+    """One run (number ``number``) of a job, started here (``proc``) or adopted."""
+
+    def __init__(self, files: JobFiles, number: int, proc: Optional[subprocess.Popen] = None):
+        self.files = files
+        self.number = number
+        self.proc = proc
+
+    @classmethod
+    def start(cls, files: JobFiles, number: int, spec: RunSpec) -> "Run":
+        """Start run ``number`` (its wrapper, in a new session, output to ``run<N>.log``).
+
+        Raises:
+            OSError: it cannot be started.
+        """
+        lock_fd = os.open(files.run_file(number, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            with open(files.run_file(number, "log"), "ab") as out:
+                env = dict(os.environ)
+                env.update(dict(spec.env))
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "launcher.cluster.wrapper",
+                     "--pid-file", str(files.run_file(number, "pid")),
+                     "--exit-file", str(files.run_file(number, "exit")), "--"]
+                    + spec.launcher_argv(files),
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                    cwd=spec.cwd, env=env, start_new_session=True, pass_fds=(lock_fd,))
+        finally:
+            os.close(lock_fd)  # the wrapper holds the lock now (its copy of the descriptor)
+        return cls(files, number, proc)
+
+    def exit_code(self) -> Optional[int]:
+        """The run's exit code once written, else None."""
+        try:
+            return int(json.loads(self.files.run_file(self.number, "exit").read_text())
+                       ["exit_code"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _lock_held(self) -> bool:
+        try:
+            fd = os.open(self.files.run_file(self.number, "lock"), os.O_RDWR)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except OSError:
+            return True
+        finally:
+            os.close(fd)
+
+    def probe(self) -> Tuple[str, Optional[int]]:
+        """``("ended", code)``, ``("alive", None)``, ``("never", None)`` or ``("lost",
+        None)`` (module docstring)."""
+        if self.proc is not None:
+            self.proc.poll()  # reap our own child
+        code = self.exit_code()
+        if code is not None:
+            return "ended", code
+        if self._lock_held():
+            return "alive", None
+        code = self.exit_code()  # written just before the lock was let go
+        if code is not None:
+            return "ended", code
+        if self.files.run_file(self.number, "pid").exists():
+            return "lost", None
+        return "never", None
+
+    def pid(self) -> Optional[int]:
+        try:
+            return int(self.files.run_file(self.number, "pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def launcher_pid(self) -> Optional[int]:
+        """The ``hvd-edl-run`` pid its job file names (None before it is written)."""
+        try:
+            return int(json.loads(self.files.job_file.read_text())["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def stop(self, sig: int = signal.SIGTERM) -> bool:
+        """Send ``sig`` to the run's wrapper (it passes it to the launcher); False when the run
+        is not alive."""
+        pid = self.pid()
+        if pid is None or not self._lock_held():
+            return False
+        try:
+            os.kill(pid, sig)
+            return True
+        except OSError:
+            return False
+
+
+def live_slots(telemetry: Optional[dict]) -> Dict[str, int]:
+    """host -> workers alive (pending, ready, member, leaving) in a ``/ctl/telemetry`` answer."""
+    out: Dict[str, int] = {}
+    for w in (telemetry or {}).get("workers", []):
+        if w.get("state") in ("pending", "ready", "member", "leaving"):
+            out[w["host"]] = out.get(w["host"], 0) + 1
+    return out
+
+
+def environment(pairs: Sequence[str]) -> Dict[str, str]:
+    """``["K=V", ...]`` -> ``{K: V}``.
+
+    Raises:
+        ValueError: an item without ``=`` or with an empty name."""
+    out = {}
+    for item in pairs:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise ValueError(f"--env {item!r}: expected NAME=VALUE")
+        out[k] = v
+    return out

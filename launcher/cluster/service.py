@@ -1,0 +1,694 @@
+"""``hvd-edl-cluster serve``: one pool of hosts shared by many elastic jobs (EDL's multi-tenant
+cluster, Wu et al., arXiv 1909.11985), each job an ordinary ``hvd-edl-run`` steered from
+outside.
+
+The service's loop (:meth:`Service.run`) reads top to bottom: take the requests (submit,
+cancel), the pool's host set, the runs that ended; every ``round_s`` seconds, and at once on a
+submit, an end or a pool change, ask the policy for an allocation (a pure function of a
+:class:`launcher.cluster.policy.Snapshot`); then bring every job towards it.  Applying an
+allocation:
+
+* a job that is to hold fewer slots (on a host) gets its allocation file rewritten at once: its
+  launcher's host discovery (every 0.2 s) sees the shrink and its workers there leave
+  stop-free at the next commit; the slots count as free only once the job's telemetry shows
+  those workers gone (so a slot is never used by two jobs at once);
+* a job that is to hold more grows (file rewritten) or starts (a new ``hvd-edl-run`` under
+  :mod:`launcher.cluster.wrapper`) only on slots that are free by that measure;
+* a job that is to hold none while it runs is preempted: ``/ctl/checkpoint`` (its rank 0
+  writes a checkpoint), then SIGTERM; it resumes later as a new run with the same
+  ``--checkpoint-dir``.
+
+Jobs are steered only through the control API (:class:`launcher.serve.control.ControlClient`)
+and their allocation files.  Every decision is an event in the store and in
+``STATE_DIR/events.jsonl`` with its reason.  ``kill -9`` of the service loses nothing: the jobs
+run in sessions of their own, every state change is in the store before it is acted on, and a
+restarted service re-adopts the runs from their files (:meth:`launcher.cluster.runs.Run.probe`).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import filelock
+
+from launcher.cluster import speed as speed_
+from launcher.cluster.policy import (AllocationError, JobView, Policy, Snapshot,
+                                     check_allocation)
+from launcher.cluster.runs import JobFiles, Run, RunSpec, live_slots
+from launcher.cluster.store import ENDED, JobRecord, Store, StoreError
+
+log = logging.getLogger(__name__)
+
+ROUND_S = 5.0            # a scheduling round at least this often
+BUSY_TICK_S = 0.05       # the loop's period while a change is being applied
+IDLE_TICK_S = 0.5        # ... and while nothing is
+TELEMETRY_BUSY_S = 0.05  # a job releasing slots is asked this often whether they are free
+TELEMETRY_IDLE_S = 1.0   # ... the others this often (speed points, world size)
+CHECKPOINT_WAIT_S = 30.0 # a preemption waits this long for the checkpoint before SIGTERM
+REQUEST_TIMEOUT_S = 10.0 # an HTTP request's wait for the loop
+# a stop-free switch (the stall of a scale-in/out, make bench) and a (re)start from a
+# checkpoint (a launcher, its workers' imports and the restore, on 2 cores): what the policies
+# are told a change costs
+CHANGE_COST_S = 0.5
+RESTART_COST_S = 10.0
+
+
+class ServiceError(RuntimeError):
+    """The service cannot start (state directory taken, unusable store): one line, exit 2."""
+
+
+class RequestError(ValueError):
+    """A client request refused (bad input: 400; ``status`` 404 for an unknown job)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+class Service:
+    """The cluster service (module docstring).
+
+    Args:
+        state_dir: its 0700 folder (database, job folders, event log, lock).
+        discovery: the pool (``find_available_hosts_and_slots()``: FixedHosts or a script).
+        policy: the scheduling policy.
+        discovery_interval_s: seconds between pool discovery calls (scripts only).
+        round_s: seconds between scheduling rounds when nothing happens.
+        fixed_pool: the pool never changes (-H / --hostfile): a job that can never fit is
+            refused at submit.
+    """
+
+    def __init__(self, state_dir: Path, discovery, policy: Policy,
+                 discovery_interval_s: float = 1.0, round_s: float = ROUND_S,
+                 fixed_pool: bool = False, change_cost_s: float = CHANGE_COST_S,
+                 restart_cost_s: float = RESTART_COST_S):
+        self.state_dir = Path(state_dir)
+        self.discovery = discovery
+        self.policy = policy
+        self.discovery_interval_s = discovery_interval_s
+        self.round_s = round_s
+        self.fixed_pool = fixed_pool
+        self.change_cost_s = change_cost_s
+        self.restart_cost_s = restart_cost_s
+        self.pool: Dict[str, int] = {}
+        self.runs: Dict[str, Run] = {}           # job id -> its live run
+        self.written: Dict[str, Dict[str, int]] = {}  # job id -> its allocation file now
+        self.occupied: Dict[str, Dict[str, int]] = {}  # job id -> slots it still uses
+        self.telemetry: Dict[str, Tuple[float, dict]] = {}  # job id -> (monotonic, answer)
+        self.steady: Dict[str, Tuple[int, float]] = {}  # job id -> (generation, since)
+        self.releasing: Dict[str, float] = {}    # job id -> when its shrink was written
+        self.waiting_since: Dict[str, float] = {}  # job id -> when it was first allocated
+        self.requests: "queue.Queue[Tuple[Callable[[], object], Future]]" = queue.Queue()
+        self.wake = threading.Event()
+        self.stopping = False
+        self.decide_now = True
+        self.last_round = 0.0
+        self.last_attained = time.monotonic()
+        self.decisions: Dict[str, int] = {}      # kind -> count (metrics)
+        self.jct_s: List[float] = []             # completion times of jobs ended here
+        self._lock = threading.Lock()            # guards pool, telemetry for readers
+        self._flock: Optional[filelock.FileLock] = None
+        self.store: Optional[Store] = None
+        self.events_path = self.state_dir / "events.jsonl"
+        self._pool_problem: Optional[str] = None
+
+    # ---- start and stop ------------------------------------------------------------------------
+
+    def open(self) -> None:
+        """Take the state directory (its lock), open the store, find the pool, re-adopt.
+
+        Raises:
+            ServiceError: another service holds the directory, the store is unusable, or the
+                first pool discovery failed.
+        """
+        try:
+            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(self.state_dir, 0o700)
+        except OSError as e:
+            raise ServiceError(f"--state-dir {self.state_dir}: {e.strerror or e}") from None
+        self._flock = filelock.FileLock(str(self.state_dir / "service.lock"))
+        try:
+            self._flock.acquire(timeout=0)
+        except filelock.Timeout:
+            raise ServiceError(f"--state-dir {self.state_dir} is in use by another "
+                               f"hvd-edl-cluster serve (its lock {self.state_dir}/service.lock "
+                               f"is held); stop that one or give another directory") from None
+        old = os.umask(0o077)
+        try:
+            self.store = Store(self.state_dir / "cluster.db")
+        except StoreError as e:
+            raise ServiceError(str(e)) from None
+        finally:
+            os.umask(old)
+        try:
+            self.pool = dict(self.discovery.find_available_hosts_and_slots())
+        except Exception as e:  # noqa: BLE001 - DiscoveryError, OSError: one line
+            raise ServiceError(f"first pool discovery failed: {e}") from None
+        self.note(None, "pool", "the service started", pool=self.pool,
+                  policy=getattr(self.policy, "name", "?"))
+        self._adopt()
+
+    def secret(self) -> str:
+        """The per-cluster secret (kept in the store so clients survive a restart)."""
+        value = self.store.meta("secret")
+        if value is None:
+            from hvd_edl import messages
+            value = messages.new_secret()
+            self.store.set_meta("secret", value)
+        return value
+
+    def close(self) -> None:
+        self.stopping = True
+        self.wake.set()
+        if self.store is not None:
+            self.store.close()
+        if self._flock is not None:
+            self._flock.release()
+
+    # ---- requests (HTTP threads hand them to the loop: one writer) ----------------------------
+
+    def call(self, fn: Callable[[], object]) -> object:
+        """Run ``fn`` on the loop's thread and return its result (its exception raised here);
+        at most ``REQUEST_TIMEOUT_S`` seconds.
+
+        Raises:
+            TimeoutError: the loop did not answer in time.
+        """
+        fut: Future = Future()
+        self.requests.put((fn, fut))
+        self.wake.set()
+        return fut.result(timeout=REQUEST_TIMEOUT_S)
+
+    def submit(self, req: dict) -> dict:
+        """A ``submit`` request (validated here; the loop's thread only)."""
+        argv = req.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            raise RequestError("no training command given (e.g. -- python train.py)")
+        nums = {}
+        for key in ("np", "min_np", "max_np", "priority"):
+            v = req.get(key)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise RequestError(f"{key} must be an integer, got {v!r}")
+            nums[key] = v
+        np_, lo, hi = nums["np"], nums["min_np"], nums["max_np"]
+        np_ = np_ or lo or 1
+        lo = lo or np_
+        hi = hi or max(np_, lo)
+        if min(np_, lo, hi) < 1:
+            raise RequestError("--np, --min-np and --max-np must be at least 1")
+        if lo > hi:
+            raise RequestError(f"--min-np {lo} is larger than --max-np {hi}")
+        if not lo <= np_ <= hi:
+            raise RequestError(f"--np {np_} must lie within [--min-np {lo}, --max-np {hi}]")
+        capacity = sum(self.pool.values())
+        if self.fixed_pool and lo > capacity:
+            raise RequestError(f"--min-np {lo} can never fit: the pool has {capacity} slots")
+        cwd = req.get("cwd") or os.getcwd()
+        env = req.get("env") or {}
+        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                for k, v in env.items()):
+            raise RequestError("env must map names to strings")
+        script = next((a for a in argv if a.endswith(".py")), argv[0])
+        name = req.get("name") or os.path.basename(script)
+        ckpt = req.get("checkpoint_dir") or ""
+        job = JobRecord(id="", name=str(name)[:64], argv=argv, cwd=str(cwd), env=env, np=np_,
+                        min_np=lo, max_np=hi, priority=nums["priority"] or 0,
+                        checkpoint_dir=str(ckpt), state="queued", submitted_at=time.time())
+        job = self.store.add_job(job, event={"kind": "submit", "reason": "submitted",
+                                             "np": np_, "min_np": lo, "max_np": hi})
+        if not ckpt:
+            files = JobFiles(self.state_dir, job.id).make()
+            self.store.update(job.id, checkpoint_dir=str(files.checkpoints))
+        else:
+            JobFiles(self.state_dir, job.id).make()
+        self._log_event({"at": job.submitted_at, "job": job.id, "kind": "submit",
+                         "reason": "submitted", "np": np_, "min_np": lo, "max_np": hi})
+        self.decide_now = True
+        return {"id": job.id, "state": "queued"}
+
+    def cancel(self, job_id: str) -> dict:
+        """A ``cancel`` request (the loop's thread only)."""
+        job = self._known(job_id)
+        if job.ended:
+            raise RequestError(f"job {job_id} already ended ({job.state})")
+        if job_id in self.runs:
+            self.store.update(job_id, stopping="cancel",
+                              event={"kind": "cancel", "reason": "cancel requested: SIGTERM"})
+            self._log_event({"job": job_id, "kind": "cancel", "reason": "cancel requested"})
+            self.runs[job_id].stop(signal.SIGTERM)
+            return {"id": job_id, "state": "running", "cancelling": True}
+        self._end(job, "cancelled", None, "cancelled before it ran again")
+        return {"id": job_id, "state": "cancelled"}
+
+    def _known(self, job_id) -> JobRecord:
+        job = self.store.job(job_id) if isinstance(job_id, str) else None
+        if job is None:
+            raise RequestError(f"no job {job_id!r} in this cluster (hvd-edl-cluster queue "
+                               f"lists them)", status=404)
+        return job
+
+    def status(self, job_id: Optional[str] = None) -> dict:
+        """What ``status``/``queue``/``top`` show (any thread: reads only)."""
+        store = self.store
+        allocs = store.allocations()
+        jobs = [self._known(job_id)] if job_id else store.jobs()
+        with self._lock:
+            pool = dict(self.pool)
+            occupied = {k: dict(v) for k, v in self.occupied.items()}
+        used = sum(sum(v.values()) for v in occupied.values())
+        running = [j for j in jobs if j.state == "running"]
+        out = [j.public(allocs.get(j.id)) for j in jobs]
+        return {"jobs": out, "pool": pool, "policy": getattr(self.policy, "name", "?"),
+                "slots": {"total": sum(pool.values()), "used": used,
+                          "free": max(0, sum(pool.values()) - used),
+                          "lent": sum(max(0, j.world_size - j.np) for j in running)},
+                "queue": [j.id for j in jobs if j.state in ("queued", "suspended")],
+                "holders": {h: [[jid, n] for jid, hosts in occupied.items()
+                                for hh, n in hosts.items() if hh == h] for h in pool}}
+
+    # ---- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """The loop (module docstring) until :meth:`close`."""
+        threading.Thread(target=self._telemetry_loop, name="telemetry", daemon=True).start()
+        if not hasattr(self.discovery, "hosts"):  # a script: hosts come and go
+            threading.Thread(target=self._discovery_loop, name="discovery", daemon=True).start()
+        while not self.stopping:
+            self._step()
+            busy = bool(self.releasing or self.waiting_since or self.decide_now)
+            self.wake.wait(BUSY_TICK_S if busy else IDLE_TICK_S)
+            self.wake.clear()
+
+    def _step(self) -> None:
+        """One pass: requests, ends, attained service, a round when due, apply."""
+        while True:
+            try:
+                fn, fut = self.requests.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                fut.set_exception(e)
+        self._check_runs()
+        self._account()
+        now = time.monotonic()
+        if self.decide_now or now - self.last_round >= self.round_s:
+            self.decide_now = False
+            self.last_round = now
+            self._round()
+        self._apply()
+
+    def _account(self) -> None:
+        """Add each running job's slots x seconds to its attained service (Tiresias's), about
+        once a second."""
+        now = time.monotonic()
+        dt = now - self.last_attained
+        if dt < 1.0:
+            return
+        self.last_attained = now
+        for job_id in list(self.runs):
+            n = sum(self.written.get(job_id, {}).values())
+            job = self.store.job(job_id)
+            if job is not None and n:
+                self.store.update(job_id, attained_gpu_s=job.attained_gpu_s + n * dt)
+
+    # ---- the round ------------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """The policy's view now: the pool less the slots of jobs being stopped, every job not
+        ended and not being stopped."""
+        allocs = self.store.allocations()
+        pool = dict(self.pool)
+        views = []
+        for job in self.store.jobs(("queued", "running", "suspended")):
+            if job.stopping:  # its slots stay its own until its run ended
+                for h, k in self.occupied.get(job.id, {}).items():
+                    if h in pool:
+                        pool[h] = max(0, pool[h] - k)
+                continue
+            held = {h: k for h, k in allocs.get(job.id, {}).items() if h in self.pool}
+            views.append(JobView(
+                id=job.id, submitted_at=job.submitted_at, np=job.np, min_np=job.min_np,
+                max_np=job.max_np, priority=job.priority, allocation=held,
+                attained_gpu_s=job.attained_gpu_s, started=job.run > 0,
+                last_change_at=job.last_change_at, throughput=speed_.throughput(job.speed),
+                elastic=job.min_np < job.max_np))
+        return Snapshot(now=time.time(), pool=pool, jobs=tuple(views),
+                        change_cost_s=self.change_cost_s, restart_cost_s=self.restart_cost_s)
+
+    def _round(self) -> None:
+        snap = self.snapshot()
+        try:
+            alloc = self.policy.allocate(snap)
+            check_allocation(snap, alloc)
+        except AllocationError as e:
+            self.note(None, "refused", f"the policy's allocation was refused: {e}")
+            return
+        explain = getattr(self.policy, "explain", None)
+        for view in snap.jobs:
+            new = {h: k for h, k in alloc.get(view.id, {}).items() if k > 0}
+            old = dict(view.allocation)
+            if new == old:
+                continue
+            n_old, n_new = sum(old.values()), sum(new.values())
+            kind = ("start" if not view.started else "resume") if not n_old else \
+                "preempt" if not n_new else "grow" if n_new > n_old else \
+                "shrink" if n_new < n_old else "move"
+            why = explain(view.id) if callable(explain) else None
+            reason = why or _default_reason(kind, n_old, n_new, self.policy)
+            self.store.update(view.id, allocation=new, last_change_at=snap.now, reason=reason,
+                              event={"kind": kind, "reason": reason, "hosts": new,
+                                     "from": old})
+            self._log_event({"at": snap.now, "job": view.id, "kind": kind, "reason": reason,
+                             "hosts": new, "from": old})
+            self.decisions[kind] = self.decisions.get(kind, 0) + 1
+            if n_new and not n_old:
+                self.waiting_since.setdefault(view.id, time.monotonic())
+
+    # ---- applying --------------------------------------------------------------------------------
+
+    def _free(self) -> Dict[str, int]:
+        """host -> slots no job occupies (negative when a host shrank under its jobs)."""
+        free = dict(self.pool)
+        for hosts in self.occupied.values():
+            for h, k in hosts.items():
+                if h in free:
+                    free[h] -= k
+        return free
+
+    def _apply(self) -> None:
+        """Bring every job towards its allocation (module docstring)."""
+        allocs = self.store.allocations()
+        jobs = {j.id: j for j in self.store.jobs(("queued", "running", "suspended"))}
+        for job_id in list(self.releasing):  # what the jobs freed since the last pass
+            self._check_release(job_id)
+        free = self._free()
+        for job_id, job in jobs.items():
+            target = allocs.get(job_id, {})
+            if job.stopping:
+                continue
+            if job_id not in self.runs:
+                if target and job.state in ("queued", "suspended") \
+                        and all(free.get(h, 0) >= k for h, k in target.items()):
+                    for h, k in target.items():
+                        free[h] -= k
+                    self._start(job, target)
+                continue
+            if not target:
+                self._preempt(job)
+                continue
+            written = self.written.get(job_id, {})
+            if target == written:
+                continue
+            grow = {h: k - written.get(h, 0) for h, k in target.items()
+                    if k > written.get(h, 0)}
+            if all(free.get(h, 0) >= k for h, k in grow.items()):
+                for h, k in grow.items():
+                    free[h] -= k
+                self._write(job_id, target)  # grows, shrinks or moves in one edit
+                self.waiting_since.pop(job_id, None)
+                continue
+            # the growth waits for slots another job is releasing; shrink what is to go now
+            kept = {h: min(k, target.get(h, 0)) for h, k in written.items()
+                    if h in self.pool and min(k, target.get(h, 0)) > 0}
+            if kept != written and kept:
+                self._write(job_id, kept)
+
+    def _check_release(self, job_id: str) -> None:
+        """Slots a job was asked to give back count as free once a telemetry answer asked for
+        after the request shows its workers there gone (or its run ended)."""
+        asked = self.releasing[job_id]
+        written = self.written.get(job_id, {})
+        if job_id in self.runs:
+            fetched, answer = self.telemetry.get(job_id, (0.0, None))
+            if answer is None or fetched < asked:
+                return
+            live = live_slots(answer)
+            if any(live.get(h, 0) > written.get(h, 0) for h in live):
+                return
+        self._set_occupied(job_id, dict(written) if job_id in self.runs else {})
+        del self.releasing[job_id]
+        self.note(job_id, "released", "its workers on the slots taken back left",
+                  released_s=round(time.monotonic() - asked, 3), hosts=dict(written))
+        self.wake.set()
+
+    def _write(self, job_id: str, hosts: Dict[str, int]) -> None:
+        """Rewrite a job's allocation file; what it held beyond ``hosts`` stays occupied until
+        released (:meth:`_check_release`)."""
+        JobFiles(self.state_dir, job_id).write_hosts(hosts)
+        self.written[job_id] = dict(hosts)
+        self.store.update(job_id, world_size=sum(hosts.values()))
+        before = self.occupied.get(job_id, {})
+        occ = {h: max(before.get(h, 0), hosts.get(h, 0)) for h in set(before) | set(hosts)}
+        self._set_occupied(job_id, occ)
+        if any(occ.get(h, 0) > hosts.get(h, 0) for h in occ):
+            self.releasing.setdefault(job_id, time.monotonic())
+
+    def _set_occupied(self, job_id: str, hosts: Dict[str, int]) -> None:
+        with self._lock:
+            if hosts:
+                self.occupied[job_id] = {h: k for h, k in hosts.items() if k > 0}
+            else:
+                self.occupied.pop(job_id, None)
+
+    def _start(self, job: JobRecord, hosts: Dict[str, int]) -> None:
+        """Start a new run of ``job`` on ``hosts``: recorded first (run number, state), then
+        started, so a service killed in between starts it on restart, never twice."""
+        number = job.run + 1
+        resumed = job.run > 0
+        now = time.time()
+        waited = time.monotonic() - self.waiting_since.pop(job.id, time.monotonic())
+        self.store.update(job.id, state="running", run=number, stopping=None,
+                          started_at=job.started_at or now, world_size=sum(hosts.values()),
+                          event={"kind": "run", "reason": f"run {number} started"
+                                 + (" from its checkpoint" if resumed else ""),
+                                 "hosts": hosts, "run": number,
+                                 "waited_s": round(waited, 3),
+                                 "since_submit_s": round(now - job.submitted_at, 3)})
+        self._launch(self.store.job(job.id), hosts, number)
+
+    def _launch(self, job: JobRecord, hosts: Dict[str, int], number: int) -> None:
+        files = JobFiles(self.state_dir, job.id).make()
+        self._write(job.id, hosts)
+        spec = RunSpec(argv=tuple(job.argv), cwd=job.cwd, env=tuple(sorted(job.env.items())),
+                       np=sum(hosts.values()), min_np=job.min_np, max_np=job.max_np,
+                       checkpoint_dir=job.checkpoint_dir)
+        try:
+            run = Run.start(files, number, spec)
+        except OSError as e:
+            self._end(job, "failed", None, f"cannot start its run: {e}")
+            return
+        self.runs[job.id] = run
+        self.store.update(job.id, wrapper_pid=run.proc.pid, job_file=str(files.job_file))
+        self._log_event({"job": job.id, "kind": "run", "run": number, "hosts": hosts,
+                         "reason": f"run {number} started"})
+
+    def _preempt(self, job: JobRecord) -> None:
+        """Checkpoint (on a thread: it waits for rank 0's next commit) and SIGTERM the run."""
+        self.store.update(job.id, stopping="preempt",
+                          event={"kind": "suspend", "reason": "preempted: checkpoint, then "
+                                 "SIGTERM; resumes from its checkpoint"})
+        self._log_event({"job": job.id, "kind": "suspend", "reason": "preempted"})
+        run = self.runs[job.id]
+        files = run.files
+
+        def checkpoint_then_stop():
+            try:
+                from launcher.serve.control import ControlClient, ControlError
+                try:
+                    ControlClient(files.job_file, timeout_s=CHECKPOINT_WAIT_S + 5).call(
+                        "checkpoint", wait=CHECKPOINT_WAIT_S)
+                except ControlError as e:
+                    log.info("job %s: no checkpoint before the preemption: %s", job.id, e)
+            finally:
+                run.stop(signal.SIGTERM)
+        threading.Thread(target=checkpoint_then_stop, daemon=True).start()
+
+    # ---- ends, adoption -----------------------------------------------------------------------
+
+    def _check_runs(self) -> None:
+        for job_id, run in list(self.runs.items()):
+            what, code = run.probe()
+            if what == "alive":
+                continue
+            job = self.store.job(job_id)
+            del self.runs[job_id]
+            self._run_ended(job, what, code)
+
+    def _run_ended(self, job: JobRecord, what: str, code: Optional[int]) -> None:
+        self.written.pop(job.id, None)
+        self.releasing.pop(job.id, None)
+        self._set_occupied(job.id, {})
+        self.telemetry.pop(job.id, None)
+        if what == "lost":
+            self._end(job, "failed", None, f"run {job.run} ended without an exit code (its "
+                      f"wrapper was killed)")
+        elif code == 0:
+            self._end(job, "done", 0, f"run {job.run} exited 0")
+        elif job.stopping == "cancel":
+            self._end(job, "cancelled", code, f"cancelled: run {job.run} exited {code}")
+        elif job.stopping == "preempt":
+            self.store.update(job.id, state="suspended", stopping=None, world_size=0,
+                              allocation={}, reason="suspended to its checkpoint",
+                              event={"kind": "suspended", "reason": f"run {job.run} stopped "
+                                     f"(exit {code}) after its checkpoint", "exit_code": code})
+            self._log_event({"job": job.id, "kind": "suspended", "exit_code": code,
+                             "reason": "suspended to its checkpoint"})
+        else:
+            self._end(job, "failed", code, f"run {job.run} exited {code}")
+        self.decide_now = True
+
+    def _end(self, job: JobRecord, state: str, code: Optional[int], reason: str) -> None:
+        """The one place a job ends: state, exit code and time in one transaction."""
+        now = time.time()
+        self.store.update(job.id, state=state, exit_code=code, finished_at=now, world_size=0,
+                          stopping=None, allocation={}, reason=reason,
+                          event={"kind": "end", "reason": reason, "state": state,
+                                 "exit_code": code})
+        self._log_event({"at": now, "job": job.id, "kind": "end", "state": state,
+                         "exit_code": code, "reason": reason})
+        self.waiting_since.pop(job.id, None)
+        if state == "done":
+            self.jct_s.append(now - job.submitted_at)
+        self.decide_now = True
+
+    def _adopt(self) -> None:
+        """Re-adopt the runs an earlier service started (module docstring)."""
+        for job in self.store.jobs(("running",)):
+            files = JobFiles(self.state_dir, job.id).make()
+            run = Run(files, job.run)
+            what, code = run.probe()
+            hosts = files.read_hosts()
+            if what == "alive":
+                self.runs[job.id] = run
+                self.written[job.id] = hosts
+                self._set_occupied(job.id, hosts)
+                self.note(job.id, "adopt", f"run {job.run} re-adopted (wrapper pid "
+                          f"{run.pid()}, launcher pid {run.launcher_pid()})", hosts=hosts)
+                if job.stopping == "cancel":
+                    run.stop(signal.SIGTERM)
+                elif job.stopping == "preempt":
+                    threading.Thread(target=run.stop, daemon=True).start()
+            elif what == "never":
+                allocs = self.store.allocations().get(job.id) or hosts
+                self.note(job.id, "adopt", f"run {job.run} was recorded but never started: "
+                          f"starting it now", hosts=allocs)
+                if allocs:
+                    self._launch(job, allocs, job.run)
+                else:
+                    self.store.update(job.id, state="queued" if job.run <= 1 else "suspended")
+            else:
+                self._run_ended(job, what, code)
+
+    # ---- background: telemetry and pool -------------------------------------------------------
+
+    def _telemetry_loop(self) -> None:
+        """Ask each running job for ``/ctl/telemetry`` (every 1 s; every 0.05 s while it
+        releases slots): its world size, live workers per host, and speed points."""
+        from launcher.serve.control import ControlClient, ControlError
+        last: Dict[str, float] = {}
+        clients: Dict[Tuple[str, int], ControlClient] = {}
+        while not self.stopping:
+            now = time.monotonic()
+            for job_id, run in list(self.runs.items()):
+                period = TELEMETRY_BUSY_S if job_id in self.releasing else TELEMETRY_IDLE_S
+                if now - last.get(job_id, 0.0) < period:
+                    continue
+                last[job_id] = now
+                key = (job_id, run.number)
+                asked = time.monotonic()
+                try:
+                    if key not in clients:
+                        clients[key] = ControlClient(run.files.job_file, timeout_s=2.0)
+                    answer = clients[key].call("telemetry")
+                except ControlError:
+                    clients.pop(key, None)
+                    continue
+                self.telemetry[job_id] = (asked, answer)
+                self._speed_point(job_id, answer.get("job", {}))
+                if job_id in self.releasing:
+                    self.wake.set()
+            time.sleep(TELEMETRY_BUSY_S if self.releasing else 0.2)
+
+    def _speed_point(self, job_id: str, tel_job: dict) -> None:
+        gen = tel_job.get("generation", 0)
+        since = self.steady.get(job_id)
+        if since is None or since[0] != gen:
+            self.steady[job_id] = (gen, time.monotonic())
+            return
+        if time.monotonic() - since[1] < speed_.STEADY_S:
+            return
+        p = speed_.point(tel_job)
+        if p is None:
+            return
+
+        def record():
+            job = self.store.job(job_id)
+            if job is not None and not job.ended:
+                sp = dict(job.speed)
+                sp[str(p["world_size"])] = p
+                self.store.update(job_id, speed=sp)
+        self.requests.put((record, Future()))
+
+    def _discovery_loop(self) -> None:
+        while not self.stopping:
+            time.sleep(self.discovery_interval_s)
+            try:
+                hosts = dict(self.discovery.find_available_hosts_and_slots())
+            except Exception as e:  # noqa: BLE001 - keep the last good pool, say it once
+                if str(e) != self._pool_problem:
+                    self._pool_problem = str(e)
+                    print(f"hvd-edl-cluster: pool discovery failed, keeping the last pool: "
+                          f"{e}", file=sys.stderr)
+                continue
+            self._pool_problem = None
+            if hosts != self.pool:
+                def change(hosts=hosts):
+                    before = self.pool
+                    with self._lock:
+                        self.pool = hosts
+                    gone = sorted(set(before) - set(hosts))
+                    self.note(None, "pool", "the pool changed" + (
+                        f": {', '.join(gone)} left" if gone else ""), pool=hosts,
+                        before=before)
+                    self.decide_now = True
+                self.requests.put((change, Future()))
+                self.wake.set()
+
+    # ---- the event log ------------------------------------------------------------------------
+
+    def note(self, job_id: Optional[str], kind: str, reason: str, **detail) -> None:
+        """An event in the store and in ``events.jsonl`` (the loop's thread)."""
+        self.store.add_event(job_id, kind, reason, **detail)
+        self._log_event({"job": job_id, "kind": kind, "reason": reason, **detail})
+        if kind in ("released", "adopt"):
+            self.decisions[kind] = self.decisions.get(kind, 0) + 1
+
+    def _log_event(self, event: dict) -> None:
+        event.setdefault("at", time.time())
+        fd = os.open(self.events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, (json.dumps(event, default=str) + "\n").encode())
+        finally:
+            os.close(fd)
+
+
+def _default_reason(kind: str, n_old: int, n_new: int, policy) -> str:
+    name = getattr(policy, "name", "policy")
+    return {"start": f"{name}: starts on {n_new} slots",
+            "resume": f"{name}: resumes on {n_new} slots from its checkpoint",
+            "preempt": f"{name}: preempted (its {n_old} slots go to others)",
+            "grow": f"{name}: grows {n_old} -> {n_new} (spare slots lent)",
+            "shrink": f"{name}: shrinks {n_old} -> {n_new} (slots taken back)",
+            "move": f"{name}: moves its {n_new} slots"}[kind]
+

@@ -1,0 +1,77 @@
+"""``hvd-edl-cluster top``: a live view of the pool, refreshed every ``--interval`` seconds: which
+job holds which slot (one row per host, one cell per slot), the utilisation, the queue and each
+job's state, size and times.  Fits 80 columns.  On a terminal the frame is redrawn in place
+(``rich.live.Live``) until Ctrl-C; otherwise one plain-text frame per interval is printed (a
+pipe, a file).  Exits 0 on Ctrl-C, like ``top``.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+WIDTH = 80
+MAX_SLOTS_SHOWN = 16  # cells per host row; more are summed up
+
+
+def _age(t) -> str:
+    if not t:
+        return "-"
+    s = max(0.0, time.time() - t)
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
+
+
+def frame_lines(status: dict) -> list:
+    """The frame as plain lines (each at most 80 characters)."""
+    slots = status["slots"]
+    total = slots["total"] or 1
+    lines = [f"policy {status['policy']}: {slots['used']}/{slots['total']} slots used "
+             f"({100 * slots['used'] / total:.0f} %), {slots['free']} free, {slots['lent']} "
+             f"lent; queue {len(status['queue'])}"]
+    lines.append("")
+    for host, n in status["pool"].items():
+        cells = []
+        for job_id, k in status["holders"].get(host, []):
+            cells += [job_id] * k
+        cells = (cells + ["."] * max(0, n - len(cells)))[:n]
+        shown = " ".join(f"{c:>4}" for c in cells[:MAX_SLOTS_SHOWN])
+        more = f" +{n - MAX_SLOTS_SHOWN}" if n > MAX_SLOTS_SHOWN else ""
+        lines.append(f"{host[:20]:<20} {shown}{more}"[:WIDTH])
+    lines.append("")
+    lines.append(f"{'JOB':<6}{'NAME':<18}{'STATE':<10}{'SLOTS':>5} {'NP':>3} {'MIN-MAX':>8} "
+                 f"{'AGE':>6} {'RUN':>6} {'EXIT':>5}")
+    for j in status["jobs"]:
+        if j["state"] in ("done", "failed", "cancelled") and j["finished_at"] \
+                and time.time() - j["finished_at"] > 600:
+            continue
+        lines.append(f"{j['id']:<6}{j['name'][:17]:<18}{j['state']:<10}{j['world_size']:>5} "
+                     f"{j['np']:>3} {str(j['min_np']) + '-' + str(j['max_np']):>8} "
+                     f"{_age(j['submitted_at']):>6} {_age(j['started_at']):>6} "
+                     f"{'' if j['exit_code'] is None else j['exit_code']:>5}"[:WIDTH])
+    return lines
+
+
+def run(client, interval_s: float = 2.0, once: bool = False) -> int:
+    """Show frames from ``client.call("status")`` until Ctrl-C (or once)."""
+    from launcher.cluster.server import ClusterRefused
+    live_view = sys.stdout.isatty() and not once
+    try:
+        if live_view:
+            from rich.live import Live
+            from rich.text import Text
+            with Live(Text("\n".join(frame_lines(client.call("status")))), auto_refresh=False,
+                      screen=False) as live:
+                while True:
+                    time.sleep(interval_s)
+                    live.update(Text("\n".join(frame_lines(client.call("status")))),
+                                refresh=True)
+        while True:
+            print("\n".join(frame_lines(client.call("status"))), flush=True)
+            if once:
+                return 0
+            time.sleep(interval_s)
+            print()
+    except KeyboardInterrupt:
+        return 0
+    except ClusterRefused as e:
+        print(f"hvd-edl-cluster: error: {e}", file=sys.stderr)
+        return 1

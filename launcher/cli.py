@@ -14,7 +14,10 @@ horovodrun flags a user copies from an existing command keep their meaning where
 TRACE also shows the protocol traffic), ``--gloo`` (accepted: Gloo is the only controller),
 ``--output-filename DIR`` (each worker's output also goes to ``DIR/worker.<id>/stdout`` and
 ``stderr``), ``--disable-cache`` (accepted, no effect: hvd-edl-run runs no cached start-up checks)
-and ``--verbose``.  ``--mpi`` / ``--jsrun`` exit 2 saying what to use instead.
+and ``--verbose``; the flags that tune Horovod itself (``--fusion-threshold-mb``, ``--autotune``,
+``--timeline-filename``, ``--config-file``, ...), ``--version`` and ``--check-build`` are
+horovodrun's (``launcher/horovodrun_flags.py``).  ``--mpi`` / ``--jsrun`` / ``--mpi-args`` /
+``--binding-args`` exit 2 saying what to use instead.
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from typing import List, Optional
 
 import psutil
 
+from launcher import horovodrun_flags
 from launcher.discovery import FixedHosts, HostDiscoveryScript
 from launcher.job.driver import Driver, JobSpec
 from launcher.discovery.hosts import HostSpecError, parse_host_lines, parse_hosts_arg
@@ -49,7 +53,12 @@ class _Parser(argparse.ArgumentParser):
                      if t.startswith("-")]
             hints = []
             for flag in flags:
-                close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+                # --min_np is --min-np mistyped; every horovodrun flag is known here, so a
+                # copied one is never "corrected" to one of ours (--check-build once got
+                # "did you mean --checkpoint-dir?")
+                spelled = flag.replace("_", "-")
+                close = [spelled] if spelled in known else \
+                    difflib.get_close_matches(spelled, known, n=1, cutoff=0.6)
                 if close:
                     hints.append(f"did you mean {close[0]}?" if len(flags) == 1
                                  else f"did you mean {close[0]} for {flag}?")
@@ -120,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file", default=None,
                    help="horovodrun's meaning: file with the private key ssh authenticates "
                         "with on the remote hosts (default: ssh's configuration)")
-    p.add_argument("--hostfile", help="file with one 'host[:slots]' or 'host slots=N' a line")
+    p.add_argument("-hostfile", "--hostfile", dest="hostfile",
+                   help="file with one 'host[:slots]' or 'host slots=N' a line")
     p.add_argument("--host-discovery-script", dest="discovery_script",
                    help="executable printing one 'host[:slots]' a line (Horovod's format)")
     p.add_argument("--slots-per-host", "--slots", dest="slots", type=_positive_int, default=None,
@@ -208,14 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="horovodrun's meaning: the minimum level the Horovod backend logs to "
                         "stderr (HOROVOD_LOG_LEVEL for every worker; default WARNING); also "
                         "the launcher's own level (DEBUG/TRACE: protocol traffic as --verbose)")
-    p.add_argument("--gloo", action="store_true",
+    p.add_argument("--gloo", dest="use_gloo", action="store_true",
                    help="horovodrun's meaning: use the Gloo controller.  Accepted: Gloo is "
                         "hvd-edl-run's only controller (the elastic ring is rebuilt over it)")
-    p.add_argument("--mpi", action="store_true",
+    p.add_argument("--mpi", dest="use_mpi", action="store_true",
                    help="horovodrun's meaning: use the MPI controller.  Refused (exit 2): an MPI "
                         "world cannot change size; use Gloo (the default), or plain mpirun for "
                         "a static job")
-    p.add_argument("--jsrun", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--jsrun", dest="use_jsrun", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--output-filename", metavar="DIR",
                    help="horovodrun's meaning for Gloo: also write each worker's stdout/stderr "
                         "to files under DIR; here DIR/worker.<id>/stdout and "
@@ -225,16 +235,34 @@ def build_parser() -> argparse.ArgumentParser:
                    help="horovodrun's meaning: re-run the start-up checks instead of caching "
                         "them for 60 minutes.  Accepted, no effect: hvd-edl-run caches nothing "
                         "(each worker reaches the coordinator itself when it starts)")
+    horovodrun_flags.add_arguments(p)  # --fusion-threshold-mb ... --version, --check-build
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command")
     return p
+
+
+def _refuse(message: str) -> None:
+    """A well-formed flag hvd-edl-run cannot honour: one line (no usage summary), exit 2."""
+    print(f"hvd-edl-run: error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
     """Parse and validate ``argv``; exits with code 2 and a clear message on bad input."""
     parser = build_parser()
     a = parser.parse_args(argv)
-    if a.mpi or a.jsrun:
-        parser.error(f"--{'mpi' if a.mpi else 'jsrun'} is not supported: hvd-edl-run runs "
+    if a.check_build:  # horovodrun's table, exit 0 (no training command needed)
+        horovodrun_flags.check_build(a.verbose)
+    for flag, instead in horovodrun_flags.REFUSED.items():
+        if getattr(a, flag.strip("-").replace("-", "_")) is not None:
+            _refuse(f"{flag} is not supported: {instead}")
+    try:  # horovodrun's --config-file merge and value checks
+        horovodrun_flags.apply_config_file(a)
+    except OSError as e:
+        parser.error(f"--config-file {a.config_file}: cannot read it: {e.strerror or e}")
+    except ValueError as e:
+        parser.error(f"--config-file {a.config_file}: {e}" if a.config_file else str(e))
+    if a.use_mpi or a.use_jsrun:
+        _refuse(f"--{'mpi' if a.use_mpi else 'jsrun'} is not supported: hvd-edl-run runs "
                      f"Horovod over Gloo (the default; --gloo is accepted) because an MPI world "
                      f"cannot change size.  Drop the flag, or run a static job with plain "
                      f"'mpirun -np N python train.py' (hvd.init(comm=MPI.COMM_WORLD) works)")
@@ -340,7 +368,8 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                    checkpoint_dir=a.checkpoint_dir, checkpoint_every_s=a.checkpoint_every,
                    checkpoint_keep=a.checkpoint_keep, metrics_port=a.metrics_port,
                    straggler_policy=a.straggler_policy, straggler_ratio=a.straggler_ratio,
-                   straggler_window_s=a.straggler_window, autoscale=autoscale)
+                   straggler_window_s=a.straggler_window, autoscale=autoscale,
+                   horovod_env=horovodrun_flags.horovod_env(a))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -101,12 +101,16 @@ def test_remote_workers_get_environment_cwd_and_prefixed_output(cluster, cluster
     working directory, with the launcher's environment; its output is prefixed as a local
     worker's."""
     env = dict(os.environ, HVD_EDL_TEST_MARK="carried-over")
-    job = cluster_job(["-np", "1", "-H", "h2:1", "-p", str(ALT_SSH_PORT)],
-                      ["sh", "-c", 'echo "host=$(hostname) cwd=$(pwd) mark=$HVD_EDL_TEST_MARK"; '
+    # horovodrun's tuning flags reach remote workers too (HOROVOD_FUSION_THRESHOLD: 32 MiB)
+    job = cluster_job(["-np", "1", "-H", "h2:1", "-p", str(ALT_SSH_PORT),
+                       "--fusion-threshold-mb", "32", "--no-stall-check"],
+                      ["sh", "-c", 'echo "host=$(hostname) cwd=$(pwd) mark=$HVD_EDL_TEST_MARK '
+                       'fusion=$HOROVOD_FUSION_THRESHOLD stall=$HOROVOD_STALL_CHECK_DISABLE"; '
                        'echo err >&2'], env=env)
     assert job.finish(60) == 0, job.output()
     out = job.output()
-    assert f"[w1]<stdout>:host=h2 cwd={tmp_path} mark=carried-over" in out, out
+    assert f"[w1]<stdout>:host=h2 cwd={tmp_path} mark=carried-over fusion=33554432 " \
+           f"stall=1" in out, out
     assert "[w1]<stderr>:err" in out, out
 
 

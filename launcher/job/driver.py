@@ -15,7 +15,7 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Set, Tuple
 
 from hvd_edl import messages
@@ -81,6 +81,9 @@ class JobSpec:
     straggler_window_s: float = 5.0          # --straggler-window
     metrics_port: Optional[int] = None       # --metrics-port (None: no metrics; 0: any free)
     autoscale: Optional[object] = None       # --autoscale (a launcher.apps.autoscale.Policy)
+    # horovodrun's tuning flags (--fusion-threshold-mb, --autotune, --config-file, ...): the
+    # HOROVOD_* variables horovodrun sets for them (launcher/horovodrun_flags.py), every worker
+    horovod_env: Dict[str, str] = field(default_factory=dict)
 
 
 class Driver:
@@ -213,6 +216,7 @@ class Driver:
         }
         if self.spec.log_level:  # horovodrun's --log-level: the Horovod backend's level
             self.worker_env["HOROVOD_LOG_LEVEL"] = self.spec.log_level
+        self.worker_env.update(self.spec.horovod_env)  # horovodrun's tuning flags
         if self.checkpoints is not None:
             self.worker_env.update(self.checkpoints.worker_env())
         self.worker_spec = WorkerSpec(list(self.spec.command), self.worker_env, self.spec.cwd,

@@ -79,6 +79,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from hvd_edl import private_file
+
 log = logging.getLogger(__name__)
 
 ENV_DIR = "HVD_EDL_CHECKPOINT_DIR"
@@ -147,29 +149,13 @@ def read_key_file(path: Optional[Path] = None, create: bool = True) -> Key:
     path = Path(path) if path is not None else key_file()
     for attempt in (0, 1):
         try:
-            fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            data = private_file.read_private(path, max_bytes=MAX_KEY_BYTES)
             break
-        except FileNotFoundError:
-            if not create or attempt:
-                raise CheckpointError(f"checkpoint key {path} does not exist") from None
-            _create_key_file(path)
-        except OSError as e:
-            why = "it is a symbolic link" if e.errno == errno.ELOOP else e.strerror
-            raise CheckpointError(f"checkpoint key {path} cannot be read: {why}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise CheckpointError(f"checkpoint key {path} is not a regular file")
-        if st.st_uid != os.geteuid():
-            raise CheckpointError(f"checkpoint key {path} is owned by uid {st.st_uid}, not by "
-                                  f"this user (uid {os.geteuid()}): refused")
-        if st.st_mode & 0o077:
-            raise CheckpointError(f"checkpoint key {path} has mode "
-                                  f"{stat.S_IMODE(st.st_mode):04o}: others may read it; "
-                                  f"chmod 600 {path}")
-        data = os.read(fd, MAX_KEY_BYTES + 1)
-    finally:
-        os.close(fd)
+        except private_file.PrivateFileError as e:
+            if e.reason == private_file.MISSING and create and not attempt:
+                _create_key_file(path)
+                continue
+            raise CheckpointError(_key_refusal(path, e)) from None
     secret = data.strip()
     if len(data) > MAX_KEY_BYTES or len(secret) < MIN_KEY_CHARS \
             or not all(33 <= c < 127 for c in secret):
@@ -179,22 +165,32 @@ def read_key_file(path: Optional[Path] = None, create: bool = True) -> Key:
     return Key(secret, str(path))
 
 
+def _key_refusal(path: Path, e: "private_file.PrivateFileError") -> str:
+    """One line for a key file that cannot be used."""
+    if e.reason == private_file.MISSING:
+        return f"checkpoint key {path} does not exist"
+    if e.reason == private_file.SYMLINK:
+        return f"checkpoint key {path} cannot be read: it is a symbolic link"
+    if e.reason == private_file.NOT_REGULAR:
+        return f"checkpoint key {path} is not a regular file"
+    if e.reason == private_file.OTHER_OWNER:
+        return (f"checkpoint key {path} is owned by uid {e.uid}, not by this user "
+                f"(uid {os.geteuid()}): refused")
+    if e.reason == private_file.OPEN_TO_OTHERS:
+        return f"checkpoint key {path} has mode {e.mode:04o}: others may read it; chmod 600 {path}"
+    if e.reason == private_file.TOO_LARGE:
+        return (f"checkpoint key {path}: expected {MIN_KEY_CHARS} to {MAX_KEY_BYTES} printable "
+                f"ASCII characters without spaces (e.g. 'openssl rand -hex 32'), got more")
+    return f"checkpoint key {path} cannot be read: {e.detail or e.reason}"
+
+
 def _create_key_file(path: Path) -> None:
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, (secrets.token_hex(32) + "\n").encode())
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        try:
-            os.link(tmp, path)  # atomic and never replaces: a concurrent creator's key wins
-        except FileExistsError:
-            pass
-        finally:
-            os.unlink(tmp)
+        # never replaces: two processes creating it at once end with the first one's key
+        private_file.write_private(path, (secrets.token_hex(32) + "\n").encode(),
+                                   replace=False, fsync=True)
+    except FileExistsError:
+        return
     except OSError as e:
         raise CheckpointError(f"checkpoint key {path} cannot be created: "
                               f"{e.strerror or e}") from None

@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
@@ -47,7 +45,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 import psutil
 import requests
 
-from hvd_edl import messages
+from hvd_edl import messages, private_file
+from hvd_edl.private_file import PrivateFileError, read_private, write_private
 
 ENV_JOB = "HVD_EDL_JOB"
 PREFIX = "/ctl/"
@@ -82,16 +81,8 @@ def write_job_file(path: Optional[str], url: str, secret: str,
         OSError: the file cannot be written.
     """
     target = Path(path) if path else default_job_dir() / f"{os.getpid()}.json"
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=str(target.parent), prefix=".job-", suffix=".tmp")  # 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"url": url, "secret": secret, "pid": os.getpid(),
-                       "command": list(command), "started": time.time()}, f)
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_private(target, json.dumps({"url": url, "secret": secret, "pid": os.getpid(),
+                                      "command": list(command), "started": time.time()}).encode())
     return target
 
 
@@ -114,28 +105,27 @@ def read_job_file(path: Path) -> dict:
             what to do) or malformed.
     """
     try:
-        fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as e:
-        if os.path.islink(path):
+        data = read_private(path)
+    except PrivateFileError as e:
+        if e.reason == private_file.SYMLINK:
             raise ControlError(f"job file {path} is a symbolic link: refused (hvd-edl-run writes "
                                f"a plain file; give its real path)") from None
-        raise ControlError(f"cannot read job file {path}: {e}") from None
-    with os.fdopen(fd) as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ControlError(f"job file {path} is not a regular file: refused")
-        if st.st_uid != os.getuid():
-            raise ControlError(f"job file {path} is owned by uid {st.st_uid}, not by you (uid "
-                               f"{os.getuid()}): refused (its secret is not yours to use)")
-        if st.st_mode & 0o077:
+        if e.reason == private_file.NOT_REGULAR:
+            raise ControlError(f"job file {path} is not a regular file: refused") from None
+        if e.reason == private_file.OTHER_OWNER:
+            raise ControlError(f"job file {path} is owned by uid {e.uid}, not by you (uid "
+                               f"{os.geteuid()}): refused (its secret is not yours to use)") from None
+        if e.reason == private_file.OPEN_TO_OTHERS:
             raise ControlError(f"job file {path} is readable or writable by others (mode "
-                               f"{stat.S_IMODE(st.st_mode):04o}): refused, its secret may be "
+                               f"{e.mode:04o}): refused, its secret may be "
                                f"known; hvd-edl-run writes it 0600 (restart the job, or "
-                               f"chmod 600 {path} if you know no one else read or changed it)")
-        try:
-            job = json.loads(f.read())
-        except (OSError, ValueError) as e:
-            raise ControlError(f"cannot read job file {path}: {e}") from None
+                               f"chmod 600 {path} if you know no one else read or changed it)") from None
+        why = "No such file or directory" if e.reason == private_file.MISSING else (e.detail or e.reason)
+        raise ControlError(f"cannot read job file {path}: {why}") from None
+    try:
+        job = json.loads(data)
+    except ValueError as e:
+        raise ControlError(f"cannot read job file {path}: {e}") from None
     if not isinstance(job, dict):
         raise ControlError(f"cannot read job file {path}: not a JSON object")
     return job

@@ -27,7 +27,7 @@ Custom jobs (what the live service's benchmark predicts a real stream with)::
                    total_steps=3000, np=2, min_np=1, max_np=4, samples_per_step=64),
             SimJob.from_samples("j1", 30.0, step_time=f, total_samples=96_000,
                                 batch_size=64, np=2, min_np=1, max_np=4)]
-    res = simulate(jobs, pool_of(2, 4) or {"localhost": 4, "h1": 4}, make_policy("edl"),
+    res = simulate(jobs, {"localhost": 4, "h1": 4}, make_policy("edl"),   # or pool_of(2, 4)
                    restart_cost_s=5.0, change_cost_s=0.3, stop_free=True, join_s=4.0,
                    event_rounds=True, timeline=True)
     res.avg_jct_s, res.makespan_s, res.utilisation, res.jobs["j0"].jct_s, res.to_dict()
@@ -211,9 +211,11 @@ class _Run:
 def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
              round_s: float = 60.0, restart_cost_s: float = 30.0, change_cost_s: float = 30.0,
              stop_free: bool = False, join_s: float = 0.0, event_rounds: bool = False,
-             timeline: bool = False, max_time_s: float = 1e8) -> SimResult:
+             timeline: bool = False, max_time_s: float = 1e8,
+             until_s: Optional[float] = None) -> SimResult:
     """Run ``jobs`` on ``pool`` (host -> slots) under ``policy`` (the module's docstring).
 
+    ``until_s``: stop there (the averages then cover the jobs finished by then).
     Every allocation is checked (:func:`check_allocation`, AllocationError on a broken bound).
     Raises ValueError for duplicate job ids, RuntimeError (one line) if jobs remain that the
     policy never runs (e.g. larger than the pool) or past ``max_time_s``.
@@ -233,6 +235,8 @@ def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
     idle_rounds = 0
     line: List[Tuple[float, Dict[str, int], int]] = []
     while arrivals or active:
+        if until_s is not None and t >= until_s:
+            break
         if not active and arrivals[-1].job.submitted_at > next_round:
             # nothing to do until the next arrival: skip the empty rounds
             at = arrivals[-1].job.submitted_at
@@ -289,11 +293,12 @@ def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
                 raise RuntimeError(f"policy {policy.name} runs none of the {len(active)} jobs "
                                    f"left (first: {active[0].job.id}, np {active[0].job.np})")
     res = {r.job.id: r.res for r in runs}
+    done = [j for j in res.values() if j.finished_at is not None]
     first = min(r.job.submitted_at for r in runs)
-    last = max(r.res.finished_at for r in runs)
+    last = max((j.finished_at for j in done), default=first)
     makespan = last - first
     busy = sum(r.res.gpu_s for r in runs)
-    return SimResult(res, sum(j.jct_s for j in res.values()) / len(res), makespan,
+    return SimResult(res, sum(j.jct_s for j in done) / len(done) if done else 0.0, makespan,
                      busy / (capacity * makespan) if makespan > 0 else 0.0, n_rounds, line)
 
 

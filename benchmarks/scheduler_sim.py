@@ -1,0 +1,279 @@
+"""Simulated scheduling on Pollux's published workloads: fidelity, JCT per policy, round time.
+
+    .venv/bin/python benchmarks/scheduler_sim.py [--workloads 1-8] [--loads 0.5,1.0,1.5,2.0]
+
+Needs ``../shared/traces/pollux-osdi21`` (or ``$HVD_EDL_POLLUX_TRACES``).  Prints three tables and
+writes ``benchmarks/results/scheduler_sim.json`` and ``scheduler_sim.png``:
+
+* fidelity: our ``tiresias`` (trace GPU counts and batches, 30 s per change) against the published
+  Tiresias mean average JCT per load (goal: within 15 % at 1.0x, the same trend);
+* JCT: ``fifo``, ``tiresias`` (30 s per change), ``edl`` with 30 s per change (checkpoint
+  rescaling) and with our stop-free switch (its stall and a joiner's start-up time read from this
+  repository's own measured figures, printed), beside Pollux's and Optimus's published figures,
+  with makespan and GPU utilisation (goals: edl below Pollux's 2,751 s at 1.0x and at most 0.6x
+  our tiresias at every load);
+* scale: the 1.0x workload replicated 16x onto 1,024 GPUs, CPU seconds of one scheduling round
+  (``time.process_time``) per policy (goal: at most 1 s).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from launcher.cluster.policies import make_policy                      # noqa: E402
+from launcher.cluster.policy import Policy                             # noqa: E402
+from launcher.cluster.simulator import SimJob, pool_of, simulate       # noqa: E402
+from launcher.cluster.workload import (LOADS, load_workload, published,  # noqa: E402
+                                       sim_jobs, traces_dir)
+
+RESULTS = ROOT / "benchmarks" / "results"
+PUBLISHED_RESTART_S = 30.0
+GOAL_FIDELITY = 0.15
+GOAL_POLLUX_1X_S = 2751.0
+GOAL_RATIO = 0.6
+GOAL_ROUND_CPU_S = 1.0
+
+
+def measured_switch_costs() -> dict:
+    """The stop-free switch's costs from this repository's measured figures (seconds)."""
+    latest = json.loads((RESULTS / "latest.json").read_text())["hvd_edl"]
+    per_size = {}
+    for size, rows in latest.get("switch_breakdown", {}).items():
+        vals = [r["stall_s"]["median"] if isinstance(r["stall_s"], dict) else r["stall_s"]
+                for r in rows]
+        per_size[size] = statistics.median(vals)
+    ckpt = json.loads((RESULTS / "checkpoint.json").read_text())
+    starts = []
+
+    def walk(o):
+        if isinstance(o, dict):
+            for k, v in o.items():
+                if k == "fresh_launch_to_first_step_s" and isinstance(v, (int, float)):
+                    starts.append(float(v))
+                else:
+                    walk(v)
+        elif isinstance(o, list):
+            for v in o:
+                walk(v)
+    walk(ckpt)
+    stall = max([latest["scale_out_stall_delay0_s"]["median"], latest["scale_in_stall_s"]["median"],
+                 *per_size.values()])
+    return {
+        "change_cost_s": round(stall, 4),
+        "join_s": round(max(starts), 3),
+        "restart_cost_s": PUBLISHED_RESTART_S,
+        "sources": {
+            "benchmarks/results/latest.json": {
+                "hvd_edl.scale_out_stall_delay0_s.median": latest["scale_out_stall_delay0_s"]["median"],
+                "hvd_edl.scale_in_stall_s.median": latest["scale_in_stall_s"]["median"],
+                "hvd_edl.switch_breakdown median stall_s per state size": per_size},
+            "benchmarks/results/checkpoint.json": {"fresh_launch_to_first_step_s": starts},
+        },
+        "rule": "change = the largest measured median switch stall (the 100 MB state's, a "
+                "conservative figure for the profiled models); a joiner adds throughput after "
+                "the slowest measured fresh launch to first step; start/resume = the published "
+                "30 s restart",
+    }
+
+
+def run_set(policy: str, load: str, workloads, elastic: bool, **costs):
+    out = []
+    for i in workloads:
+        r = simulate(sim_jobs(load_workload(load, i), elastic=elastic), pool_of(16, 4),
+                     make_policy(policy), **costs)
+        out.append({"workload": i, "avg_jct_s": r.avg_jct_s, "makespan_s": r.makespan_s,
+                    "utilisation": r.utilisation,
+                    "changes": sum(j.changes for j in r.jobs.values())})
+    return {"runs": out,
+            "mean_avg_jct_s": statistics.mean(x["avg_jct_s"] for x in out),
+            "mean_makespan_s": statistics.mean(x["makespan_s"] for x in out),
+            "mean_utilisation": statistics.mean(x["utilisation"] for x in out)}
+
+
+class TimedPolicy(Policy):
+    """Wraps a policy; records the CPU seconds of every round."""
+
+    def __init__(self, inner: Policy):
+        self.inner = inner
+        self.name = inner.name
+        self.cpu_s = []
+        self.jobs = []
+
+    def allocate(self, snap):
+        t = time.process_time()
+        a = self.inner.allocate(snap)
+        self.cpu_s.append(time.process_time() - t)
+        self.jobs.append(len(snap.jobs))
+        return a
+
+
+def scale_round(policy: str, costs: dict, factor: int = 16, hours: float = 6.0) -> dict:
+    trace = load_workload("1.0", 1)
+    jobs = []
+    for j in sim_jobs(trace, elastic=(policy == "edl")):
+        for c in range(factor):
+            jobs.append(SimJob(f"{j.id}-{c}", j.submitted_at, j.step_time, j.total_steps, j.np,
+                               j.min_np, j.max_np, j.samples_per_step, elastic=j.elastic))
+    tp = TimedPolicy(make_policy(policy))
+    simulate(jobs, pool_of(16 * factor, 4), tp, until_s=hours * 3600, **costs)
+    return {"gpus": 64 * factor, "jobs": len(jobs), "rounds": len(tp.cpu_s),
+            "max_jobs_in_snapshot": max(tp.jobs),
+            "round_cpu_s_median": statistics.median(tp.cpu_s), "round_cpu_s_max": max(tp.cpu_s),
+            "simulated_h": hours}
+
+
+def plot(path: Path, table: dict, loads, timelines: dict) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.5))
+    xs = [float(x) for x in loads]
+    for key, label in [("fifo", "fifo (ours)"), ("tiresias", "tiresias (ours)"),
+                       ("edl_30s", "edl, 30 s per change"), ("edl_stopfree", "edl, stop-free"),
+                       ("pub_tiresias", "Tiresias (published)"), ("pub_pollux", "Pollux (published)"),
+                       ("pub_optimus", "Optimus (published)")]:
+        ys = [table[ld].get(key) for ld in loads]
+        if all(y is not None for y in ys):
+            a.plot(xs, ys, marker="o", linestyle="--" if key.startswith("pub") else "-", label=label)
+    a.set_xlabel("job load (x)")
+    a.set_ylabel("mean average JCT (s)")
+    a.set_yscale("log")
+    a.set_title("16 nodes x 4 GPUs, 8 workloads")
+    a.legend(fontsize=8)
+    for name, line in timelines.items():
+        t = [x[0] / 3600 for x in line]
+        b.plot(t, [sum(x[1].values()) for x in line], label=f"{name}: slots used")
+        b.plot(t, [x[2] for x in line], linestyle=":", label=f"{name}: jobs queued")
+    b.set_xlabel("hours (workload-1, 1.0x)")
+    b.set_ylabel("slots / jobs")
+    b.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workloads", default="1-8", help="workload indices, e.g. 1-8 or 1,3")
+    ap.add_argument("--loads", default=",".join(LOADS))
+    ap.add_argument("--out", default=str(RESULTS / "scheduler_sim.json"))
+    ap.add_argument("--no-scale", action="store_true", help="skip the 1,024-GPU round timing")
+    args = ap.parse_args(argv)
+    try:
+        traces_dir()
+    except FileNotFoundError as e:
+        print(f"scheduler_sim: {e}", file=sys.stderr)
+        return 2
+    if "-" in args.workloads:
+        lo, hi = args.workloads.split("-")
+        wl = list(range(int(lo), int(hi) + 1))
+    else:
+        wl = [int(x) for x in args.workloads.split(",")]
+    loads = args.loads.split(",")
+    bad = [x for x in loads if x not in LOADS]
+    if bad or not all(1 <= i <= 8 for i in wl):
+        print(f"scheduler_sim: loads must be among {', '.join(LOADS)}, workloads 1-8", file=sys.stderr)
+        return 2
+    t0 = time.process_time()
+    sf = measured_switch_costs()
+    ckpt = dict(restart_cost_s=PUBLISHED_RESTART_S, change_cost_s=PUBLISHED_RESTART_S)
+    stopfree = dict(restart_cost_s=sf["restart_cost_s"], change_cost_s=sf["change_cost_s"],
+                    stop_free=True, join_s=sf["join_s"])
+    print("stop-free switch costs, from the repository's measured figures:")
+    for f, v in sf["sources"].items():
+        print(f"  {f}: {v}")
+    print(f"  -> change (switch stall) {sf['change_cost_s']} s, joiner start-up {sf['join_s']} s, "
+          f"start/resume {sf['restart_cost_s']} s ({sf['rule']})")
+
+    table, detail = {}, {}
+    for load in loads:
+        row = {}
+        pubs = {p: published(p, load) for p in ("tiresias", "pollux", "optimus")}
+        for p, d in pubs.items():
+            row[f"pub_{p}"] = statistics.mean(d["avgs"][f"workload-{i}"] for i in wl)
+        for key, pol, el, costs in [("fifo", "fifo", False, ckpt),
+                                    ("tiresias", "tiresias", False, ckpt),
+                                    ("edl_30s", "edl", True, ckpt),
+                                    ("edl_stopfree", "edl", True, stopfree)]:
+            res = run_set(pol, load, wl, el, **costs)
+            detail.setdefault(load, {})[key] = res
+            row[key] = res["mean_avg_jct_s"]
+            row[f"{key}_makespan_s"] = res["mean_makespan_s"]
+            row[f"{key}_utilisation"] = res["mean_utilisation"]
+        table[load] = row
+        print(f"  load {load} done ({time.process_time() - t0:.0f} s CPU)", flush=True)
+
+    print("\nFidelity: our tiresias vs published Tiresias, mean over workloads "
+          f"{wl[0]}-{wl[-1]} of the average JCT (s)")
+    print(f"{'load':>5} {'ours':>8} {'published':>10} {'diff':>7}")
+    fid = {}
+    for load in loads:
+        ours, pub = table[load]["tiresias"], table[load]["pub_tiresias"]
+        fid[load] = {"ours_s": ours, "published_s": pub, "diff": ours / pub - 1}
+        print(f"{load:>5} {ours:>8.0f} {pub:>10.0f} {100 * (ours / pub - 1):>+6.1f}%")
+
+    print("\nAverage JCT (s), mean over workloads; ours simulated, Pollux/Optimus/Tiresias published")
+    hdr = ["fifo", "tiresias", "edl_30s", "edl_stopfree", "pub_pollux", "pub_optimus", "pub_tiresias"]
+    print(f"{'load':>5} " + " ".join(f"{h:>13}" for h in hdr) + f" {'edl/tir':>8}")
+    for load in loads:
+        r = table[load]
+        print(f"{load:>5} " + " ".join(f"{r[h]:>13.0f}" for h in hdr)
+              + f" {r['edl_stopfree'] / r['tiresias']:>8.2f}")
+    print("\nMakespan (s) / GPU utilisation, ours")
+    for load in loads:
+        r = table[load]
+        print(f"{load:>5} " + "  ".join(
+            f"{k}: {r[k + '_makespan_s']:.0f} / {r[k + '_utilisation']:.2f}"
+            for k in ("fifo", "tiresias", "edl_30s", "edl_stopfree")))
+
+    scale = {}
+    if not args.no_scale:
+        print("\nScale: workload-1 (1.0x) x16 on 1,024 GPUs, CPU s of one scheduling round")
+        for pol, costs in (("fifo", ckpt), ("tiresias", ckpt), ("edl", stopfree)):
+            scale[pol] = scale_round(pol, costs)
+            s = scale[pol]
+            print(f"  {pol:>9}: median {s['round_cpu_s_median']:.4f} s, max {s['round_cpu_s_max']:.4f} s "
+                  f"over {s['rounds']} rounds ({s['jobs']} jobs, up to {s['max_jobs_in_snapshot']} "
+                  f"in a snapshot, first {s['simulated_h']:.0f} h)", flush=True)
+
+    goals = {}
+    if "1.0" in table:
+        goals["fidelity_1x_within_15pct"] = abs(fid["1.0"]["diff"]) <= GOAL_FIDELITY
+        goals["edl_1x_below_pollux_2751"] = table["1.0"]["edl_stopfree"] < GOAL_POLLUX_1X_S
+    goals["edl_at_most_0.6x_tiresias_every_load"] = all(
+        table[ld]["edl_stopfree"] <= GOAL_RATIO * table[ld]["tiresias"] for ld in loads)
+    if scale:
+        goals["round_at_most_1s_cpu"] = all(s["round_cpu_s_max"] <= GOAL_ROUND_CPU_S for s in scale.values())
+    print("\nGoals: " + ", ".join(f"{k}: {'met' if v else 'MISSED'}" for k, v in goals.items()))
+
+    tl = {}
+    if "1.0" in loads:
+        for name, pol, el, costs in (("tiresias", "tiresias", False, ckpt),
+                                     ("edl stop-free", "edl", True, stopfree)):
+            tl[name] = simulate(sim_jobs(load_workload("1.0", wl[0]), elastic=el), pool_of(16, 4),
+                                make_policy(pol), timeline=True, **costs).timeline
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "setting": {"pool": "16 nodes x 4 GPUs", "round_s": 60, "workloads": wl, "loads": loads,
+                    "checkpoint_costs": ckpt, "stop_free_costs": stopfree,
+                    "edl_jobs": "np = trace GPUs, min_np 1, max_np min(64, batch / smallest local batch); "
+                                "global batch fixed at the trace's",
+                    "work_model": "progress (Pollux's simulator)"},
+        "switch_costs": sf, "table": table, "fidelity": fid, "detail": detail, "scale": scale,
+        "goals": goals, "cpu_s": time.process_time() - t0}, indent=1))
+    png = out.with_suffix(".png")
+    plot(png, table, loads, tl)
+    print(f"\nwrote {out} and {png} ({time.process_time() - t0:.0f} s CPU)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

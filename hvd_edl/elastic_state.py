@@ -21,7 +21,7 @@ from typing import Callable, Dict, List
 
 from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
 
-from hvd_edl import audit, runtime
+from hvd_edl import audit, runtime, step_timer
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +140,8 @@ def _agree(rt, change_pending: Callable[[], bool]) -> bool:
     rt.agree_now = False
     try:
         if previous is not None:
-            result = _hvd.synchronize(previous)
+            with step_timer.waiting():  # waiting on the peers is no compute (straggler.py)
+                result = _hvd.synchronize(previous)
             if int(result[0]) > 0:
                 return True
             wait_now = int(result[1]) > 0
@@ -151,7 +152,8 @@ def _agree(rt, change_pending: Callable[[], bool]) -> bool:
         if not wait_now:
             rt.pending_agreement = handle
             return False
-        result = _hvd.synchronize(handle)
+        with step_timer.waiting():
+            result = _hvd.synchronize(handle)
     except HorovodInternalError:
         # A peer whose training function returned after this same commit (its last) has shut
         # Horovod down: this rank's training ends here too, with this commit saved.  Not a
@@ -186,6 +188,10 @@ class ObjectState(State):
         self._set_attrs()
 
     def sync(self) -> None:
+        with step_timer.waiting():  # a broadcast from rank 0: waiting, not compute
+            self._sync()
+
+    def _sync(self) -> None:
         super().sync()
         if self._saved_state:
             self._saved_state = self._bcast_object(self._saved_state, 0)

@@ -5,7 +5,10 @@ For each optimizer step (``DistributedOptimizer.step``): ``step_s`` is the time 
 the previous step (or from the (re-)entry of ``hvd.elastic.run``'s function after a switch) to
 the end of this one; ``wait_s`` the part of it spent blocked in Horovod collectives (the
 optimizer's ``synchronize()`` of the gradient handles, and the script's own blocking
-``hvd.allreduce`` / ``broadcast`` / ``synchronize`` ... calls); ``compute_s = step_s - wait_s``.
+``hvd.allreduce`` / ``broadcast`` / ``synchronize`` ... calls, and every blocking wait the
+runtime itself does on the training thread: the switch agreement of ``commit()`` and
+``check_host_updates()``, a ``state.sync()`` called inside the training function; see
+:func:`waiting`); ``compute_s = step_s - wait_s``.  A wait inside another is counted once.
 The samplers add the samples each step processed on this rank.  Nothing extra goes over the
 ring: the heartbeat (:mod:`hvd_edl.heartbeat`) sends the sums since its previous beat
 (``messages.Beat.steps_done / compute_s / wait_s / samples``) and the launcher keeps the windows
@@ -21,6 +24,7 @@ reads a tuple that is replaced whole (an atomic reference swap in CPython).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
 from typing import Callable, Optional, Tuple
@@ -42,6 +46,7 @@ class StepTimer:
         self._since = None     # perf_counter() of the last step's end, or of a (re)start
         self._wait_s = 0.0     # seconds waited in collectives since _since
         self._sent = (0, 0.0, 0.0, 0)
+        self.depth = 0         # timed waits entered and not left (a wait inside one is not added)
 
     def restart(self) -> None:
         """The next step's time counts from now (the user's function was (re-)entered: a switch,
@@ -106,16 +111,28 @@ def note_samples(n: int) -> None:
         t.add_samples(n)
 
 
+@contextlib.contextmanager
+def waiting():
+    """The block's duration counts as this step's wait (a blocking collective, the switch
+    agreement, a state sync); nested in another timed wait it adds nothing (counted once).
+    No-op outside ``hvd-edl-run``."""
+    t = timer()
+    if t is None or t.depth:
+        yield
+        return
+    t.depth += 1
+    t0 = _clock()
+    try:
+        yield
+    finally:
+        t.depth -= 1
+        t.add_wait(_clock() - t0)
+
+
 def timed_wait(fn: Callable) -> Callable:
     """``fn`` (a blocking Horovod call) whose duration counts as this step's wait."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        t = timer()
-        if t is None:
+        with waiting():
             return fn(*args, **kwargs)
-        t0 = _clock()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            t.add_wait(_clock() - t0)
     return wrapper

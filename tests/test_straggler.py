@@ -48,3 +48,51 @@ def test_detector_needs_the_whole_window_and_ignores_start_up_tiny_steps_and_noi
     off = StragglerDetector(StragglerPolicy("off", window_s=1.0, grace_s=0.0))
     assert off.check(_stats([10, 40], 0.0), 1, 10.0, 0.0) == []
     assert off.check(_stats([10, 40], 5.0), 1, 15.0, 5.0) == []
+
+
+def test_waits_in_commit_are_wait_so_a_healthy_worker_shows_its_compute_and_a_slowed_one_is_found(
+        tmp_path, job_factory, monkeypatch):
+    """Issue 30: the switch agreement of commit() was counted as compute.  Two workers of
+    tests/known_compute.py (work before and after each optimizer step, a commit every step,
+    every agreement waited for at once as with commits >= 0.5 s apart); worker w2 is stopped
+    0.6 s of every 0.9 s (SIGSTOP bursts, about 3x slower).  The healthy w1's telemetry compute
+    stays within 15 % of what it measured itself, and w2 is found.  Before: w1 showed 1.6-3.2x
+    its compute (it waited for w2 inside the agreement) and w2 was never found."""
+    import json
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+    from pathlib import Path
+    from launcher.serve.control import ControlClient, default_job_dir
+    monkeypatch.setenv("HVD_EDL_SYNC_AGREE_S", "0")
+    script = str(Path(__file__).parent / "known_compute.py")
+    job = job_factory(["-np", "2", "--min-np", "2", "--max-np", "2",
+                       "--straggler-window", "3"],
+                      [sys.executable, script, "--out", str(tmp_path)], hosts="localhost:2")
+    truth = tmp_path / "compute.w1.json"
+    job.wait_for("w1's own figure", truth.exists, 90)
+    client = ControlClient(default_job_dir() / f"{job.proc.pid}.json")
+    pid = job.wait_for("w2's pid", lambda: job.worker_pid("w2"), 30)
+    done = threading.Event()
+
+    def bursts():
+        while not done.is_set():
+            os.kill(pid, signal.SIGSTOP)
+            done.wait(0.6)
+            os.kill(pid, signal.SIGCONT)
+            done.wait(0.3)
+    t = threading.Thread(target=bursts, daemon=True)
+    t.start()
+    try:
+        found = job.wait_for("w2 found", lambda: next(
+            (n for n in job.notes("straggler") if n["worker"] == "w2"), None), 60)
+        w1 = next(w for w in client.call("telemetry")["workers"] if w["worker_id"] == "w1")
+        own = json.loads(truth.read_text())["compute_s"]
+    finally:
+        done.set()
+        t.join()
+        os.kill(pid, signal.SIGCONT)
+    assert abs(w1["compute_s"] - own) <= 0.15 * own, (w1, own)
+    assert found["compute_ms"] > 2 * found["median_ms"], found

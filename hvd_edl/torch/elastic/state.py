@@ -206,11 +206,13 @@ class TorchState(ObjectState):
         """
         from hvd_edl import runtime
         rt = runtime.get()
+        from hvd_edl import step_timer
         t0 = time.monotonic()
-        if rt is None or not STREAM:
-            stats = self._sync_broadcast(rt)
-        else:
-            stats = self._sync_stream(rt, self._held_step(rt))
+        with step_timer.waiting():  # inside the training function: waiting, not compute
+            if rt is None or not STREAM:
+                stats = self._sync_broadcast(rt)
+            else:
+                stats = self._sync_stream(rt, self._held_step(rt))
         stats["seconds"] = round(time.monotonic() - t0, 4)
         self.last_sync = stats
         self._synced_generation = rt.generation if rt is not None else 0

@@ -94,7 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--settle", type=float, default=2.0, metavar="S",
                     help="seconds of training at a new size before measuring (default 2)")
     pr.add_argument("--out", default=".", metavar="DIR",
-                    help="folder for profile.json and profile.png (default .)")
+                    help="folder for profile.json and profile.png, created if missing; an "
+                         "earlier profile there is kept (the next is profile-2.json ...; "
+                         "default .)")
     pr.add_argument("--wait", type=_seconds, default=None, metavar="S",
                     help="seconds to wait for the profile (default: a bound from the sizes; "
                          "exit 4 when it ran out: the profile goes on)")

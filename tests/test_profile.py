@@ -105,3 +105,39 @@ def test_profile_walks_1_2_3_workers_stop_free_and_returns_to_2(tmp_path, job_fa
     report = audit.check(ledger, DIGITS_TRAIN)
     assert report.epochs and all(e.complete for e in report.epochs)
     assert (report.repeated, report.missing) == (0, 0), report.to_dict()
+
+
+def test_profile_output_folder_is_created_and_an_earlier_profile_is_never_overwritten(tmp_path):
+    """Issue 30: ``--autoscale`` wrote profile.json / .png into the current folder over the last
+    run's, and ``profile --out DIR`` refused a folder not there yet.  Now the folder is created,
+    a second profile there takes the next free name, and without an event log the autoscaler
+    writes into a folder of its own launcher."""
+    import os
+    import tempfile
+    from launcher.apps import autoscale, profiler
+
+    class _Driver:  # what Profiler._finish reads of launcher.job.driver.Driver
+        spec = type("Spec", (), {"max_np": 2, "command": ["python", "train.py"],
+                                 "event_log": None})()
+        notes = []
+
+        def note(self, kind, text, **fields):
+            self.notes.append((kind, text, fields))
+
+    out = profiler.output_folder(str(tmp_path / "new" / "profiles"))   # before: refused
+    assert out.is_dir()
+    p = profiler.Profiler(_Driver())
+    p._state = {"return_to": 2}
+    first = p._finish([], out, [1, 2], 1.0, None)   # no points: no plot (matplotlib: slow)
+    (out / "profile-2.png").write_text("an earlier plot")
+    second = p._finish([], out, [1, 2], 1.0, None)
+    assert first["json"] == str(out / "profile.json")
+    assert second["json"] == str(out / "profile-3.json")   # profile-2's plot is kept too
+    assert json.loads((out / "profile.json").read_text())["sizes"] == [1, 2]
+    assert (out / "profile-2.png").read_text() == "an earlier plot"
+    assert "profile-3.json" in str(_Driver.notes[-1][2])
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="cannot create the output folder"):
+        profiler.output_folder(str(tmp_path / "file" / "sub"))
+    a = autoscale.Autoscaler(_Driver(), autoscale.Policy("efficiency", efficiency=0.5))
+    assert a.out_dir() == os.path.join(tempfile.gettempdir(), f"hvd-edl-{os.getpid()}")

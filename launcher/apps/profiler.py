@@ -17,7 +17,10 @@ API (``/ctl/profile``); it runs in a thread of the launcher:
 3. it sets the target it found back and waits until the job is back at its size;
 4. it writes ``profile.json`` (the points, the fitted :class:`launcher.apps.speed_model.SpeedModel`
    and its leave-one-size-out error) and ``profile.png`` (throughput and scaling efficiency
-   against world size), and notes ``profile`` in the event log.
+   against world size) into the output folder (created if missing), and notes ``profile`` in
+   the event log.  An earlier profile there is never overwritten: the next free name is taken
+   (``profile-2.json`` / ``profile-2.png``, ...) and the note and ``hvd-edl-ctl profile`` say
+   which.
 
 A generation that forms during a measurement without being asked for (a failure, discovery
 taking a host away) aborts the profile: it says so (status, event log) and returns to the size.
@@ -73,8 +76,8 @@ class Profiler:
         Raises:
             ValueError: a static job; a profile already running; sizes empty, not integers,
                 outside [--min-np, --max-np] or above the usable slots; seconds not in
-                (0, 600]; ``out_dir`` not a folder; no ring formed yet.  Nothing changes
-                then."""
+                (0, 600]; ``out_dir`` cannot be created or written; no ring formed yet.
+                Nothing changes then (but a missing ``out_dir`` is created)."""
         d = self.driver
         if not d.spec.elastic:
             raise ValueError("a static job cannot change its world size; start it with "
@@ -94,9 +97,7 @@ class Profiler:
         if max(sizes) > slots:
             raise ValueError(f"size {max(sizes)} needs {max(sizes)} slots, discovery offers "
                              f"{slots} usable now; no profile started, the job is unchanged")
-        out = Path(out_dir)
-        if not out.is_dir():
-            raise ValueError(f"output folder {out_dir} does not exist")
+        out = output_folder(out_dir)
         with self._lock:
             if self._state["state"] == "running":
                 raise ValueError("a profile is already running (hvd-edl-ctl profile --status)")
@@ -280,10 +281,11 @@ class Profiler:
         doc = {"sizes": sizes, "seconds": seconds, "points": points, "model": model_info,
                "aborted": error, "returned_to": self._state["return_to"],
                "time": time.time(), "command": list(d.spec.command)}
-        json_path, png_path = out / "profile.json", out / "profile.png"
         files = {}
         try:
-            json_path.write_text(json.dumps(doc, indent=2))
+            json_path, png_path = free_names(out)
+            with open(json_path, "x") as f:  # never over an earlier profile
+                f.write(json.dumps(doc, indent=2))
             files["json"] = str(json_path)
             if points:
                 script = next((Path(c).name for c in d.spec.command if c.endswith(".py")),
@@ -303,6 +305,36 @@ class Profiler:
                           phase="done", points=points, mape=mape, **files)
         return {"state": "aborted" if error else "done", "error": error, "points": points,
                 "mape": mape, "model": model_info, **files}
+
+
+def output_folder(out_dir: str) -> Path:
+    """``out_dir`` as a folder the launcher can write, created (with its parents) if missing.
+
+    Raises:
+        ValueError: it cannot be created, is not a folder or cannot be written (one line)."""
+    import os
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"cannot create the output folder {out_dir}: {e.strerror or e}") \
+            from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write into the output folder {out_dir}")
+    return out
+
+
+def free_names(out: Path) -> tuple:
+    """``(json path, png path)``: ``profile.json`` / ``profile.png`` in ``out``, else the first
+    ``profile-N`` (N = 2, 3, ...) for which neither exists (an earlier profile is never
+    overwritten)."""
+    n = 1
+    while True:
+        stem = "profile" if n == 1 else f"profile-{n}"
+        j, p = out / f"{stem}.json", out / f"{stem}.png"
+        if not j.exists() and not p.exists():
+            return j, p
+        n += 1
 
 
 def plot(points: Sequence[dict], model: Optional[SpeedModel], path: Path, title: str = "") -> None:

@@ -404,7 +404,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Run one ``hvd-edl-ctl`` command; returns the exit code (see the module docstring).
     Output piped into a reader that stops early (``| head``) ends it quietly."""
     try:
-        return _main(argv)
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit: a reader gone is caught below, not a trace
+        return code
     except BrokenPipeError:
         try:  # the reader is gone: say nothing more (Python's own flush at exit would raise)
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -210,3 +210,56 @@ def test_a_worker_hanging_up_mid_request_is_one_debug_line_not_a_traceback(caplo
     assert [r.levelno for r in lines] == [logging.DEBUG, logging.DEBUG]
     assert "POST /leave" in lines[0].getMessage() and "POST /watch" in lines[1].getMessage()
     assert not [r for r in records if r.exc_info or r.levelno >= logging.WARNING]
+
+
+def test_ctl_of_a_job_that_ended_or_does_not_answer_is_one_line_and_a_reader_gone_is_quiet(
+        tmp_path):
+    """Issue 30: ``status`` of a job that had just ended printed urllib3's ``Max retries
+    exceeded`` trace, and ``status | head`` a BrokenPipe trace.  Now: one line saying the job
+    ended (its launcher is gone) or that nothing answers at its address (it still runs), exit
+    3; a reader that went away ends it quietly, exit 0."""
+    import http.server
+    import threading
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for pid, said in [(dead.pid, f"the job ended (its launcher, pid {dead.pid}, is gone)"),
+                      (os.getpid(), f"no job answers at http://127.0.0.1:{port} (connection "
+                                    f"refused; its launcher, pid {os.getpid()}, still runs")]:
+        job = tmp_path / f"job{pid}.json"
+        job.write_text(json.dumps({"url": f"http://127.0.0.1:{port}", "secret": "s",
+                                   "pid": pid}))
+        job.chmod(0o600)
+        r = _ctl(job, "status")
+        assert r.returncode == 3 and r.stderr.count("\n") == 1, r.stderr
+        assert said in r.stderr and "Max retries" not in r.stderr, r.stderr
+    job.unlink()
+    r = _ctl(job, "status")
+    assert r.returncode == 3 and "the job ended (hvd-edl-run removes it" in r.stderr, r.stderr
+
+    class Status(http.server.BaseHTTPRequestHandler):  # answers what a job would, unsigned
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = json.dumps({"generation": 1, "workers": []}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Status)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        job.write_text(json.dumps({"url": f"http://127.0.0.1:{server.server_port}",
+                                   "secret": "s", "pid": os.getpid()}))
+        job.chmod(0o600)
+        # `true` has exited long before hvd-edl-ctl writes: its output meets a closed pipe
+        r = subprocess.run(f"set -o pipefail; {CTL} --job {job} status --json | true",
+                           shell=True, executable="/bin/bash", capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0 and r.stderr == "", r.stderr   # before: 120, a trace
+    finally:
+        server.shutdown()

@@ -120,7 +120,10 @@ def read_job_file(path: Path) -> dict:
                                f"{e.mode:04o}): refused, its secret may be "
                                f"known; hvd-edl-run writes it 0600 (restart the job, or "
                                f"chmod 600 {path} if you know no one else read or changed it)") from None
-        why = "No such file or directory" if e.reason == private_file.MISSING else (e.detail or e.reason)
+        if e.reason == private_file.MISSING:
+            raise ControlError(f"no job file {path}: the job ended (hvd-edl-run removes it at "
+                               f"its end) or never ran") from None
+        why = e.detail or e.reason
         raise ControlError(f"cannot read job file {path}: {why}") from None
     try:
         job = json.loads(data)
@@ -198,6 +201,7 @@ class ControlClient:
         except (KeyError, TypeError) as e:
             raise ControlError(f"cannot read job file {job_file}: missing {e}") from None
         self.job = job
+        self.path = Path(job_file)
         self.timeout_s = timeout_s
 
     def call(self, name: str, **args) -> dict:
@@ -212,8 +216,14 @@ class ControlClient:
                    "Content-Type": "application/json"}
         try:
             r = requests.post(self.url + path, data=body, headers=headers, timeout=self.timeout_s)
+        except requests.Timeout:
+            raise ControlError(f"the job at {self.url} did not answer within "
+                               f"{self.timeout_s:g} s (--timeout)") from None
+        except requests.ConnectionError:
+            raise ControlError(self._unreachable()) from None
         except requests.RequestException as e:
-            raise ControlError(f"cannot reach the job at {self.url}: {e}") from None
+            raise ControlError(f"cannot reach the job at {self.url}: "
+                               f"{type(e).__name__}") from None
         try:
             data = r.json()
         except ValueError:
@@ -222,6 +232,18 @@ class ControlClient:
             why = data.get("error") if isinstance(data, dict) else None
             raise ControlError(why or f"HTTP {r.status_code}", r.status_code)
         return data
+
+
+    def _unreachable(self) -> str:
+        """One line on a refused connection: the job ended (its file is gone or its launcher
+        no longer runs), else nothing answers at its address yet or any more."""
+        pid = self.job.get("pid")
+        gone = not self.path.exists() or not isinstance(pid, int) or \
+            not _launcher_running(pid, self.path)
+        if gone:
+            return f"the job ended (its launcher, pid {pid}, is gone)"
+        return (f"no job answers at {self.url} (connection refused; its launcher, pid {pid}, "
+                f"still runs: starting, ending or stopped)")
 
 
 # ---- server side ---------------------------------------------------------------------------------

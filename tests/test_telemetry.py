@@ -261,3 +261,30 @@ def test_slow_connections_to_metrics_get_no_thread_each_and_a_scrape_still_answe
     answers = {bytes.fromhex(g)[:12] for r in results for g in r["got"]}
     assert all(s is not None and s < 1.0 + 2.0 for s in closed), closed  # the head timeout
     assert answers == {b"HTTP/1.0 408"}, answers
+
+
+def test_top_fits_80_columns_whole_host_slots_and_one_line_headers():
+    """Issue 30: at 80 columns ``top`` cut host:slot to ``localh...`` and split a header over
+    two lines.  Now the least useful columns go first and what is shown is whole."""
+    import io
+    from rich.console import Console
+    from launcher.observe import top
+    w = {"worker_id": "w10", "rank": 1, "host": "localhost", "slot": 11, "state": "member",
+         "step": 123456, "step_s": 0.1234, "compute_s": 0.0567, "wait_s": 0.0667,
+         "steps_per_s": 8.1, "samples_per_s": 12345.6}
+    t = {"job": {"generation": 12, "world_size": 3, "target_world_size": 3, "step": 123456,
+                 "steps_per_s": 8.1, "samples_per_s": 37036.8, "step_s": 0.1234,
+                 "compute_s": 0.0567, "wait_s": 0.0667, "last_stall_s": 0.123},
+         "counters": {"failure": 1, "straggler": 2}, "window_s": 5.0,
+         "workers": [dict(w, worker_id=f"w{i}", slot=i) for i in (9, 10, 11)]}
+    for width in (80, 120):
+        out = io.StringIO()
+        Console(file=out, width=width, no_color=True, force_terminal=False).print(
+            top.render(t, width))
+        lines = out.getvalue().splitlines()
+        assert all(len(x.rstrip()) <= width for x in lines), lines
+        header = next(x for x in lines if x.lstrip().startswith("worker"))
+        assert header.split()[:3] == ["worker", "rank", "host:slot"], lines
+        assert "comp ms" in header and "wait ms" in header and "samples/s" in header, lines
+        assert "localhost:11" in out.getvalue() and "12345.6" in out.getvalue(), lines
+        assert ("steps/s" in header.replace("samples/s", "")) == (width == 120), lines

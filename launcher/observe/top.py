@@ -50,26 +50,62 @@ def job_lines(t: dict) -> list:
     ]
 
 
-def render(t: dict):
-    """One frame of a ``/ctl/telemetry`` answer: a ``rich.console.Group`` of the job's lines and
-    the workers' table (rich is imported here, for the view itself: ``hvd-edl-ctl status``
-    needs only :func:`job_lines`)."""
+COLUMNS = ("worker", "rank", "host:slot", "state", "step", "step ms", "comp ms", "wait ms",
+           "steps/s", "samples/s")
+# dropped first when the frame is too narrow: derivable or rarely read ones (steps/s is
+# samples/s over the batch; step ms = comp + wait; "member" is the usual state)
+DROP_ORDER = ("steps/s", "step ms", "state", "step", "rank")
+GAP = 2  # rich's column padding with box=None, pad_edge=False: one space each side
+
+
+def _row(w: dict) -> tuple:
+    return (w["worker_id"], str(w["rank"]) if w["rank"] >= 0 else "-",
+            f"{w['host']}:{w['slot']}", w.get("state", "?"),
+            str(w["step"]) if w.get("step", -1) >= 0 else "-",
+            _ms(w["step_s"]), _ms(w["compute_s"]), _ms(w["wait_s"]),
+            _num(w["steps_per_s"], "{:.2f}"), _num(w["samples_per_s"]))
+
+
+def fitting_columns(rows: list, width: int) -> list:
+    """Indexes into :data:`COLUMNS` of the columns shown in ``width`` characters: all of
+    them when they fit whole (no cell cut, no header split), else without the least useful
+    ones (:data:`DROP_ORDER`) until they do."""
+    keep = list(range(len(COLUMNS)))
+    widths = [max([len(COLUMNS[i])] + [len(r[i]) for r in rows]) for i in keep]
+    drop = [COLUMNS.index(name) for name in DROP_ORDER]
+    while sum(widths[i] for i in keep) + GAP * (len(keep) - 1) > width and drop:
+        keep.remove(drop.pop(0))
+    return keep
+
+
+def _fit_line(line: str, width: int) -> list:
+    """A header line longer than ``width`` broken at its "; " parts."""
+    if len(line) <= width or "; " not in line:
+        return [line]
+    parts = line.split("; ")
+    return [p + (";" if i < len(parts) - 1 else "") for i, p in enumerate(parts)]
+
+
+def render(t: dict, width: int = 120):
+    """One frame of a ``/ctl/telemetry`` answer, ``width`` characters wide: a
+    ``rich.console.Group`` of the job's lines and the workers' table (columns that do not fit
+    are left out, :func:`fitting_columns`; rich is imported here, for the view itself:
+    ``hvd-edl-ctl status`` needs only :func:`job_lines`)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
+    rows = [_row(w) for w in t["workers"]]
+    keep = fitting_columns(rows, width)
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for name in ("worker", "rank", "host:slot", "state", "step", "step ms", "comp ms",
-                 "wait ms", "steps/s", "samples/s"):  # fits 80 columns
-        table.add_column(name, justify="left" if name in ("worker", "host:slot", "state")
+    for i in keep:
+        name = COLUMNS[i]
+        table.add_column(name, no_wrap=True,
+                         justify="left" if name in ("worker", "host:slot", "state")
                          else "right")
-    for w in t["workers"]:
-        table.add_row(w["worker_id"], str(w["rank"]) if w["rank"] >= 0 else "-",
-                      f"{w['host']}:{w['slot']}", w.get("state", "?"),
-                      str(w["step"]) if w.get("step", -1) >= 0 else "-",
-                      _ms(w["step_s"]), _ms(w["compute_s"]), _ms(w["wait_s"]),
-                      _num(w["steps_per_s"], "{:.2f}"), _num(w["samples_per_s"]))
+    for r in rows:
+        table.add_row(*(r[i] for i in keep))
     header = [Text("hvd-edl-ctl top  " + time.strftime("%H:%M:%S"), style="bold")]
-    header += [Text(line) for line in job_lines(t)]
+    header += [Text(part) for line in job_lines(t) for part in _fit_line(line, width)]
     return Group(*header, Text(""), table)
 
 
@@ -123,9 +159,9 @@ def run(client: ControlClient, interval_s: float = 1.0, once: bool = False,
                 continue
             last = t
             if live is not None:
-                live.update(render(t), refresh=True)
+                live.update(render(t, console.width), refresh=True)
             else:
-                console.print(render(t))
+                console.print(render(t, console.width))
                 if not once:
                     console.print()
                 out.flush()

@@ -300,7 +300,8 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
     if not elastic:
         min_np = max_np = np_
     if min_np > max_np:
-        parser.error(f"--min-np {min_np} is larger than --max-np {max_np}")
+        parser.error(f"--min-np {min_np} is larger than --max-np {max_np}" if a.min_np else
+                     f"-np {np_} is larger than --max-np {max_np}")
     if not min_np <= np_ <= max_np:
         parser.error(f"-np {np_} must lie within [--min-np {min_np}, --max-np {max_np}]")
     if a.target_np is not None and not (elastic and min_np <= a.target_np <= max_np):

@@ -406,3 +406,24 @@ def test_makefile_setup_uses_the_progress_steps():
     assert shutil.which("make") is None or subprocess.run(
         ["make", "-n", "-C", str(ROOT), "setup"], capture_output=True, text=True,
         timeout=60).returncode == 0
+
+
+def test_np_above_max_np_names_np_and_list_finds_a_job_file_written_elsewhere(
+        tmp_path, monkeypatch, capsys):
+    """Issue 30: ``-np 5 --max-np 4`` blamed ``--min-np``, a flag not given; ``hvd-edl-ctl
+    list`` (and ``--job PID``) missed a job started with ``--job-file``: its file now leaves a
+    pointer in the default directory, removed with it at the launcher's end."""
+    from launcher.cli import parse_spec
+    from launcher.serve import control
+    with pytest.raises(SystemExit) as e:
+        parse_spec(["-np", "5", "--max-np", "4", "true"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "-np 5 is larger than --max-np 4" in err and \
+        "--min-np" not in err.splitlines()[-1], err
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    path = control.write_job_file(str(tmp_path / "mine" / "job.json"), "http://127.0.0.1:1",
+                                  "s", command=["python", "train.py"])
+    assert control.running_jobs() == [path.resolve()]           # before: []
+    assert control.find_job_file(str(os.getpid())).resolve() == path.resolve()
+    control.remove_job_file(path)
+    assert control.running_jobs() == [] and not list((tmp_path / "hvd-edl").iterdir())

@@ -172,10 +172,7 @@ class Driver:
             self.server.stop()
             self.rendezvous.close()
             if self.job_path is not None:
-                try:
-                    self.job_path.unlink()
-                except OSError:
-                    pass
+                control.remove_job_file(self.job_path)  # and its pointer (--job-file)
 
     def _start_metrics(self) -> bool:
         """Serve ``/metrics`` on the bind address and --metrics-port (``launcher.observe.metrics``);

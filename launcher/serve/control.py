@@ -83,7 +83,37 @@ def write_job_file(path: Optional[str], url: str, secret: str,
     target = Path(path) if path else default_job_dir() / f"{os.getpid()}.json"
     write_private(target, json.dumps({"url": url, "secret": secret, "pid": os.getpid(),
                                       "command": list(command), "started": time.time()}).encode())
+    if path:  # --job-file: a pointer in the default directory, so that list and --job PID see it
+        try:
+            write_private(_pointer(os.getpid()),
+                          json.dumps({"job_file": str(target.resolve())}).encode())
+        except OSError:
+            pass  # the job runs; only hvd-edl-ctl list will not show it
     return target
+
+
+def _pointer(pid: int) -> Path:
+    """The default directory's pointer to the job file of launcher ``pid`` written elsewhere
+    (``--job-file``): ``<pid>.ref``, ``{"job_file": PATH}``."""
+    return default_job_dir() / f"{pid}.ref"
+
+
+def remove_job_file(path: Path) -> None:
+    """The launcher's end: remove its job file and its pointer (missing ones are fine)."""
+    for p in (path, _pointer(os.getpid())):
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+
+def _pointed_to(ref: Path) -> Optional[Path]:
+    """The job file a ``<pid>.ref`` pointer names, None when unreadable or unsafe."""
+    try:
+        target = json.loads(read_private(ref)).get("job_file")
+    except (PrivateFileError, OSError, ValueError, AttributeError):
+        return None
+    return Path(target) if isinstance(target, str) else None
 
 
 def _launcher_running(pid: int, job_file: Path) -> bool:
@@ -136,10 +166,14 @@ def read_job_file(path: Path) -> dict:
 
 def running_jobs(folder: Optional[Path] = None) -> List[Path]:
     """Job files in ``folder`` (default :func:`default_job_dir`) whose launcher still runs;
-    files that are unsafe (see :func:`read_job_file`) or malformed are skipped."""
+    files that are unsafe (see :func:`read_job_file`) or malformed are skipped.  Jobs whose
+    file is elsewhere (``--job-file``) are found through their ``<pid>.ref`` pointer there."""
     folder = default_job_dir() if folder is None else folder
     live: List[Path] = []
-    for p in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+    files = sorted(folder.glob("*.json")) if folder.is_dir() else []
+    files += [t for t in map(_pointed_to, sorted(folder.glob("*.ref")) if folder.is_dir()
+                             else []) if t is not None]  # --job-file jobs
+    for p in files:
         try:
             pid = int(read_job_file(p).get("pid", -1))
         except (ControlError, ValueError, TypeError):
@@ -161,6 +195,8 @@ def find_job_file(explicit: Optional[str] = None) -> Path:
     given = explicit or os.environ.get(ENV_JOB)
     if given and given.isdigit() and not os.path.exists(given):
         path = default_job_dir() / f"{given}.json"
+        if not os.path.lexists(path):
+            path = _pointed_to(_pointer(int(given))) or path
         if not os.path.lexists(path):
             raise ControlError(f"no job file for pid {given} in {default_job_dir()} (see "
                                f"hvd-edl-ctl list)")

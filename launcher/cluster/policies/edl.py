@@ -24,6 +24,9 @@ One round, a pure function of the snapshot:
 4. **Placement.** Sizes are judged at compact placements (fewest hosts); a job that shrinks gives
    back its slots on its least-used hosts first (it compacts), one that grows takes slots on its
    own hosts first, then on the hosts with the most free slots; new jobs are placed largest first.
+   A job spread over more hosts than it needs moves onto fewer (a stop-free shrink and grow
+   where it keeps a host, a restart where it keeps none) when its speed model says that pays back
+   the move over ``payback_s``.
 
 Every job stays within ``[min_np, max_np]`` while it holds slots and no slot goes to two jobs
 (:func:`launcher.cluster.policy.check_allocation`).
@@ -57,7 +60,8 @@ class EdlPolicy(Policy):
         thresholds_gpu_s: 2D-LAS queue thresholds, GPU-seconds.
         hold_s: seconds a job keeps its size after a change (None: the larger of 60 s and 20 x
             the snapshot's change cost).
-        payback_s: horizon a change must pay back its switch cost over (None: the hold time).
+        payback_s: horizon a change must pay back its switch cost over (None: the larger of
+            600 s and the hold time).
         queue_weight: per-queue weight of the ``jct`` objective (0 < w <= 1).
     Raises ValueError (one line) for a bad objective or parameter.
     """
@@ -129,7 +133,7 @@ class EdlPolicy(Policy):
         host_slots = max(pool.values(), default=1)
         cost = snap.change_cost_s
         hold_s = self.hold_s if self.hold_s is not None else max(60.0, 20.0 * cost)
-        payback_s = self.payback_s if self.payback_s is not None else hold_s
+        payback_s = self.payback_s if self.payback_s is not None else max(600.0, hold_s)
         threshold = cost / (payback_s - cost) if payback_s > cost else float("inf")
 
         order = las_order(snap, self.thresholds_gpu_s)
@@ -170,10 +174,10 @@ class EdlPolicy(Policy):
             size[j.id] += k
             left -= k
             push(j)
-        return self._place(snap, admitted, size)
+        return self._place(snap, admitted, size, hold_s, payback_s)
 
-    @staticmethod
-    def _place(snap: Snapshot, admitted: List[JobView], size: Dict[str, int]) -> Allocation:
+    def _place(self, snap: Snapshot, admitted: List[JobView], size: Dict[str, int],
+               hold_s: float, payback_s: float) -> Allocation:
         """4. Hosts for the sizes: keep, compact, then pack (the module's docstring)."""
         free = dict(snap.pool)
         alloc: Allocation = {}
@@ -186,12 +190,40 @@ class EdlPolicy(Policy):
         for j in growers + starters:
             have = alloc.get(j.id, {})
             need = size[j.id] - sum(have.values())
-            if need <= 0:
-                continue
-            more = fill_hosts(free, need, prefer=sorted(have, key=lambda h: -have[h]))
+            mine = sorted(have, key=lambda h: -have[h])
+            trial = dict(free)
+            more = fill_hosts(trial, need, prefer=mine) if need > 0 else {}
             if more is None:                          # cannot happen: sizes fit the pool
                 raise AssertionError(f"edl: {need} slots for {j.id} not free")
+            got = dict(have)
             for h, k in more.items():
-                have[h] = have.get(h, 0) + k
-            alloc[j.id] = have
+                got[h] = got.get(h, 0) + k
+            if have and j.throughput is not None and (
+                    need > 0 or snap.now - j.last_change_at >= hold_s):
+                # a scattered job moves onto fewer hosts where that pays back the move
+                moved, rest = _compact(free, have, size[j.id])
+                if len(moved) < len(got):
+                    overlap = any(h in have for h in moved)
+                    cost = snap.change_cost_s if overlap else snap.restart_cost_s
+                    x_got, x_moved = j.throughput(placement_of(got)), j.throughput(placement_of(moved))
+                    if payback_s > cost and (x_moved - x_got) * (payback_s - cost) > x_got * cost:
+                        got, trial = moved, rest
+            free = trial
+            alloc[j.id] = got
         return {k: v for k, v in alloc.items() if v}
+
+
+def _compact(free: Dict[str, int], have: Dict[str, int], n: int):
+    """``n`` slots on the fewest hosts out of ``free`` plus the job's own ``have`` (its own hosts
+    first among equals): (hosts -> slots, what stays free)."""
+    avail = dict(free)
+    for h, k in have.items():
+        avail[h] = avail.get(h, 0) + k
+    out: Dict[str, int] = {}
+    for h in sorted(avail, key=lambda h: (-avail[h], h not in have, h)):
+        k = min(avail[h], n - sum(out.values()))
+        if k <= 0:
+            break
+        out[h] = k
+        avail[h] -= k
+    return out, avail

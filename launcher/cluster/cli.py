@@ -37,8 +37,37 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return v
+
+
+def _tcp_port(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        v = -1
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port from 0 to 65535, got {text!r}")
+    return v
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from launcher.cli import _positive_float, _positive_int, _tcp_port
     p = _Parser(prog=PROG, description="A pool of hosts shared by many elastic Horovod jobs.")
     p.add_argument("--cluster", metavar="FILE", help="the cluster file serve wrote (default "
                    "$HVD_EDL_CLUSTER, else ~/.hvd_edl/cluster.json)")

@@ -194,10 +194,15 @@ class Run:
 
 
 def live_slots(telemetry: Optional[dict]) -> Dict[str, int]:
-    """host -> workers alive (pending, ready, member, leaving) in a ``/ctl/telemetry`` answer."""
+    """host -> workers that still take part in the job in a ``/ctl/telemetry`` answer: pending,
+    ready, members, and leavers still in the current ring.  A leaver out of the ring is in its
+    interpreter's teardown (niced to 19 by ``hvd_edl.runtime``, about a CPU-second) and no
+    longer counts: its slot is free for the next job."""
     out: Dict[str, int] = {}
     for w in (telemetry or {}).get("workers", []):
-        if w.get("state") in ("pending", "ready", "member", "leaving"):
+        state, rank = w.get("state"), w.get("rank")
+        if state in ("pending", "ready", "member") or (state == "leaving" and rank is not None
+                                                       and rank >= 0):
             out[w["host"]] = out.get(w["host"], 0) + 1
     return out
 

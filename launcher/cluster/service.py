@@ -661,9 +661,31 @@ class Service:
                     self.note(None, "pool", "the pool changed" + (
                         f": {', '.join(gone)} left" if gone else ""), pool=hosts,
                         before=before)
+                    self._hosts_left(gone)
                     self.decide_now = True
                 self.requests.put((change, Future()))
                 self.wake.set()
+
+    def _hosts_left(self, gone: List[str]) -> None:
+        """Hosts that left the pool take their slots from the jobs that held them: each such
+        job's allocation loses them at once (its workers there leave stop-free; a job left with
+        none is preempted), before the policy's next round redistributes."""
+        if not gone:
+            return
+        for job_id, hosts in self.store.allocations().items():
+            lost = {h: k for h, k in hosts.items() if h in gone}
+            if not lost:
+                continue
+            new = {h: k for h, k in hosts.items() if h not in gone}
+            kind = "shrink" if new else "preempt"
+            reason = (f"{', '.join(sorted(lost))} left the pool: "
+                      f"{sum(hosts.values())} -> {sum(new.values())} slots")
+            self.store.update(job_id, allocation=new, last_change_at=time.time(),
+                              reason=reason, event={"kind": kind, "reason": reason,
+                                                    "hosts": new, "from": hosts})
+            self._log_event({"job": job_id, "kind": kind, "reason": reason, "hosts": new,
+                             "from": hosts})
+            self.decisions[kind] = self.decisions.get(kind, 0) + 1
 
     # ---- the event log ------------------------------------------------------------------------
 

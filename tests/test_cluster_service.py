@@ -1,0 +1,307 @@
+"""The cluster service (``hvd-edl-cluster``, issue 28) with real processes: the service as its
+command, real ``hvd-edl-run`` jobs of Horovod-style scripts (tests/horovod_style/ledger_main.py)
+over Gloo on this machine's slots, each audited exactly-once (``hvd_edl.audit``), real
+``kill -9`` of the service.  Waits poll conditions with deadlines, never fixed sleeps."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, List, Optional
+
+import pytest
+
+from hvd_edl import audit
+
+ROOT = Path(__file__).resolve().parent.parent
+LEDGER = str(ROOT / "tests" / "horovod_style" / "ledger_main.py")
+CLI = [sys.executable, "-m", "launcher.cluster.cli"]
+
+
+def wait_for(what: str, pred: Callable[[], object], timeout_s: float = 60.0,
+             explain: Callable[[], str] = lambda: ""):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}\n{explain()}")
+
+
+class Service:
+    """One ``hvd-edl-cluster serve`` in ``tmp``; the jobs it started are ended at teardown (they
+    outlive the service by design)."""
+
+    def __init__(self, tmp: Path, *args: str):
+        self.tmp = tmp
+        self.state = tmp / "state"
+        self.cluster = tmp / "cluster.json"
+        self.args = list(args)
+        self.proc: Optional[subprocess.Popen] = None
+        self.logs: List[Path] = []
+        self.start()
+
+    def start(self) -> None:
+        if self.cluster.exists():
+            self.cluster.unlink()
+        log = self.tmp / f"serve{len(self.logs)}.log"
+        self.logs.append(log)
+        self.proc = subprocess.Popen(CLI + ["serve", "--state-dir", str(self.state),
+                                            "--cluster-file", str(self.cluster)] + self.args,
+                                     stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                                     cwd=str(ROOT))
+        wait_for("the cluster file", lambda: self.cluster.exists() or self.proc.poll() is not None,
+                 30, self.output)
+        assert self.proc.poll() is None, self.output()
+
+    def output(self) -> str:
+        return "\n".join(p.read_text() for p in self.logs if p.exists())[-4000:]
+
+    def cli(self, *args: str, cluster: Optional[Path] = None) -> subprocess.CompletedProcess:
+        return subprocess.run(CLI + ["--cluster", str(cluster or self.cluster)] + list(args),
+                              capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+
+    def submit(self, *args: str, audit_dir: Optional[Path] = None) -> str:
+        env = ["--env", f"{audit.ENV_AUDIT_DIR}={audit_dir}"] if audit_dir else []
+        r = self.cli("submit", *env, *args)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.strip().splitlines()[-1]
+
+    def jobs(self) -> dict:
+        """Every job by id (the API in this process: polling through the command would cost a
+        Python start a poll)."""
+        from launcher.cluster import cluster_file
+        from launcher.cluster.server import ClusterClient
+        status = ClusterClient(cluster_file.read(self.cluster)).call("status")
+        return {j["id"]: j for j in status["jobs"]}
+
+    def events(self, job: Optional[str] = None, kind: Optional[str] = None) -> List[dict]:
+        out = []
+        for line in (self.state / "events.jsonl").read_text().splitlines():
+            e = json.loads(line)
+            if (job is None or e.get("job") == job) and (kind is None or e.get("kind") == kind):
+                out.append(e)
+        return out
+
+    def wait_jobs(self, pred: Callable[[dict], bool], what: str, timeout_s: float = 90.0):
+        return wait_for(what, lambda: (lambda j: j if pred(j) else None)(self.jobs()),
+                        timeout_s, lambda: json.dumps(self.jobs(), indent=1)[-3000:]
+                        + self.output() + self.job_logs())
+
+    def job_logs(self) -> str:
+        return "".join(f"\n--- {p}\n" + p.read_text()[-1500:]
+                       for p in sorted(self.state.glob("jobs/*/run*.log")))
+
+    def kill9(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        from launcher.cluster.runs import JobFiles, Run
+        runs = []
+        for pid_file in self.state.glob("jobs/*/run*.pid"):
+            files = JobFiles(self.state, pid_file.parent.name)
+            run = Run(files, int(pid_file.stem[3:]))
+            if run.stop(signal.SIGTERM):
+                runs.append(run)
+        deadline = time.monotonic() + 40
+        for run in runs:
+            while run.probe()[0] == "alive" and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+
+@pytest.fixture
+def service(tmp_path):
+    made: List[Service] = []
+
+    def make(*args: str) -> Service:
+        s = Service(tmp_path, *args)
+        made.append(s)
+        return s
+    yield make
+    for s in made:
+        s.stop()
+
+
+def ledger(tmp: Path, name: str, samples: int, epochs: int = 1, delay: float = 0.02) -> List[str]:
+    return ["--", sys.executable, LEDGER, "--dataset-size", str(samples), "--batch-size", "8",
+            "--epochs", str(epochs), "--step-delay", str(delay),
+            "--done-log", str(tmp / f"{name}.done")]
+
+
+def assert_exactly_once(directory: Path, samples: int) -> None:
+    report = audit.check(directory, samples)
+    assert report.ok and report.repeated == 0 and report.missing == 0, report.verdict()
+
+
+def ended_once(svc: Service, job: str) -> None:
+    ends = svc.events(job, "end")
+    assert len(ends) == 1, ends
+    assert ends[0]["state"] == "done" and ends[0]["exit_code"] == 0, ends
+
+
+# ---- bad input and authentication ----------------------------------------------------------------
+
+def test_bad_input_and_refused_requests_are_one_line_exit_2(service, tmp_path):
+    svc = service("--policy", "fifo", "-H", "localhost:2")
+    cases = [
+        (["submit", "--min-np", "3", "--max-np", "2", "--", "python", "x.py"],
+         "--min-np 3 is larger than --max-np 2"),
+        (["submit", "--np", "5", "--min-np", "1", "--max-np", "4", "--", "python", "x.py"],
+         "--np 5 must lie within"),
+        (["submit", "--min-np", "1"], "no training command"),
+        (["submit", "--", "no-such-command-xyz"], "not found"),
+        (["submit", "--min-np", "3", "--", sys.executable, "x.py"], "can never fit"),
+        (["status", "j99"], "no job 'j99'"),
+        (["cancel", "j99"], "no job 'j99'"),
+    ]
+    for args, words in cases:
+        r = svc.cli(*args)
+        assert r.returncode == 2 and words in r.stderr, (args, r.returncode, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    # an unreadable cluster file, one that others can read, a wrong secret
+    r = svc.cli("queue", cluster=tmp_path / "missing.json")
+    assert r.returncode == 2 and "cannot read cluster file" in r.stderr, r.stderr
+    loose = tmp_path / "loose.json"
+    shutil.copy(svc.cluster, loose)
+    os.chmod(loose, 0o644)
+    r = svc.cli("queue", cluster=loose)
+    assert r.returncode == 2 and "readable or writable by others" in r.stderr, r.stderr
+    wrong = tmp_path / "wrong.json"
+    data = json.loads(svc.cluster.read_text())
+    wrong.write_text(json.dumps(dict(data, secret="0" * 64)))
+    os.chmod(wrong, 0o600)
+    r = svc.cli("submit", "--", sys.executable, "x.py", cluster=wrong)
+    assert r.returncode == 2 and "refused" in r.stderr and "signature" in r.stderr, r.stderr
+    # a request without a signature never reaches the service's logic
+    import requests
+    resp = requests.post(data["url"] + "/cluster/submit", json={"argv": ["python"]}, timeout=10)
+    assert resp.status_code == 401
+    assert svc.jobs() == {}   # nothing was queued by any refused request
+    # the secret is in the 0600 file, never in the service's command line
+    assert data["secret"] not in " ".join(svc.proc.args)
+    assert os.stat(svc.cluster).st_mode & 0o777 == 0o600
+    # a second service on the same state directory is refused
+    r = subprocess.run(CLI + ["serve", "-H", "localhost:1", "--state-dir", str(svc.state),
+                              "--cluster-file", str(tmp_path / "other.json")],
+                       capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    assert r.returncode == 2 and "in use by another" in r.stderr, r.stderr
+
+
+# ---- the policies on small real streams ----------------------------------------------------------
+
+def test_fifo_queue_and_jobs_survive_a_service_kill9(service, tmp_path):
+    """fifo: the second job waits for the first's slots (gang, first come first served); the
+    service is killed -9 while the first trains: the job keeps training, the restarted service
+    re-adopts it, resumes the queue, and every job ends exactly once."""
+    svc = service("--policy", "fifo", "-H", "localhost:2")
+    a1, a2 = tmp_path / "a1", tmp_path / "a2"
+    j1 = svc.submit("--np", "2", *ledger(tmp_path, "j1", 384, epochs=2), audit_dir=a1)
+    j2 = svc.submit("--np", "1", *ledger(tmp_path, "j2", 64), audit_dir=a2)
+    svc.wait_jobs(lambda j: j[j1]["state"] == "running" and j[j2]["state"] == "queued",
+                  "j1 running, j2 queued")
+    wait_for("j1 training", lambda: any(a1.glob("*.jsonl")), 60, svc.job_logs)
+    launcher = json.loads((svc.state / "jobs" / j1 / "job.json").read_text())["pid"]
+    svc.kill9()
+    steps_before = sum(len(p.read_text().splitlines()) for p in a1.glob("*.jsonl"))
+    wait_for("j1 training on without the service", lambda: sum(
+        len(p.read_text().splitlines()) for p in a1.glob("*.jsonl")) > steps_before + 4, 30)
+    os.kill(launcher, 0)  # the job's launcher is alive
+    svc.start()
+    jobs = svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()), "both done")
+    assert jobs[j2]["started_at"] >= jobs[j1]["finished_at"] - 0.5, jobs   # fifo, gang
+    for j in (j1, j2):
+        assert jobs[j]["runs"] == 1 and jobs[j]["exit_code"] == 0, jobs[j]  # never started twice
+        ended_once(svc, j)
+    assert svc.events(j1, "adopt"), svc.events(j1)
+    assert_exactly_once(a1, 384)
+    assert_exactly_once(a2, 64)
+
+
+def test_edl_lends_spare_slots_and_takes_them_back_stop_free(service, tmp_path):
+    """edl: a lone job grows to the whole pool; when a second arrives, the lent slots are
+    taken back by a stop-free scale-in (no restart: one run, nothing rolled back), the second
+    starts on them once they are free, and both finish exactly once."""
+    svc = service("--policy", "edl", "--hold", "2", "-H", "localhost:3")
+    a1, a2 = tmp_path / "a1", tmp_path / "a2"
+    j1 = svc.submit("--min-np", "1", "--max-np", "3", *ledger(tmp_path, "j1", 768, delay=0.03),
+                    audit_dir=a1)
+    svc.wait_jobs(lambda j: j[j1]["world_size"] == 3, "j1 on 3 slots")
+    wait_for("j1 training", lambda: any(a1.glob("*.jsonl")), 60, svc.job_logs)
+    j2 = svc.submit("--np", "2", *ledger(tmp_path, "j2", 64), audit_dir=a2)
+    jobs = svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()), "both done")
+    shrink = svc.events(j1, "shrink")
+    assert shrink and shrink[0]["hosts"] == {"localhost": 1}, svc.events(j1)
+    released = svc.events(j1, "released")
+    assert released, svc.events(j1)
+    start2 = svc.events(j2, "run")
+    assert start2[0]["at"] >= released[0]["at"], (released, start2)  # never two on a slot
+    assert jobs[j1]["runs"] == 1, jobs[j1]   # shrunk, not restarted
+    gens = [json.loads(x) for x in (svc.state / "jobs" / j1 / "events.jsonl").read_text()
+            .splitlines() if '"generation"' in x]
+    assert any(g.get("kind") == "scale_in" and g["rolled_back_steps"] == 0 for g in gens), gens
+    for j in (j1, j2):
+        ended_once(svc, j)
+    assert_exactly_once(a1, 768)
+    assert_exactly_once(a2, 64)
+
+
+def test_tiresias_preempts_to_a_checkpoint_and_resumes(service, tmp_path):
+    """tiresias: a job past the attained-service threshold is preempted (checkpoint, SIGTERM)
+    when a fresh one arrives, and resumes from its checkpoint afterwards: two runs, every
+    sample still exactly once."""
+    svc = service("--policy", "tiresias", "--queue-thresholds", "4", "-H", "localhost:2")
+    a1, a2 = tmp_path / "a1", tmp_path / "a2"
+    j1 = svc.submit("--np", "2", *ledger(tmp_path, "j1", 640, delay=0.03), audit_dir=a1)
+    svc.wait_jobs(lambda j: j[j1]["state"] == "running" and j[j1]["attained_gpu_s"] > 4,
+                  "j1 past the threshold")
+    wait_for("j1 training", lambda: any(a1.glob("*.jsonl")), 60, svc.job_logs)
+    j2 = svc.submit("--np", "2", *ledger(tmp_path, "j2", 64), audit_dir=a2)
+    jobs = svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()), "both done",
+                         timeout_s=120)
+    assert svc.events(j1, "suspended"), svc.events(j1)
+    assert jobs[j1]["runs"] == 2 and jobs[j2]["runs"] == 1, jobs
+    assert jobs[j2]["finished_at"] <= jobs[j1]["finished_at"], jobs
+    for j in (j1, j2):
+        ended_once(svc, j)
+    assert_exactly_once(a1, 640)
+    assert_exactly_once(a2, 64)
+
+
+# ---- the pool changes under running jobs ------------------------------------------------------------
+
+def test_a_host_leaving_the_pool_shrinks_its_job_gracefully(service, tmp_path):
+    """With a discovery script, a host that leaves the pool takes its slots from the job that
+    used them: the job scales in stop-free, trains on and finishes exactly once."""
+    hosts = tmp_path / "pool.txt"
+    hosts.write_text("localhost:2\n127.0.0.1:1\n")
+    svc = service("--policy", "edl", "--hold", "1", "--host-discovery-script",
+                  f"cat {hosts}", "--discovery-interval", "0.2")
+    a1 = tmp_path / "a1"
+    j1 = svc.submit("--min-np", "1", "--max-np", "3", *ledger(tmp_path, "j1", 768, delay=0.03),
+                    audit_dir=a1)
+    svc.wait_jobs(lambda j: j[j1]["world_size"] == 3, "j1 on both hosts")
+    wait_for("j1 training", lambda: any(a1.glob("*.jsonl")), 60, svc.job_logs)
+    tmp = hosts.with_suffix(".new")
+    tmp.write_text("localhost:2\n")
+    os.replace(tmp, hosts)
+    jobs = svc.wait_jobs(lambda j: j[j1]["state"] == "done", "j1 done")
+    assert any("127.0.0.1 left" in e["reason"] for e in svc.events(kind="pool")), \
+        svc.events(kind="pool")
+    after = [e for e in svc.events(j1) if e["kind"] in ("shrink", "move")]
+    assert after and "127.0.0.1" not in after[-1]["hosts"], svc.events(j1)
+    assert jobs[j1]["runs"] == 1, jobs[j1]
+    ended_once(svc, j1)
+    assert_exactly_once(a1, 768)

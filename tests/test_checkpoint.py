@@ -468,3 +468,20 @@ def test_rotation_makes_room_first_and_says_when_checkpoints_stop_and_resume(
     assert commit(w2, 12), caplog.text
     assert [checkpoint.read_sidecar(p)["steps"] for p in checkpoint.complete(small_disk)] \
         == [12, 11, 10]
+
+
+def test_ctrl_c_of_a_job_with_checkpoints_names_the_newest_and_how_to_resume(tmp_path,
+                                                                              job_factory):
+    """Issue 30: Ctrl-C of a --checkpoint-dir job said nothing of its checkpoints.  Now its
+    last line names the newest one (path, step) and how to resume from it."""
+    from conftest import long_digits
+    ck = tmp_path / "ck"
+    job = job_factory(["-np", "1", "--checkpoint-dir", str(ck), "--checkpoint-every", "0.5"],
+                      long_digits(tmp_path))
+    job.wait_for("a checkpoint", lambda: checkpoint.complete(ck), 90)
+    job.proc.send_signal(signal.SIGINT)
+    assert job.proc.wait(60) == 128 + signal.SIGINT
+    newest = checkpoint.complete(ck)[0]
+    step = checkpoint.read_sidecar(newest)["steps"]
+    assert f"hvd-edl-run: the last checkpoint is {newest} (step {step}): run the same command " \
+        f"again (same --checkpoint-dir) to resume from it" in job.output(), job.output()[-2000:]

@@ -125,6 +125,9 @@ def test_migration_and_straggler_replacement_each_take_one_replace_generation(
         third = job.wait_generation(3, timeout_s=90)
         assert third["kind"] == "replace" and third["rolled_back_steps"] == 0, third
         assert third["members"] == ["w3@127.0.0.1:0", "w5@127.0.0.1:2", "w6@127.0.0.1:3"]
+        # the replacement is a migration too (issue 30: status said "done", the counter 0)
+        code, out, _ = _ctl_here(capsys, job_file, "status", "--json")
+        assert json.loads(out)["telemetry"]["counters"]["migration"] == 2, out
         print(f"migration: stall {swap['stall_s']:.3f} s ({notes[1]['seconds']:.1f} s from "
               f"the request); straggler {found['compute_ms']:.1f} vs {found['median_ms']:.1f} "
               f"ms/step, replaced with stall {third['stall_s']:.3f} s")

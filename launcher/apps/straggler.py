@@ -40,7 +40,8 @@ Policies (``--straggler-policy``, default ``report``):
   straggler in one stop-free switch (:mod:`launcher.apps.migration`, kind "replace"); the
   straggler's slot rests ``rest_s`` seconds.  Without a free slot it is only reported.
 
-Counts go to ``coord.telemetry.count("straggler")`` and ``count("eviction")``.
+Counts go to ``coord.telemetry.count("straggler")``, ``count("eviction")`` and, for a
+replacement (a migration of one worker), ``count("migration")``.
 """
 from __future__ import annotations
 
@@ -184,6 +185,7 @@ def mitigate(driver, detector: StragglerDetector, now: float) -> None:
                                         drain_source=False,
                                         build_timeout_s=driver.spec.start_timeout_s + 10.0)
                 driver.migration = m
+                driver.telemetry.count("migration")  # one, as hvd-edl-ctl migrate counts
                 action = (f"replacing it with a new worker on {slot[0]}:{slot[1]}; its slot "
                           f"rests {detector.policy.rest_s:g} s")
                 fields = {"replacement_slot": f"{slot[0]}:{slot[1]}"}

@@ -244,6 +244,9 @@ class Driver:
                   f"{signal.Signals(self.stop_signal).name})", file=sys.stderr)
             self.coord.stopping = True
             terminate_all(list(self.procs.values()), grace_s=10.0, sig=self.stop_signal)
+            if self.checkpoints is not None:  # where the work is, and how to get it back
+                print(f"hvd-edl-run: {self.checkpoints.describe_newest()}: run the same command "
+                      f"again (same --checkpoint-dir) to resume from it", file=sys.stderr)
             return 128 + self.stop_signal
         if not self.spec.elastic and self.first_failure is not None:
             rec, code = self.first_failure

@@ -131,6 +131,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "with on the remote hosts (default: ssh's configuration)")
     p.add_argument("-hostfile", "--hostfile", dest="hostfile",
                    help="file with one 'host[:slots]' or 'host slots=N' a line")
+    p.add_argument("--ray", metavar="ADDRESS", default=None,
+                   help="run on a Ray cluster (auto: the one this machine belongs to; else "
+                        "HOST:PORT of its head): its alive nodes are the hosts, workers run as "
+                        "Ray actors, nodes added / drained are hosts added / leaving "
+                        "(docs/ray.md); launch it on a node of the cluster")
+    p.add_argument("--cpus-per-worker", type=float, default=1.0, metavar="N",
+                   help="--ray: CPUs each worker's actor reserves (default 1)")
+    p.add_argument("--gpus-per-worker", type=float, default=0.0, metavar="N",
+                   help="--ray: GPUs each worker's actor reserves (default 0)")
     p.add_argument("--host-discovery-script", dest="discovery_script",
                    help="executable printing one 'host[:slots]' a line (Horovod's format)")
     p.add_argument("--slots-per-host", "--slots", dest="slots", type=_positive_int, default=None,
@@ -144,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN_S", "MAX_S"),
                    help="a failed slot / blacklisted host rests a random time in this range, "
                         "doubled per repeat up to MAX_S (default: for the rest of the job)")
+    p.add_argument("--failure-blacklist", choices=("slot", "host"), default="slot",
+                   help="what a failed worker takes out: its slot (default: the slot rests, "
+                        "the host's other workers train on; a host is blacklisted after 3 "
+                        "failures in 5 minutes) or its whole host, Horovod's rule (its other "
+                        "workers are stopped; --blacklist-cooldown-range gives Horovod's "
+                        "back-off, else for the rest of the job)")
     p.add_argument("--elastic-timeout", type=_positive_float, default=600.0,
                    help="seconds to wait for --min-np workers before failing (default 600)")
     p.add_argument("--start-timeout", type=_positive_float, default=120.0,
@@ -270,6 +285,15 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
         parser.error("no training command given (e.g. python train.py)")
     if a.hosts and a.hostfile:
         parser.error("give -H or --hostfile, not both")
+    if a.ray is not None and (a.hosts or a.hostfile or a.discovery_script):
+        parser.error("--ray takes the hosts from the Ray cluster's nodes: drop -H, --hostfile "
+                     "and --host-discovery-script")
+    if a.ray is None and (a.cpus_per_worker != 1.0 or a.gpus_per_worker != 0.0):
+        parser.error("--cpus-per-worker / --gpus-per-worker go with --ray")
+    if a.cpus_per_worker < 0 or a.gpus_per_worker < 0 or \
+            not (a.cpus_per_worker > 0 or a.gpus_per_worker > 0):
+        parser.error(f"--cpus-per-worker / --gpus-per-worker must be >= 0 and not both 0, got "
+                     f"{a.cpus_per_worker:g} / {a.gpus_per_worker:g}")
     if a.discovery_script and (a.hosts or a.hostfile):
         parser.error("--host-discovery-script replaces -H/--hostfile")
     if a.reset_limit is not None and a.reset_limit < 0:
@@ -278,7 +302,7 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
         lo, hi = a.blacklist_cooldown_range
         if lo < 0 or hi < lo:
             parser.error(f"--blacklist-cooldown-range needs 0 <= MIN_S <= MAX_S, got {lo} {hi}")
-    elastic = bool(a.discovery_script or a.min_np or a.max_np)
+    elastic = bool(a.discovery_script or a.min_np or a.max_np or a.ray is not None)
     try:
         if a.discovery_script:
             discovery = HostDiscoveryScript(a.discovery_script, a.slots or 1, a.discovery_timeout)
@@ -350,6 +374,15 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
         except OSError as e:
             parser.error(f"--output-filename {a.output_filename}: cannot create the folder: {e}")
     bind_addr = a.bind_address
+    engine = None
+    if a.ray is not None:  # one line and exit 2 when Ray cannot be used (launcher/ray/engine.py)
+        from launcher.ray.engine import RayError, connect
+        try:
+            engine, bind_addr = connect(a.ray, a.cpus_per_worker, a.gpus_per_worker,
+                                        a.start_timeout, a.nic, bind_addr)
+        except RayError as e:
+            _refuse(f"--ray {a.ray}: {e}")
+        discovery = engine
     if bind_addr is None:
         bind_addr = interface_address(a.nic) if a.nic else "127.0.0.1"
         if bind_addr is None:
@@ -370,7 +403,8 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                    checkpoint_keep=a.checkpoint_keep, metrics_port=a.metrics_port,
                    straggler_policy=a.straggler_policy, straggler_ratio=a.straggler_ratio,
                    straggler_window_s=a.straggler_window, autoscale=autoscale,
-                   horovod_env=horovodrun_flags.horovod_env(a))
+                   horovod_env=horovodrun_flags.horovod_env(a), engine=engine,
+                   failure_blacklist=a.failure_blacklist)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -84,6 +84,9 @@ class JobSpec:
     # horovodrun's tuning flags (--fusion-threshold-mb, --autotune, --config-file, ...): the
     # HOROVOD_* variables horovodrun sets for them (launcher/horovodrun_flags.py), every worker
     horovod_env: Dict[str, str] = field(default_factory=dict)
+    failure_blacklist: str = "slot"          # --failure-blacklist: "slot" (ours) or "host"
+    engine: Optional[object] = None          # --ray: a launcher.ray.engine.RayEngine (its
+                                             # nodes are the hosts, it starts the workers)
 
 
 class Driver:
@@ -110,6 +113,9 @@ class Driver:
         self.procs: Dict[str, WorkerProcess] = {}
         self.slots = SlotBook()  # hosts, slots, cooldowns, blacklist, drains (launcher/job/slot_book.py)
         self.first_failure: Optional[Tuple[WorkerRecord, int]] = None
+        # --failure-blacklist host: (the failure, its code, the ring's hosts) that blacklisted
+        # the last host of the ring (the job fails, as Horovod's)
+        self.every_host_blacklisted: Optional[Tuple[WorkerRecord, int, List[str]]] = None
         self.below_min_since: Optional[float] = None
         self.last_failure_at = float("-inf")
         self.stop_signal: Optional[int] = None
@@ -169,6 +175,8 @@ class Driver:
             self.coord.flush_events()  # a generation whose reports never all came is logged
             self.coord.stopping = True
             terminate_all(list(self.procs.values()), grace_s=5.0)
+            if self.spec.engine is not None:
+                self.spec.engine.close()
             self.server.stop()
             self.rendezvous.close()
             if self.job_path is not None:
@@ -218,7 +226,8 @@ class Driver:
             self.worker_env.update(self.checkpoints.worker_env())
         self.worker_spec = WorkerSpec(list(self.spec.command), self.worker_env, self.spec.cwd,
                                       ssh_port=self.spec.ssh_port,
-                                      ssh_identity_file=self.spec.ssh_identity_file)
+                                      ssh_identity_file=self.spec.ssh_identity_file,
+                                      engine=self.spec.engine)
         if self.spec.elastic:
             threading.Thread(target=self._discovery_loop, daemon=True).start()
         self._initial_np = initial
@@ -250,6 +259,12 @@ class Driver:
             return 128 + self.stop_signal
         if not self.spec.elastic and self.first_failure is not None:
             rec, code = self.first_failure
+            return self._fail_worker(rec, code)
+        if self.every_host_blacklisted is not None:
+            rec, code, hosts = self.every_host_blacklisted
+            print(f"hvd-edl-run: error: every host of the ring is blacklisted "
+                  f"({', '.join(hosts)}; --failure-blacklist host): the job ends, as "
+                  f"Horovod's does", file=sys.stderr)
             return self._fail_worker(rec, code)
         if self.coord.failure:
             print(f"hvd-edl-run: error: {self.coord.failure}", file=sys.stderr)
@@ -755,6 +770,9 @@ class Driver:
                   f"failure: taken as its echo, the slot stays usable", file=sys.stderr)
             return
         self.last_failure_at = now
+        if self.spec.failure_blacklist == "host":
+            self._blacklist_host(rec, code, now)
+            return
         rest = self.slots.record_failure(rec.host, rec.slot, now,
                                          self.spec.blacklist_cooldown_range)
         cooldown = rest.cooldown_s
@@ -764,6 +782,31 @@ class Driver:
         if rest.blacklisted:
             print(f"hvd-edl-run: host {rec.host} blacklisted after {rest.failures} failures",
                   file=sys.stderr)
+
+    def _blacklist_host(self, rec: WorkerRecord, code: int, now: float) -> None:
+        """``--failure-blacklist host``, Horovod's rule (``horovod/runner/elastic/
+        registration.py``, ``discovery.py``): ``rec``'s failure blacklists its host (for the rest
+        of the job, or Horovod's back-off within ``--blacklist-cooldown-range``), the host's
+        other workers are stopped at once and leave the ring with the failed one, and when
+        every host of the ring is blacklisted the job fails (:meth:`_step`)."""
+        rest = self.slots.blacklist_host(rec.host, now, self.spec.blacklist_cooldown_range)
+        how = "for the rest of the job" if rest.cooldown_s == float("inf") else \
+            f"for {rest.cooldown_s:.1f} s (blacklisting {rest.failures})"
+        what = f"exit code {code}" if code > 0 else f"signal {-code}"
+        print(f"hvd-edl-run: {rec.label} failed ({what}); host {rec.host} blacklisted {how} "
+              f"(--failure-blacklist host)", file=sys.stderr)
+        for w in self.coord.fence_host(rec.host, but=rec.worker_id):
+            print(f"hvd-edl-run: {w.label} stopped: its host {rec.host} is blacklisted",
+                  file=sys.stderr)
+            proc = self.procs.get(w.worker_id)
+            if proc is not None:
+                proc.signal(signal.SIGKILL)
+        ring = self.coord.ring()
+        hosts = sorted({self.coord.workers[m].host for m in ring.members})
+        if hosts and all(self.slots.blacklisted(h, now) for h in hosts) \
+                and self.every_host_blacklisted is None:
+            self.every_host_blacklisted = (rec, code, hosts)
+        self.wake.set()
 
     def _discovery_loop(self) -> None:
         """Asks discovery every ``discovery_interval_s``.  A failed call keeps the last good

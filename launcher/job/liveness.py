@@ -226,6 +226,16 @@ class MemberLiveness:
         self.cond.notify_all()
         return rec
 
+    def fence_host(self, host: str, but: str = "") -> List[WorkerRecord]:
+        """Declare every live worker on ``host`` other than ``but`` dead now (its host was
+        blacklisted: ``--failure-blacklist host``, Horovod's rule, where the blacklisted host's
+        processes are stopped): never a member again, their generation released and re-formed
+        without them, their exits no failures.  Returns them (the driver kills them)."""
+        with self.cond:
+            return [self._fence(w) for w in list(self.workers.values())
+                    if w.host == host and w.worker_id != but and w.state.alive
+                    and not w.fenced]
+
     def _check_script_failure(self, rec: WorkerRecord) -> None:
         """End the job when every member of the current generation has died and at least one
         ended with an exit status > 0 (an error of the script itself, not a signal): nobody

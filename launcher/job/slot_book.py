@@ -8,7 +8,8 @@ Horovod keeps host state in one place (``horovod/runner/elastic/discovery.py``: 
   job, or a time from ``--blacklist-cooldown-range``, doubled per recent failure of its host);
   a straggler's slot rests too;
 * the host blacklist: a host whose workers failed ``HOST_FAILURES_TO_BLACKLIST`` times within
-  ``HOST_FAILURE_WINDOW_S`` is out until its cooldown ends;
+  ``HOST_FAILURE_WINDOW_S`` is out until its cooldown ends; under ``--failure-blacklist host``
+  (Horovod's rule, :meth:`blacklist_host`) one failure is enough;
 * drained hosts (``hvd-edl-ctl drain``, a migration's source): no worker is placed there.
 
 Everything is asked of the book: :meth:`usable` (slots per host, capped to a budget),
@@ -47,6 +48,7 @@ class SlotBook:
         self._cooldown: Dict[Tuple[str, int], float] = {}
         self._failures: Dict[str, List[float]] = {}
         self._blacklist: Dict[str, float] = {}
+        self._blacklist_count: Dict[str, int] = {}  # blacklistings per host (Horovod's rule)
         self._drained: Set[str] = set()
 
     # ---- the host set -------------------------------------------------------------------------
@@ -111,6 +113,29 @@ class SlotBook:
             if blacklisted:
                 self._blacklist[host] = now + cooldown
             return Rest(cooldown, len(fails), blacklisted)
+
+    def blacklist_host(self, host: str, now: float,
+                       cooldown_range: Optional[Tuple[float, float]]) -> Rest:
+        """Horovod's rule (``--failure-blacklist host``): a worker on ``host`` failed at ``now``,
+        so the whole host is blacklisted; without ``cooldown_range`` for the rest of the job,
+        else as Horovod's ``HostState`` (``horovod/runner/elastic/discovery.py``): the n-th
+        blacklisting lasts ``MIN_S * 2**n + U(0, 1) * MIN_S`` seconds, clamped to [MIN_S,
+        MAX_S]; a failure while the host is still out changes nothing (n counts blacklistings,
+        not failures).  ``Rest.failures`` is n."""
+        with self._lock:
+            until = self._blacklist.get(host, 0.0)
+            count = self._blacklist_count.get(host, 0)
+            if until > now:  # still out: Horovod neither counts nor extends it
+                return Rest(until - now, count, True)
+            count += 1
+            self._blacklist_count[host] = count
+            if cooldown_range is None:
+                cooldown = float("inf")
+            else:
+                lo, hi = cooldown_range
+                cooldown = max(lo, min(hi, lo * 2 ** count + random.uniform(0, 1) * lo))
+            self._blacklist[host] = now + cooldown
+            return Rest(cooldown, count, True)
 
     def blacklisted(self, host: str, now: float) -> bool:
         with self._lock:

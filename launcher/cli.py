@@ -226,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a straggler computes more than R x the others' median (default 2)")
     p.add_argument("--straggler-window", type=_positive_float, default=5.0, metavar="SECONDS",
                    help="... for this many seconds in a row (default 5)")
+    p.add_argument("--timestamps", action="store_true",
+                   help="every line starts with the local time: the workers' (as "
+                        "--prefix-output-with-timestamp, horovodrun's flag, which stamps only "
+                        "those) and hvd-edl-run's own (switches, stragglers, failures)")
     p.add_argument("--verbose", action="store_true",
                    help="horovodrun's meaning: extra messages (here: the coordinator's and the "
                         "rendezvous' requests, host set changes)")
@@ -404,11 +408,16 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                    straggler_policy=a.straggler_policy, straggler_ratio=a.straggler_ratio,
                    straggler_window_s=a.straggler_window, autoscale=autoscale,
                    horovod_env=horovodrun_flags.horovod_env(a), engine=engine,
-                   failure_blacklist=a.failure_blacklist)
+                   failure_blacklist=a.failure_blacklist,
+                   prefix_output_with_timestamp=a.prefix_output_with_timestamp,
+                   timestamps=a.timestamps)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     spec = parse_spec(argv)
+    if spec.timestamps:  # hvd-edl-run's own lines (and its log's) start with the time
+        from launcher.observe.timestamps import StampedStream
+        sys.stdout, sys.stderr = StampedStream(sys.stdout), StampedStream(sys.stderr)
     level = logging.DEBUG if spec.log_level in ("TRACE", "DEBUG") else \
         logging.INFO if spec.verbose or spec.log_level == "INFO" else \
         getattr(logging, {"FATAL": "CRITICAL"}.get(spec.log_level or "", spec.log_level or ""),

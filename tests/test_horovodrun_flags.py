@@ -215,3 +215,52 @@ def test_a_mistyped_flag_names_the_one_meant(typed, meant, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"unrecognized arguments: {typed} (did you mean {meant}?)" \
         in err, err
+
+
+def _horovodrun_prefixed(text: str) -> str:
+    """What horovodrun's own output pump (``safe_shell_exec.prefix_connection``) writes for
+    ``text`` from rank 0's stdout with ``--prefix-output-with-timestamp``."""
+    import io
+    from horovod.runner.common.util.safe_shell_exec import prefix_connection
+    r, w = os.pipe()
+    os.write(w, text.encode())
+    os.close(w)
+    out = io.StringIO()
+    with os.fdopen(r, "rb") as src:
+        prefix_connection(src, out, "stdout", 0, True)
+    return out.getvalue()
+
+
+def _stamped(line: str) -> str:
+    """``line`` less its leading ``time.asctime()`` stamp (which must parse as one)."""
+    import time
+    time.strptime(line[:24], "%a %b %d %H:%M:%S %Y")
+    return line[24:]
+
+
+def test_prefix_output_with_timestamp_stamps_worker_lines_as_horovodrun(tmp_path):
+    """horovodrun's flag, its format (``Mon Jan  6 10:00:00 2025[0]<stdout>:hi``) for the
+    workers' lines; hvd-edl-run's own lines stay as they were (horovodrun stamps only the
+    workers')."""
+    theirs = _horovodrun_prefixed("hi\n").rstrip("\n")
+    assert _stamped(theirs) == "[0]<stdout>:hi"
+    r = subprocess.run([LAUNCHER, "-np", "1", "-prefix-timestamp", PY, "-c", "print('hi')"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.endswith("<stdout>:hi"))
+    assert _stamped(line) == "[w1]<stdout>:hi", line
+    assert any(x.startswith("hvd-edl-run: worker w1 started") for x in r.stdout.splitlines())
+
+
+def test_timestamps_stamp_the_launchers_lines_too(tmp_path):
+    """``--timestamps``: a log read after the fact places every line in time, the launcher's
+    own (stdout and stderr) with the same stamp and a space."""
+    r = subprocess.run([LAUNCHER, "-np", "1", "--timestamps", PY, "-c",
+                        "import sys; print('hi'); sys.exit(3)"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 3, r.stderr
+    lines = r.stdout.splitlines() + r.stderr.splitlines()
+    assert any(_stamped(x) == "[w1]<stdout>:hi" for x in lines), lines
+    own = [x for x in lines if "hvd-edl-run:" in x]
+    assert own and all(_stamped(x).startswith(" hvd-edl-run: ") for x in own), own
+    assert any("failed with exit code 3" in x for x in r.stderr.splitlines()), r.stderr

@@ -85,6 +85,8 @@ class JobSpec:
     # HOROVOD_* variables horovodrun sets for them (launcher/horovodrun_flags.py), every worker
     horovod_env: Dict[str, str] = field(default_factory=dict)
     failure_blacklist: str = "slot"          # --failure-blacklist: "slot" (ours) or "host"
+    prefix_output_with_timestamp: bool = False  # workers' lines start with the time
+    timestamps: bool = False                 # --timestamps: the launcher's lines too
     engine: Optional[object] = None          # --ray: a launcher.ray.engine.RayEngine (its
                                              # nodes are the hosts, it starts the workers)
 
@@ -227,7 +229,9 @@ class Driver:
         self.worker_spec = WorkerSpec(list(self.spec.command), self.worker_env, self.spec.cwd,
                                       ssh_port=self.spec.ssh_port,
                                       ssh_identity_file=self.spec.ssh_identity_file,
-                                      engine=self.spec.engine)
+                                      engine=self.spec.engine,
+                                      timestamps=self.spec.prefix_output_with_timestamp
+                                      or self.spec.timestamps)
         if self.spec.elastic:
             threading.Thread(target=self._discovery_loop, daemon=True).start()
         self._initial_np = initial

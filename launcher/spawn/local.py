@@ -24,4 +24,4 @@ def start_local(spec: WorkerSpec, extra_env: Dict[str, str], label: Callable[[],
     popen = subprocess.Popen(spec.command, env=env, cwd=spec.cwd, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                              start_new_session=True, preexec_fn=_die_with_parent)
-    return WorkerProcess(popen, label, on_exit, files=files)
+    return WorkerProcess(popen, label, on_exit, files=files, timestamps=spec.timestamps)

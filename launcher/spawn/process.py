@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
+from launcher.observe.timestamps import stamp
 from launcher.spawn.remote_worker import MARKER
 
 log = logging.getLogger(__name__)
@@ -25,12 +26,15 @@ SSH_FAILED = 255   # ssh's exit code for its own errors (and for a session lost 
 class WorkerSpec:
     """What every worker is started with: the user's command, the extra environment, the
     working directory, and for remote hosts how ssh reaches them (horovodrun's ``-p`` and
-    ``-i``: None leaves it to ssh's configuration)."""
+    ``-i``: None leaves it to ssh's configuration); ``engine``: an engine that starts workers
+    itself (``--ray``: a :class:`launcher.ray.engine.RayEngine`), None for local / ssh."""
     command: List[str]
     env: Dict[str, str]
     cwd: str
     ssh_port: Optional[int] = None
     ssh_identity_file: Optional[str] = None
+    engine: Optional[object] = None
+    timestamps: bool = False  # --prefix-output-with-timestamp: lines start with the local time
 
 
 class WorkerProcess:
@@ -41,8 +45,10 @@ class WorkerProcess:
 
     def __init__(self, popen: subprocess.Popen, label: Callable[[], str],
                  on_exit: Callable[[int], None], out=sys.stdout,
-                 files: Optional[Dict[str, object]] = None, host: Optional[str] = None):
+                 files: Optional[Dict[str, object]] = None, host: Optional[str] = None,
+                 timestamps: bool = False):
         self.popen = popen
+        self.timestamps = timestamps  # horovodrun's --prefix-output-with-timestamp format
         self.host = host
         self.last_error_line = ""  # the worker's last non-empty stderr line
         self._label = label
@@ -89,8 +95,9 @@ class WorkerProcess:
             self.last_error_line = next((x for x in reversed(lines) if x.strip()),
                                         self.last_error_line)
         with self._out_lock:
+            when = stamp() if self.timestamps else ""  # horovodrun's: "{time}[{rank}]<...>:"
             for line in lines:
-                self._out.write(f"[{self._label()}]<{name}>:{line}\n")
+                self._out.write(f"{when}[{self._label()}]<{name}>:{line}\n")
             self._out.flush()
         f = self._files.get(name)
         if f is not None:

@@ -68,7 +68,8 @@ def start_ssh(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Cal
     popen = subprocess.Popen(cmd, env=local_env, cwd=spec.cwd, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, stdin=subprocess.PIPE,
                              start_new_session=True, preexec_fn=_die_with_parent)
-    proc = WorkerProcess(popen, label, on_exit, files=files, host=host)
+    proc = WorkerProcess(popen, label, on_exit, files=files, host=host,
+                         timestamps=spec.timestamps)
     job = {"cwd": spec.cwd, "env": remote_environment(spec, extra_env),
            "command": list(spec.command), "label": f"{extra_env.get(ENV_WORKER_ID)}@{host}"}
     proc._send(json.dumps(_SUPERVISOR_SOURCE) + "\n" + json.dumps(job) + "\n")

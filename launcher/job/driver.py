@@ -11,6 +11,7 @@ code.  Membership itself (generations) is the coordinator's.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -40,6 +41,9 @@ IDLE_LOOP_S = 1.0                # ... while settled (Coordinator.settled, no sl
 SWITCH_TIMEOUT_S = 60.0          # a member this late to a step boundary is considered stuck
 COLLATERAL_WINDOW_S = 5.0        # an abort this soon after another failure is taken as its echo
 ECHO_CODES = (-signal.SIGABRT,)  # how Gloo ends a healthy peer of a crashed process
+# below --min-np: what is awaited is said at once, then every this many seconds (the env
+# variable shortens it for tests)
+WAIT_REPORT_S = float(os.environ.get("HVD_EDL_WAIT_REPORT_S", "30"))
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,7 @@ class Driver:
         # the last host of the ring (the job fails, as Horovod's)
         self.every_host_blacklisted: Optional[Tuple[WorkerRecord, int, List[str]]] = None
         self.below_min_since: Optional[float] = None
+        self._wait_said_at: Optional[float] = None  # when _report_wait last spoke
         self.last_failure_at = float("-inf")
         self.stop_signal: Optional[int] = None
         self._seq = 0
@@ -280,6 +285,7 @@ class Driver:
             if self.migration is not None and self.migration.active:
                 self.migration.advance(self, now)
             self._reconcile(now)
+            self._report_wait(now)
             self._enforce_timeouts(now)
             if self.below_min_since is not None and \
                     now - self.below_min_since > self.spec.elastic_timeout_s:
@@ -349,6 +355,28 @@ class Driver:
             self.below_min_since = self.below_min_since or now
         else:
             self.below_min_since = None
+
+    def _report_wait(self, now: float) -> None:
+        """Below ``--min-np``: say what the job waits for (``waiting for 3 usable slots, 2
+        offered: localhost:2``) at once, then every ``WAIT_REPORT_S`` seconds until the ring
+        forms or ``--elastic-timeout`` ends the job."""
+        if self.below_min_since is None:
+            self._wait_said_at = None
+            return
+        if self._wait_said_at is not None and now - self._wait_said_at < WAIT_REPORT_S:
+            return
+        from launcher.discovery import describe_hosts
+        self._wait_said_at = now
+        offered = self.slots.hosts
+        n_offered = sum(offered.values())
+        usable = self.slots.capacity(now)
+        out = n_offered - usable
+        left = self.spec.elastic_timeout_s - (now - self.below_min_since)
+        print(f"hvd-edl-run: waiting for {self.spec.min_np} usable slots (--min-np), "
+              f"{n_offered} offered: {describe_hosts(offered) or 'no host'}"
+              + (f" ({out} of them resting, blacklisted or drained)" if out > 0 else "")
+              + f"; the job ends in {max(left, 0):.0f} s (--elastic-timeout) unless more come",
+              file=sys.stderr, flush=True)
 
     def _enforce_timeouts(self, now: float) -> None:
         for w in self.coord.live_workers():

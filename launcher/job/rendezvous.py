@@ -131,12 +131,22 @@ def _host_addresses(host: str) -> FrozenSet[str]:
         return frozenset()
 
 
+_KNOWN_HOSTS: Dict[str, FrozenSet[str]] = {}   # hosts an engine names itself (--ray: node ids)
+
+
+def know_host(host: str, addresses: Iterable[str]) -> None:
+    """Host ``host`` has ``addresses`` (no name resolution for it): an engine whose hosts are
+    not DNS names says so (``launcher/ray/engine.py``: a Ray node id -> the node's address)."""
+    _KNOWN_HOSTS[host] = frozenset(_normalise(a) for a in addresses)
+
+
 def allowed_peers(hosts: Iterable[str]) -> FrozenSet[str]:
-    """Addresses the workers of ``hosts`` may connect from: each host's resolved addresses, and
-    every address of this machine plus loopback for local hosts."""
+    """Addresses the workers of ``hosts`` may connect from: each host's resolved addresses (or
+    those :func:`know_host` gave), and every address of this machine plus loopback for local
+    hosts."""
     out: Set[str] = set()
     for h in hosts:
-        addrs = _host_addresses(h)
+        addrs = _KNOWN_HOSTS.get(h) or _host_addresses(h)
         out |= addrs
         if addrs is _local_addresses():
             out.add(LOOPBACK)  # all of 127.0.0.0/8, not only the interface's 127.0.0.1

@@ -1,6 +1,7 @@
 """Where a worker process starts: on this host (``local.py``) or over ssh (``ssh.py``, with the
 remote supervisor ``remote_worker.py``); the process itself, its output and exit in
-``process.py``.  :func:`spawn` chooses by host; another engine (Ray) joins here."""
+``process.py``.  :func:`spawn` chooses by host, or hands the start to the job's engine
+(``--ray``: ``launcher/ray/``)."""
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional
@@ -23,6 +24,8 @@ def spawn(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Callabl
     :class:`WorkerProcess` (or, when ``ssh`` is missing, a worker that exits at once with 255
     after one line saying so)."""
     files = worker_output_files(output_dir, extra_env[ENV_WORKER_ID]) if output_dir else None
+    if spec.engine is not None:  # --ray: the host is a Ray node (launcher/ray/)
+        return spec.engine.start(spec, host, extra_env, label, on_exit, files)
     if is_local(host):
         return start_local(spec, extra_env, label, on_exit, files)
     return start_ssh(spec, host, extra_env, label, on_exit, files)

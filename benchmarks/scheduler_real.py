@@ -1,0 +1,360 @@
+"""The cluster service on a real stream (issue 28): ``fifo``, ``tiresias`` and ``edl`` one after
+another on the same 8 real jobs, on a pool of localhost slots.
+
+    .venv/bin/python benchmarks/scheduler_real.py [--jobs 8] [--slots 6] [--span 40]
+
+The stream: the first ``--jobs`` jobs of Pollux's workload-1
+(``/work/shared/traces/pollux-osdi21/workloads/workload-1.csv``), their arrivals compressed to
+``--span`` seconds, each job the synthetic MLP (examples/train_synthetic.py, 1 MB) or the digits
+model (examples/train_digits.py) in turn, with sleeping compute (``--compute-s`` /
+``--step-delay``: 2 cores measure scheduling, not CPU contention), a fixed number of samples,
+``--np`` from the trace's GPU count (1, 2 or 3), ``--min-np 1 --max-np 4``.  Tiresias's queue
+threshold and EDL's hold are compressed with the time (``--queue-thresholds 40``, ``--hold 5``).
+
+Printed and written to benchmarks/results/scheduler_real.json: per policy the average JCT,
+makespan, utilisation (slot-seconds held / pool x makespan), every job's exactly-once audit
+(repeated / missing), decisions; the reclaim latency of edl (a job's submission to the lent
+slots being free for it: the shrunk jobs' leavers out of their rings); the kill -9 of the
+service in the middle of the edl run (restarted at once: every job ends exactly once); and the
+simulator's prediction (launcher.cluster.simulator) of the same stream with the step times
+and start-up cost measured in the run.  The plot (slots per job over time, queue length) goes
+to benchmarks/results/scheduler_real.png.  Localhost slots only: the namespace test cluster
+(tests/cluster.py) is not used yet.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from hvd_edl import audit  # noqa: E402
+from launcher.cluster import cluster_file  # noqa: E402
+from launcher.cluster.server import ClusterClient, ClusterRefused  # noqa: E402
+
+CLI = [sys.executable, "-m", "launcher.cluster.cli"]
+TRACE = Path("/work/shared/traces/pollux-osdi21/workloads/workload-1.csv")
+RESULTS = ROOT / "benchmarks" / "results"
+SYNTH_SAMPLES, SYNTH_EPOCHS, SYNTH_BATCH = 512, 6, 8
+DIGITS_TRAIN, DIGITS_EPOCHS, DIGITS_BATCH = 512, 8, 16
+
+
+def stream(n_jobs: int, span_s: float):
+    """[(at_s, name, np, kind)] from the trace's first ``n_jobs`` rows."""
+    rows = list(csv.DictReader(TRACE.open()))[:n_jobs]
+    t0, t1 = float(rows[0]["time"]), float(rows[-1]["time"])
+    scale = span_s / max(1.0, t1 - t0)
+    out = []
+    for i, r in enumerate(rows):
+        g = int(r["num_replicas"])
+        np_ = 1 if g <= 2 else 2 if g <= 8 else 3
+        out.append(((float(r["time"]) - t0) * scale, r["name"], np_,
+                    "synthetic" if i % 2 == 0 else "digits"))
+    return out
+
+
+def job_command(kind: str, tmp: Path, name: str):
+    if kind == "synthetic":
+        return [sys.executable, str(ROOT / "examples" / "train_synthetic.py"), "--params-mb", "1",
+                "--samples", str(SYNTH_SAMPLES), "--epochs", str(SYNTH_EPOCHS),
+                "--batch-size", str(SYNTH_BATCH), "--compute-s", "0.08"]
+    return [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--train-size",
+            str(DIGITS_TRAIN), "--epochs", str(DIGITS_EPOCHS), "--batch-size", str(DIGITS_BATCH),
+            "--step-delay", "0.08", "--summary", str(tmp / f"{name}.summary.json")]
+
+
+def samples_of(kind: str) -> int:
+    return SYNTH_SAMPLES if kind == "synthetic" else DIGITS_TRAIN
+
+
+class Serve:
+    def __init__(self, tmp: Path, policy: str, slots: int):
+        self.tmp, self.policy, self.slots = tmp, policy, slots
+        self.state = tmp / "state"
+        self.cluster = tmp / "cluster.json"
+        self.proc = None
+        self.n = 0
+
+    def start(self):
+        if self.cluster.exists():
+            self.cluster.unlink()
+        extra = {"tiresias": ["--queue-thresholds", "40"], "edl": ["--hold", "5"]}.get(
+            self.policy, [])
+        self.proc = subprocess.Popen(CLI + ["serve", "-H", f"localhost:{self.slots}",
+                                            "--state-dir", str(self.state), "--cluster-file",
+                                            str(self.cluster), "--policy", self.policy] + extra,
+                                     stdout=open(self.tmp / f"serve{self.n}.log", "w"),
+                                     stderr=subprocess.STDOUT, cwd=str(ROOT))
+        self.n += 1
+        deadline = time.monotonic() + 60
+        while not self.cluster.exists():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("the service did not start: "
+                                   + (self.tmp / f"serve{self.n - 1}.log").read_text())
+            time.sleep(0.1)
+
+    def client(self):
+        return ClusterClient(cluster_file.read(self.cluster), timeout_s=10)
+
+    def call(self, route, **args):
+        deadline = time.monotonic() + 60
+        while True:  # across a restart of the service
+            try:
+                return self.client().call(route, **args)
+            except (ClusterRefused, cluster_file.ClusterFileError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+def run_policy(policy: str, jobs, slots: int, tmp: Path, kill_at: int = -1) -> dict:
+    """Run the stream under ``policy``; returns the figures."""
+    svc = Serve(tmp, policy, slots)
+    svc.start()
+    t0 = time.time()
+    ids = {}
+    timeline = []
+    done = threading.Event()
+    killed = {}
+
+    def sample():
+        while not done.is_set():
+            try:
+                st = svc.call("status")
+                timeline.append((time.time() - t0, {j["id"]: j["world_size"] for j in st["jobs"]
+                                                    if j["state"] == "running"},
+                                 len(st["queue"])))
+            except Exception:  # noqa: BLE001 - a sample missed across the restart
+                pass
+            time.sleep(0.5)
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    for i, (at, name, np_, kind) in enumerate(jobs):
+        wait = t0 + at - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        if i == kill_at:
+            svc.proc.kill()
+            svc.proc.wait(10)
+            killed["at_s"] = time.time() - t0
+            killed["running"] = [j for j, r in ids.items()]
+            svc.start()
+            killed["restarted_after_s"] = time.time() - t0 - killed["at_s"]
+        adir = tmp / "audit" / name
+        r = svc.call("submit", argv=job_command(kind, tmp, name), cwd=str(ROOT),
+                     env={audit.ENV_AUDIT_DIR: str(adir)}, name=name, np=np_, min_np=1,
+                     max_np=4, priority=0, checkpoint_dir=None)
+        ids[r["id"]] = (name, kind, adir)
+    deadline = time.monotonic() + 900
+    while True:
+        st = svc.call("status")
+        if all(j["state"] in ("done", "failed", "cancelled") for j in st["jobs"]):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{policy}: jobs did not end in 900 s: {st['jobs']}")
+        time.sleep(0.5)
+    done.set()
+    sampler.join(5)
+    events = svc.call("events", since=0)["events"]
+    svc.stop()
+    by_id = {j["id"]: j for j in st["jobs"]}
+    jct = [j["finished_at"] - j["submitted_at"] for j in st["jobs"]]
+    first = min(j["submitted_at"] for j in st["jobs"])
+    last = max(j["finished_at"] for j in st["jobs"])
+    held = sum(j["attained_gpu_s"] for j in st["jobs"])
+    audits = {}
+    for jid, (name, kind, adir) in ids.items():
+        rep = audit.check(adir, samples_of(kind))
+        audits[jid] = {"repeated": rep.repeated, "missing": rep.missing, "ok": rep.ok}
+    ends = {jid: sum(1 for e in events if e["job"] == jid and e["kind"] == "end") for jid in ids}
+    out = {
+        "policy": policy, "avg_jct_s": statistics.mean(jct), "makespan_s": last - first,
+        "utilisation": held / (slots * (last - first)),
+        "jobs": {jid: {"name": by_id[jid]["name"], "state": by_id[jid]["state"],
+                       "exit_code": by_id[jid]["exit_code"], "runs": by_id[jid]["runs"],
+                       "jct_s": by_id[jid]["finished_at"] - by_id[jid]["submitted_at"],
+                       "np": by_id[jid]["np"], "ends": ends[jid], "audit": audits[jid]}
+                 for jid in ids},
+        "decisions": {k: sum(1 for e in events if e["kind"] == k)
+                      for k in ("start", "grow", "shrink", "move", "preempt", "resume",
+                                "released", "adopt")},
+        "all_done_once": all(by_id[j]["state"] == "done" and ends[j] == 1 for j in ids),
+        "audit_repeated": sum(a["repeated"] for a in audits.values()),
+        "audit_missing": sum(a["missing"] for a in audits.values()),
+        "timeline": timeline,
+        "reclaim_s": reclaim_latencies(events),
+        "measured": measured_costs(tmp, ids, events),
+    }
+    if killed:
+        out["service_kill9"] = dict(killed, adopted=sum(1 for e in events if e["kind"] == "adopt"))
+    return out
+
+
+def reclaim_latencies(events) -> list:
+    """Per job that started on slots taken back from others: its submission to the moment
+    those slots were released (the last ``released`` event between its start decision and
+    its run's start)."""
+    out = []
+    for e in events:
+        if e["kind"] != "run" or not e.get("reason", "").startswith("run 1"):
+            continue
+        sub = next(x for x in events if x["kind"] == "submit" and x["job"] == e["job"])
+        start = next((x for x in events if x["kind"] == "start" and x["job"] == e["job"]), None)
+        if start is None:
+            continue
+        rel = [x for x in events if x["kind"] == "released" and start["at"] - 0.01 <= x["at"]
+               <= e["at"] + 0.01]
+        if rel and start["at"] - sub["at"] < 1.0:
+            out.append(round(max(x["at"] for x in rel) - sub["at"], 3))
+    return out
+
+
+def measured_costs(tmp: Path, ids, events) -> dict:
+    """Step seconds per world size per job (its event log's stalls aside: the jobs' telemetry
+    as the store kept it) and the start-up cost (a run's start to its first generation)."""
+    startup, stalls = [], []
+    for jid in ids:
+        log = tmp / "state" / "jobs" / jid / "events.jsonl"
+        gens = [json.loads(x) for x in log.read_text().splitlines() if '"generation"' in x] \
+            if log.exists() else []
+        runs = [e for e in events if e["kind"] == "run" and e["job"] == jid]
+        starts = [g for g in gens if g.get("kind") == "start"]
+        for r, g in zip(runs, starts):
+            startup.append(g["time"] - r["at"])
+        stalls += [g["stall_s"] for g in gens if g.get("kind") in ("scale_in", "scale_out")]
+    return {"startup_s": statistics.median(startup) if startup else None,
+            "stall_s": statistics.median(stalls) if stalls else None}
+
+
+def speed_points(tmp: Path) -> dict:
+    """job id -> {world size: step_s} from the store the service kept (telemetry)."""
+    import sqlite3
+    db = sqlite3.connect(str(tmp / "state" / "cluster.db"))
+    out = {}
+    for jid, sp in db.execute("SELECT id, speed FROM jobs"):
+        out[jid] = {int(n): p["step_s"] for n, p in json.loads(sp).items() if p.get("step_s")}
+    return out
+
+
+def predict(policy: str, jobs, slots: int, steps: dict, startup_s: float, stall_s: float,
+            join_s: float) -> dict:
+    """The simulator's run of the same stream (per-rank batch fixed: rank-steps of one slot's
+    batch, a step's seconds interpolated from the measured sizes)."""
+    from launcher.cluster.policies import make_policy
+    from launcher.cluster.simulator import SimJob, simulate
+    pol = make_policy(policy)
+    if policy == "tiresias":
+        pol.thresholds_gpu_s = (40.0,)
+    if policy == "edl":
+        pol.hold_s = 5.0
+    sims = []
+    for i, (at, name, np_, kind) in enumerate(jobs):
+        pts = steps.get(f"j{i + 1}") or {}
+        default = 0.1 if kind == "synthetic" else 0.1
+
+        def step_time(pl, pts=pts, default=default):
+            n = sum(pl)
+            if not pts:
+                return default / n
+            near = min(pts, key=lambda m: abs(m - n))
+            return pts[near] / n
+        batch = SYNTH_BATCH if kind == "synthetic" else DIGITS_BATCH
+        epochs = SYNTH_EPOCHS if kind == "synthetic" else DIGITS_EPOCHS
+        sims.append(SimJob(name, at, step_time, samples_of(kind) * epochs / batch, np_,
+                           min_np=1, max_np=4, samples_per_step=batch))
+    res = simulate(sims, {"localhost": slots}, pol, round_s=5.0, restart_cost_s=startup_s,
+                   change_cost_s=stall_s, stop_free=True, join_s=join_s, event_rounds=True)
+    return {"avg_jct_s": res.avg_jct_s, "makespan_s": res.makespan_s,
+            "utilisation": res.utilisation}
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(results), 1, figsize=(9, 2.6 * len(results)), sharex=True)
+    for ax, (policy, r) in zip(axes, results.items()):
+        ts = [t for t, _, _ in r["timeline"]]
+        ids = sorted({j for _, w, _ in r["timeline"] for j in w}, key=lambda j: int(j[1:]))
+        ys = [[w.get(j, 0) for _, w, _ in r["timeline"]] for j in ids]
+        if ts:
+            ax.stackplot(ts, ys, labels=ids, step="post")
+            ax.step(ts, [q for _, _, q in r["timeline"]], where="post", color="k", lw=1.2,
+                    label="queue")
+        ax.set_ylabel("slots")
+        ax.set_title(f"{policy}: avg JCT {r['avg_jct_s']:.0f} s, makespan "
+                     f"{r['makespan_s']:.0f} s, utilisation {100 * r['utilisation']:.0f} %",
+                     fontsize=9)
+        ax.legend(fontsize=6, ncol=10, loc="upper right")
+    axes[-1].set_xlabel("seconds since the first submission")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jobs", type=int, default=8)
+    p.add_argument("--slots", type=int, default=6)
+    p.add_argument("--span", type=float, default=40.0, help="seconds the arrivals span")
+    p.add_argument("--policies", default="fifo,tiresias,edl")
+    a = p.parse_args()
+    jobs = stream(a.jobs, a.span)
+    print("stream:", [(round(at, 1), name, np_, kind) for at, name, np_, kind in jobs])
+    results = {}
+    base = Path(tempfile.mkdtemp(prefix="scheduler_real-"))
+    for policy in a.policies.split(","):
+        tmp = base / policy
+        tmp.mkdir()
+        t = time.time()
+        r = run_policy(policy, jobs, a.slots, tmp, kill_at=a.jobs // 2 if policy == "edl"
+                       else -1)
+        m = r["measured"]
+        try:
+            r["simulated"] = predict(policy, jobs, a.slots, speed_points(tmp),
+                                     m["startup_s"] or 8.0, m["stall_s"] or 0.3,
+                                     m["startup_s"] or 8.0)
+        except Exception as e:  # noqa: BLE001 - the prediction is a figure beside the run
+            r["simulated"] = {"error": str(e)}
+        results[policy] = r
+        sim = r["simulated"].get("avg_jct_s")
+        print(f"{policy:9s} avg JCT {r['avg_jct_s']:6.1f} s (simulated "
+              f"{sim if sim is None else round(sim, 1)} s), makespan {r['makespan_s']:6.1f} s, "
+              f"utilisation {100 * r['utilisation']:4.1f} %, all done once "
+              f"{r['all_done_once']}, audit repeated {r['audit_repeated']} missing "
+              f"{r['audit_missing']}, decisions {r['decisions']}, wall {time.time() - t:.0f} s",
+              flush=True)
+        if r["reclaim_s"]:
+            print(f"          reclaim latency (submission -> lent slots free): "
+                  f"{r['reclaim_s']} s", flush=True)
+        if "service_kill9" in r:
+            print(f"          service kill -9: {r['service_kill9']}", flush=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    plot(results, RESULTS / "scheduler_real.png")
+    for r in results.values():
+        r["timeline"] = r["timeline"][::2]
+    (RESULTS / "scheduler_real.json").write_text(json.dumps(
+        {"command": " ".join(["benchmarks/scheduler_real.py"] + sys.argv[1:]),
+         "slots": a.slots, "stream": jobs, "results": results}, indent=1))
+    shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

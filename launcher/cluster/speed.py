@@ -11,7 +11,6 @@ hosts) is not modelled: the telemetry of one run does not separate it.
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Callable, Dict, Optional
 
@@ -49,7 +48,3 @@ def throughput(speed: Dict[str, dict]) -> Optional[Callable[[Placement], float]]
     per_slot = best["samples_per_s"] / best["world_size"]
     return lambda placement: per_slot * sum(placement)
 
-
-def nan_free(x) -> Optional[float]:
-    """``x`` as a float, None for None or nan."""
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else float(x)

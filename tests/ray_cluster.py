@@ -11,7 +11,7 @@ machine's own interfaces).  Shared by tests/test_ray.py and benchmarks/ray_vs_ra
 
 Every node runs ``ray start --block`` in its namespace with its own ``--temp-dir`` (under the
 cluster's folder: Ray's session files and sockets never meet another node's, nor a Ray of the
-machine), a 100 MB object store, no dashboard, no usage stats, no prestarted workers.  Ray's
+machine), a 100 MB object store, no dashboard, no usage stats.  Ray's
 processes are stopped by their pids: those in the node's namespace that descend from its
 ``ray start`` (or all of the namespace's but the test's own, for a node that "dies"); never
 ``ray stop``, which ends every Ray process of the machine by name.
@@ -33,8 +33,7 @@ from cluster import Cluster
 RAY = str(Path(sys.executable).parent / "ray")
 HEAD_PORT = 6379
 OBJECT_STORE_BYTES = 100 * 2 ** 20
-RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_enable_worker_prestart": "0",
-           "RAY_prestart_worker_first_driver": "0", "RAY_DEDUP_LOGS": "0"}
+RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 
 
 class RayUnavailable(RuntimeError):
@@ -58,14 +57,11 @@ class RayCluster:
         """The head's ``HOST:PORT`` (what ``--ray`` takes)."""
         return f"{self.c.hosts[self.head].addr}:{HEAD_PORT}"
 
-    def start(self, host: str, head: bool = False, cpus: int = 1, timeout_s: float = 60.0,
-              env: Optional[dict] = None) -> None:
-        """``ray start --block`` on ``host``, bound to its namespace's address; returns once
-        the node runs (its ``ray start`` says "Ray runtime started").
-
-        Raises:
-            RuntimeError: it exited or did not start in time (its log's tail in the message).
-        """
+    def start(self, host: str, head: bool = False, cpus: int = 1, timeout_s: float = 90.0,
+              env: Optional[dict] = None, wait: bool = True) -> None:
+        """``ray start --block`` on ``host``, bound to its namespace's address; with ``wait``
+        returns once the node runs (see :meth:`wait_started`).  A node may start before its
+        head is up (it waits for the head)."""
         h = self.c.hosts[host]
         self._starts[host] = self._starts.get(host, 0) + 1
         temp = self.c.dir / f"ray-{host}-{self._starts[host]}"
@@ -83,6 +79,16 @@ class RayCluster:
                                         stdin=subprocess.DEVNULL, start_new_session=True,
                                         env=dict(os.environ, **RAY_ENV, **(env or {})))
         self.logs[host] = log
+        if wait:
+            self.wait_started(host, timeout_s)
+
+    def wait_started(self, host: str, timeout_s: float = 90.0) -> None:
+        """Wait until ``host``'s ``ray start`` says "Ray runtime started".
+
+        Raises:
+            RuntimeError: it exited or did not start in time (its log's tail in the message).
+        """
+        log = self.logs[host]
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             text = log.read_text(errors="replace")
@@ -151,25 +157,22 @@ class RayCluster:
             "--deadline-remaining-seconds", str(deadline_s)]),
             capture_output=True, text=True, timeout=60, env=dict(os.environ, **RAY_ENV))
 
-    def stop(self, host: str) -> None:
-        """Stop ``host``'s Ray node: SIGTERM to its processes, SIGKILL after 5 s."""
-        pids = self.ray_pids(host)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except OSError:
-                    pass
-            if not psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)],
-                                     timeout=5)[1]:
-                break
-        self.procs.pop(host, None)
+    def stop(self, host: str, sig: int = signal.SIGKILL) -> None:
+        """Stop ``host``'s Ray node: ``sig`` to each of its processes (:meth:`ray_pids`)."""
+        for pid in self.ray_pids(host):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+        proc = self.procs.pop(host, None)
+        if proc is not None:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
 
     def close(self) -> None:
         """Stop every node (also on a test's failure; the cluster's own close kills whatever
         is left in its namespaces)."""
         for host in list(self.procs):
-            try:
-                self.stop(host)
-            except psutil.Error:
-                pass
+            self.stop(host)

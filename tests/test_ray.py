@@ -43,8 +43,10 @@ def ray_nodes():
         # the raylets give up 5 s after the head is lost (Ray's default: 60 s), so the test
         # sees the workers' actors die with them while the workers train on
         fast = {"RAY_gcs_rpc_server_reconnect_timeout_s": "5"}
-        r.start("h1", head=True, cpus=1, env=fast)
-        r.start("h2", cpus=1, env=fast)
+        r.start("h1", head=True, cpus=1, env=fast, wait=False)
+        r.start("h2", cpus=1, env=fast, wait=False)   # it waits for the head
+        r.wait_started("h1")
+        r.wait_started("h2")
         yield r
     finally:
         r.close()
@@ -104,9 +106,9 @@ def test_ray_bad_cases_are_one_line_and_exit_2(ray_nodes, tmp_path):
 def test_ray_nodes_drive_the_job_and_every_sample_is_used_once(ray_nodes, tmp_path):
     """Horovod's elastic script, one import changed, on Ray: it starts on the head's node and
     h2's; h3 joins as a Ray node (stop-free scale-out); h3 is drained (``ray drain-node``, a
-    spot notice: a graceful leave, nothing rolled back); a new Ray node at h3's address (a new
-    node id) joins; h3's processes are killed (the survivors train again within 3 s); h2 is
-    cut off the network (found by our heartbeats, not Ray's health checks: the survivor trains
+    spot notice: a graceful leave, nothing rolled back); h2 is cut off the network (found by
+    our heartbeats, not Ray's health checks: the survivor trains again within 3 s); a new Ray
+    node at h3's address (a new node id) joins; h3's processes are killed (the survivor trains
     again within 3 s); the Ray head is lost (the job goes on with its worker, says so, and its
     worker outlives its actor).  Every sample of every epoch is used exactly once."""
     r = ray_nodes
@@ -116,39 +118,55 @@ def test_ray_nodes_drive_the_job_and_every_sample_is_used_once(ray_nodes, tmp_pa
     job = RayJob(r, tmp_path, ["--ray", r.address, "--min-np", "1", "--max-np", "4",
                                "--discovery-interval", "0.2"],
                  [sys.executable, ELASTIC_MAIN, "--epochs", "0", "--stop-file", str(stop),
-                  "--dataset-size", str(DATASET), "--batch-size", "8", "--step-delay", "0.02",
+                  "--dataset-size", str(DATASET), "--batch-size", "8", "--step-delay", "0.01",
                   "--batches-per-commit", "2", "--logfile", str(tmp_path / "log.jsonl")],
                  env=env)
+    t0 = time.monotonic()
+    marks = []
+
+    def mark(what):
+        marks.append(f"{what} {time.monotonic() - t0:.1f}")
+
     try:
         first = job.wait_generation(1, 90)
+        mark("start")
         assert first["world_size"] == 2, first
 
         r.start("h3", cpus=1)                                          # a node added
+        mark("h3 up")
         out = job.generation_after(first["generation"], "scale_out")
         assert out["world_size"] == 3, out
         h3 = job.node_id(r.c.hosts["h3"].addr)
         assert any(m.split("@")[1].startswith(h3) for m in out["joined"]), out
+        mark("scale-out")
 
         drained = r.drain("h3", h3)                                    # a node drained
         assert drained.returncode == 0, drained.stderr
         inn = job.generation_after(out["generation"], "scale_in")
         assert inn["world_size"] == 2 and inn["rolled_back_steps"] == 0, inn
         assert "is being drained" in job.output()
+        mark("drain")
         r.kill_all("h3")                      # the provider ends the drained node
+        # a new node at the same address (a new node id) boots while h2 is cut off
+        r.start("h3", cpus=1, wait=False)
 
-        r.start("h3", cpus=1)                 # a new node at the same address: a new node id
-        again = job.generation_after(inn["generation"], "scale_out")
-        assert again["world_size"] == 3, again
+        r.c.cut("h2")                                                  # a node cut off
+        cut = job.generation_after(inn["generation"], "failure")
+        assert cut["world_size"] == 1 and cut["stall_s"] < 3.0, cut
+        assert "fell silent" in job.output()
+        mark("cut")
+
+        r.wait_started("h3")
+        mark("h3 up again")
+        again = job.generation_after(cut["generation"], "scale_out")
+        assert again["world_size"] == 2, again
         assert job.node_id(r.c.hosts["h3"].addr) != h3
+        mark("scale-out")
 
         r.kill_all("h3")                                               # a node's processes killed
         fail = job.generation_after(again["generation"], "failure")
-        assert fail["world_size"] == 2 and fail["stall_s"] < 3.0, fail
-
-        r.c.cut("h2")                                                  # a node cut off
-        cut = job.generation_after(fail["generation"], "failure")
-        assert cut["world_size"] == 1 and cut["stall_s"] < 3.0, cut
-        assert "fell silent" in job.output()
+        assert fail["world_size"] == 1 and fail["stall_s"] < 3.0, fail
+        mark("kill")
 
         gcs = r.pid_of(r.head, "gcs_server")                           # the Ray head lost
         os.kill(gcs, 9)
@@ -161,9 +179,12 @@ def test_ray_nodes_drive_the_job_and_every_sample_is_used_once(ray_nodes, tmp_pa
         job.wait_for("training after the head's loss", lambda: len(
             audit.read_records(ledger)) > steps_then + 20, 30)
         stop.touch()
+        mark("head lost")
         assert job.finish(60) == 0, job.output()[-3000:]
+        mark("end")
     finally:
         job.stop()
+    print("ray timetable (s):", ", ".join(marks))
     print(f"ray: scale-out stall {out['stall_s']:.3f} s, drain {inn['stall_s']:.3f} s, "
           f"node killed {fail['stall_s']:.3f} s, node cut off {cut['stall_s']:.3f} s")
     report = audit.check(ledger, DATASET)

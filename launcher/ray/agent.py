@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 from typing import Dict
@@ -49,9 +50,27 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
+def unreachable(address: str, timeout_s: float = 5.0) -> str:
+    """Why nothing answers at ``HOST:PORT`` (a TCP connect within ``timeout_s``), "" when
+    something does or ``address`` is not of that form (``auto``, ``ray://...``): ``ray.init``
+    itself retries an unreachable head for half a minute before it says so."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit() or "/" in address:
+        return ""
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        return f"nothing answers at {address} ({e.strerror or type(e).__name__})"
+    return ""
+
+
 def main(argv=None) -> int:
     address = (argv or sys.argv[1:] or ["auto"])[0]
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    refused = unreachable(address)
+    if refused:  # before the second or two of importing ray
+        _say({"error": f"cannot connect to the Ray cluster at {address}: {refused}"})
+        return 2
     try:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy

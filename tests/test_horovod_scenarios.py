@@ -102,7 +102,10 @@ def _run(tmp: Path, schedule=None, hosts=None, exit_schedule=None, exit_mode="ex
     return p.returncode, p.stdout, records
 
 
-@pytest.mark.parametrize("exit_mode, fixed_hosts", [("exception", False), ("kill", True)],
+# kill-fixed-hosts is long: make test runs Horovod's own kill cases under --failure-blacklist
+# host below, and the default rule's kill of rank 0 in test_elastic.py
+@pytest.mark.parametrize("exit_mode, fixed_hosts",
+                         [("exception", False), pytest.param("kill", True, marks=pytest.mark.long)],
                          ids=["exception-discovery", "kill-fixed-hosts"])
 def test_single_rank_failure(tmp_path, exit_mode, fixed_hosts):
     """The worker that started as rank 0 fails at epoch 1, batch 0.  Horovod blacklists its host

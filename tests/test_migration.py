@@ -277,3 +277,62 @@ def test_moving_every_member_hands_the_state_over_in_two_switches(tmp_path):
     m.advance(driver, 4.0)
     assert m.phase == Phase.DONE
     assert [g["kind"] for g in m.result()["generations"]] == ["scale_out", "scale_in"]
+
+
+def _leave_lines(text: str):
+    """The workers that the launcher's lines say leave now (``worker X ... leaves: ...``)."""
+    return [m.group(1) for m in re.finditer(r"^hvd-edl-run: worker (\S+) .*? leaves: ",
+                                            text, re.M)]
+
+
+def _generation_left(text: str):
+    """Each generation line's ``left:`` workers (ids, labels cut at '@'), in order."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("hvd-edl-run: generation "):
+            m = re.search(r"left: ([^;)]*)", line)
+            out.append(sorted(w.split("@")[0] for w in m.group(1).split(", ")) if m else [])
+    return out
+
+
+@pytest.mark.parametrize("leavers", [["w2"], ["w1", "w2"]], ids=["one_host_of_two",
+                                                                 "every_member"])
+def test_a_migrations_leave_lines_name_the_workers_its_generation_line_says_left(
+        leavers, capsys):
+    """Unit level: the lines printed at the swap name as leaving now exactly the workers the
+    next generation's line lists as left; when every member is on the source host, the oldest
+    stays one more generation as rank 0, and its line says so (it is named as left by the
+    generation after)."""
+    import sys
+    from launcher.apps.migration import Migration, Phase
+    coord = _ring_of_two(events=EventLog(None, out=sys.stdout))  # capsys's stdout
+    coord.workers["w2"].host = "other"  # w1 on localhost, w2 on "other"
+    if leavers == ["w1", "w2"]:
+        coord.workers["w1"].host = "other"
+    driver = _Driver(coord, {"localhost": 2, "other": 2, "127.0.0.1": 2})
+    m = Migration("other", "127.0.0.1", leavers,
+                  [("127.0.0.1", i) for i in range(len(leavers))])
+    m.advance(driver, 1.0)
+    for w in m.joiners:
+        coord.ready(messages.Ready(w))
+    capsys.readouterr()
+    m.advance(driver, 2.0)
+    assert m.phase == Phase.SWAPPING
+    at_swap = capsys.readouterr().out
+    step, generation = 10, 1
+    while m.phase == Phase.SWAPPING and generation < 4:
+        members = list(coord.current.members)
+        for w in members:
+            coord.switch(messages.SwitchRequest(w, generation, "update", step, step, wait_s=0))
+        g = coord.current
+        for w in g.continuing:
+            coord.started(messages.Started(w, g.number, 0.1, step, {}))
+        m.advance(driver, 3.0 + generation)
+        step, generation = step + 10, g.number
+    assert m.phase == Phase.DONE
+    after = capsys.readouterr().out
+    lefts = _generation_left(after)
+    assert sorted(_leave_lines(at_swap)) == lefts[0], (at_swap, after)
+    if leavers == ["w1", "w2"]:  # the oldest: named at the swap as staying, then as left
+        assert "w1" not in _leave_lines(at_swap) and "w1" in at_swap, at_swap
+        assert lefts == [["w2"], ["w1"]], after

@@ -161,8 +161,15 @@ class Migration:
             WorkerState.PENDING, WorkerState.READY, WorkerState.MEMBER)]
         if self.drain_source:  # no worker placed on the source again: the job does not move back
             driver.slots.set_drained(self.source, True)
+        handover = self._handover(driver, leavers)
         for w in leavers:
             rec = driver.worker(w)
+            if w == handover:  # named as left by the generation after the next (its line)
+                print(f"hvd-edl-run: worker {w} (rank 0) on {rec.host} slot {rec.slot} stays "
+                      f"one more generation to hand the committed state to "
+                      f"{', '.join(self.joiners)} (every member is on {rec.host}), then "
+                      f"goes: {self.purpose}", flush=True)
+                continue
             print(f"hvd-edl-run: worker {w} on {rec.host} slot {rec.slot} leaves: "
                   f"{self.purpose}: replaced by the ready worker "
                   f"{self.joiners[self.leavers.index(w)]}", flush=True)
@@ -170,6 +177,18 @@ class Migration:
         self.swapped_at = now
         self.phase = Phase.SWAPPING
         log.info("%s: swap asked at generation %d", self.purpose, self.swap_generation)
+
+    @staticmethod
+    def _handover(driver, leavers: List[str]) -> Optional[str]:
+        """The leaver that stays one more generation as rank 0 (the coordinator's rule,
+        ``Formation._try_form``: when no member of the ring stays, its rank 0 hands the
+        committed state to the joiners and leaves at the next boundary), or None."""
+        live = [w for w in driver.ring().members
+                if driver.worker(w).state in (WorkerState.MEMBER, WorkerState.LEAVING)]
+        if live and all(w in leavers or driver.worker(w).state == WorkerState.LEAVING
+                        for w in live):
+            return live[0]
+        return None
 
     def _abandon(self, driver, why: str) -> None:
         self.phase = Phase.ABANDONED

@@ -87,6 +87,16 @@ def _run(r, tmp: Path, args: List[str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=90, cwd=str(tmp))
 
 
+def test_a_gpu_worker_sees_its_reserved_gpu_at_its_local_rank():
+    """With ``--gpus-per-worker 1`` Ray gives each actor one GPU; the worker sees the node's GPUs
+    with that one at index ``slot``, so ``set_device(hvd.local_rank())`` picks it."""
+    from launcher.ray.actor import device_order
+    assert device_order(["3"], 4, 1) == "0,3,1,2"
+    assert device_order(["0"], 2, 0) == "0,1"
+    assert device_order(["0"], 2, 1) == "1,0"
+    assert device_order([], 2, 0) is None and device_order(["0", "1"], 2, 0) is None
+
+
 def test_ray_bad_cases_are_one_line_and_exit_2(ray_nodes, tmp_path):
     """No Ray at the address; no node that can hold one worker: one line each, exit 2,
     nothing started."""

@@ -71,17 +71,32 @@ def start_detached(argv: List[str], env: Dict[str, str], cwd: str) -> int:
     return int(said)
 
 
+def device_order(own: List[str], node_gpus: int, slot: int) -> Optional[str]:
+    """``CUDA_VISIBLE_DEVICES`` for a worker whose actor Ray gave the GPUs ``own`` (Ray's
+    ``CUDA_VISIBLE_DEVICES`` for it) on a node of ``node_gpus`` GPUs: every GPU of the node,
+    with its own first GPU at index ``slot``, so that a Horovod script's
+    ``torch.cuda.set_device(hvd.local_rank())`` (the slot) picks the GPU Ray reserved for it.
+    None (leave Ray's) when it has no GPU, more than one, or ``slot`` is past the node's GPUs.
+    ``device_order(["3"], 4, 1) == "0,3,1,2"``."""
+    if len(own) != 1 or not 0 <= slot < node_gpus:
+        return None
+    rest = [str(i) for i in range(node_gpus) if str(i) != own[0]]
+    return ",".join(rest[:slot] + [own[0]] + rest[slot:])
+
+
 class WorkerPlace:
     """One worker's place on a node (the class the agent makes a Ray actor of, with
     ``num_cpus`` / ``num_gpus`` and node affinity; see :mod:`launcher.ray.agent`)."""
 
     def start(self, argv: List[str], env: Dict[str, str], cwd: str, node_ip: str,
-              auto_iface: bool) -> dict:
+              auto_iface: bool, slot: int = 0, node_gpus: int = 0) -> dict:
         """Start the worker's link bootstrap (``argv``, the node's own Python) detached.
 
         ``env`` adds to the actor's environment (which keeps what Ray set for it, e.g.
         ``CUDA_VISIBLE_DEVICES`` for ``num_gpus``).  ``auto_iface``: set ``HOROVOD_GLOO_IFACE``
-        to the interface that carries ``node_ip``.  Returns ``{"pid", "iface", "python"}``.
+        to the interface that carries ``node_ip``.  A one-GPU worker sees every GPU of the node
+        with its own at index ``slot`` (:func:`device_order`).  Returns ``{"pid", "iface",
+        "python", "devices"}``.
 
         Raises:
             OSError: the process could not be started.
@@ -91,10 +106,14 @@ class WorkerPlace:
         iface = interface_of(node_ip) if auto_iface else None
         if iface:
             full["HOROVOD_GLOO_IFACE"] = iface
+        own = [d for d in full.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        devices = device_order(own, node_gpus, slot)
+        if devices is not None:
+            full["CUDA_VISIBLE_DEVICES"] = devices
         if not os.path.isdir(cwd):
             cwd = os.getcwd()  # the launcher's folder is not on this node: the actor's own
         pid = start_detached([sys.executable if a == "{python}" else a for a in argv], full, cwd)
-        return {"pid": pid, "iface": iface, "python": sys.executable}
+        return {"pid": pid, "iface": iface, "python": sys.executable, "devices": devices}
 
     def ping(self) -> bool:
         return True

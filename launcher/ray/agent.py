@@ -17,7 +17,7 @@ node, Ray's version) or ``{"error": "..."}`` and exit 2.  Then one request a lin
   every node Ray knows, its total and available resources (``{"CPU": 2.0, ...}``) and, for a
   node being drained, the drain's deadline (unix ms, 0: none), else null;
 * ``start``: ``{"worker", "node", "cpus", "gpus", "argv", "env", "cwd", "node_ip",
-  "auto_iface", "place_timeout_s"}``: a :class:`launcher.ray.actor.WorkerPlace` actor reserving
+  "auto_iface", "place_timeout_s", "slot", "node_gpus"}``: a :class:`launcher.ray.actor.WorkerPlace` actor reserving
   ``cpus`` / ``gpus`` on node ``node`` (node affinity, not soft: it never runs elsewhere) starts
   the worker's link bootstrap; answered ``{"ok": true, "pid", "iface"}`` once it ran, or
   ``{"ok": false, "error": "..."}`` (the actor refused, not placed within
@@ -116,7 +116,8 @@ def main(argv=None) -> int:
             actors[req["worker"]] = handle
         try:
             got = ray.get(handle.start.remote(req["argv"], req["env"], req["cwd"],
-                                              req["node_ip"], req["auto_iface"]),
+                                              req["node_ip"], req["auto_iface"],
+                                              req.get("slot", 0), req.get("node_gpus", 0)),
                           timeout=req["place_timeout_s"])
         except ray.exceptions.GetTimeoutError:
             ray.kill(handle, no_restart=True)

@@ -223,6 +223,7 @@ class RayEngine:
         self._workers: Dict[str, object] = {}  # worker id -> RayWorker (live ones)
         self._shown: Dict[str, int] = {}       # node id -> slots last printed
         self._ips: Dict[str, str] = {}
+        self._gpus: Dict[str, float] = {}
         self._lost_said = False
         self._closed = False
         self._last_hosts: Dict[str, int] = {}
@@ -290,6 +291,7 @@ class RayEngine:
         hosts: Dict[str, int] = {}
         for n in nodes:
             nid = n["id"]
+            self._gpus[nid] = n["total"].get("GPU", 0.0)
             if self._ips.get(nid) != n["ip"]:
                 self._ips[nid] = n["ip"]
                 know_host(nid, [n["ip"]])  # the rendezvous admits its workers by address
@@ -333,6 +335,10 @@ class RayEngine:
 
     def node_ip_of(self, node_id: str) -> Optional[str]:
         return self._ips.get(node_id)
+
+    def node_gpus(self, node_id: str) -> int:
+        """How many GPUs node ``node_id`` has in all (0 when unknown)."""
+        return int(self._gpus.get(node_id, 0))
 
     # ---- spawning ------------------------------------------------------------------------------
 

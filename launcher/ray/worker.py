@@ -187,7 +187,8 @@ class RayWorker:
                 "start", engine.start_timeout_s + 10.0, worker=self.worker_id, node=self.host,
                 cpus=engine.cpus, gpus=engine.gpus, argv=argv, env={ENV_LINK_TOKEN: link.token},
                 cwd=self.spec.cwd, node_ip=engine.node_ip_of(self.host) or "",
-                auto_iface=engine.auto_iface, place_timeout_s=engine.start_timeout_s)
+                auto_iface=engine.auto_iface, place_timeout_s=engine.start_timeout_s,
+                slot=self.slot, node_gpus=engine.node_gpus(self.host))
         except Exception as e:  # noqa: BLE001 - RayError, the agent gone: a failed start
             answer = {"ok": False, "error": str(e)}
         if not answer.get("ok"):

@@ -12,6 +12,9 @@ writes ``benchmarks/results/scheduler_sim.json`` and ``scheduler_sim.png``:
   repository's own measured figures, printed), beside Pollux's and Optimus's published figures,
   with makespan and GPU utilisation (goals: edl below Pollux's 2,751 s at 1.0x and at most 0.6x
   our tiresias at every load);
+* bound: the average JCT if every job ran alone on the pool at its fastest GPU count (compact
+  placement, trace batch, its start cost and its wait for the first round included): no scheduler
+  that keeps the trace's batch can do better, printed beside the 0.6x-tiresias target;
 * scale: the 1.0x workload replicated 16x onto 1,024 GPUs, CPU seconds of one scheduling round
   (``time.process_time``) per policy (goal: at most 1 s).
 """
@@ -84,6 +87,24 @@ def measured_switch_costs() -> dict:
     }
 
 
+def alone_bound(load: str, workloads, restart_cost_s: float, round_s: float = 60.0) -> dict:
+    """Mean over ``workloads`` of the average JCT with every job alone on the 16 x 4 pool at its
+    fastest GPU count (compact placement, the trace's global batch), plus the wait for the first
+    round at or after its submission and ``restart_cost_s`` for its start (seconds): a lower bound
+    for any scheduler that keeps the trace's batch, whatever it knows."""
+    import math
+    from launcher.cluster.policies.edl import compact_placement
+    avgs = []
+    for i in workloads:
+        jct = []
+        for j in sim_jobs(load_workload(load, i), elastic=True):
+            best = min(j.step_time(compact_placement(n, 4)) for n in range(1, j.max_np + 1))
+            wait = math.ceil(j.submitted_at / round_s) * round_s - j.submitted_at
+            jct.append(wait + restart_cost_s + best * j.total_steps)
+        avgs.append(statistics.mean(jct))
+    return {"per_workload_s": avgs, "mean_avg_jct_s": statistics.mean(avgs)}
+
+
 def run_set(policy: str, load: str, workloads, elastic: bool, **costs):
     out = []
     for i in workloads:
@@ -139,10 +160,12 @@ def plot(path: Path, table: dict, loads, timelines: dict) -> None:
     for key, label in [("fifo", "fifo (ours)"), ("tiresias", "tiresias (ours)"),
                        ("edl_30s", "edl, 30 s per change"), ("edl_stopfree", "edl, stop-free"),
                        ("pub_tiresias", "Tiresias (published)"), ("pub_pollux", "Pollux (published)"),
-                       ("pub_optimus", "Optimus (published)")]:
+                       ("pub_optimus", "Optimus (published)"),
+                       ("alone_bound", "bound: each job alone, trace batch")]:
         ys = [table[ld].get(key) for ld in loads]
         if all(y is not None for y in ys):
-            a.plot(xs, ys, marker="o", linestyle="--" if key.startswith("pub") else "-", label=label)
+            a.plot(xs, ys, marker="o", linestyle="--" if key.startswith("pub") else ":" if key == "alone_bound" else "-",
+                   label=label)
     a.set_xlabel("job load (x)")
     a.set_ylabel("mean average JCT (s)")
     a.set_yscale("log")
@@ -207,6 +230,9 @@ def main(argv=None) -> int:
             row[key] = res["mean_avg_jct_s"]
             row[f"{key}_makespan_s"] = res["mean_makespan_s"]
             row[f"{key}_utilisation"] = res["mean_utilisation"]
+        bound = alone_bound(load, wl, PUBLISHED_RESTART_S)
+        detail.setdefault(load, {})["alone_bound"] = bound
+        row["alone_bound"] = bound["mean_avg_jct_s"]
         table[load] = row
         print(f"  load {load} done ({time.process_time() - t0:.0f} s CPU)", flush=True)
 
@@ -226,6 +252,12 @@ def main(argv=None) -> int:
         r = table[load]
         print(f"{load:>5} " + " ".join(f"{r[h]:>13.0f}" for h in hdr)
               + f" {r['edl_stopfree'] / r['tiresias']:>8.2f}")
+    print("\nLower bound with the trace's batch (every job alone at its fastest GPU count) vs the "
+          f"{GOAL_RATIO}x-tiresias target, s")
+    for load in loads:
+        r = table[load]
+        print(f"{load:>5} bound {r['alone_bound']:>7.0f}  target {GOAL_RATIO * r['tiresias']:>7.0f}  "
+              f"{'reachable in principle' if r['alone_bound'] < GOAL_RATIO * r['tiresias'] else 'UNREACHABLE'}")
     print("\nMakespan (s) / GPU utilisation, ours")
     for load in loads:
         r = table[load]

@@ -352,7 +352,10 @@ def main() -> int:
     (RESULTS / "scheduler_real.json").write_text(json.dumps(
         {"command": " ".join(["benchmarks/scheduler_real.py"] + sys.argv[1:]),
          "slots": a.slots, "stream": jobs, "results": results}, indent=1))
-    shutil.rmtree(base, ignore_errors=True)
+    if all(r["all_done_once"] for r in results.values()):
+        shutil.rmtree(base, ignore_errors=True)
+    else:  # keep the state dirs (jobs' run logs, event logs, database) of a run that failed
+        print(f"some job did not end done exactly once: state kept in {base}", flush=True)
     return 0
 
 

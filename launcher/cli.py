@@ -112,6 +112,9 @@ def interface_address(nic: str) -> Optional[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="hvd-edl-run",
+        # horovodrun's whole flag list makes argparse's own usage 2,700 characters: an error
+        # shows this one line instead (--help lists every flag)
+        usage="%(prog)s [flags] command ...   (hvd-edl-run --help lists the flags)",
         description="Launch a Horovod PyTorch job that workers can join and leave while it runs.")
     p.add_argument("-np", "--num-proc", dest="np", type=_positive_int, default=None,
                    help="number of workers to start with (default: min-np, else 1)")

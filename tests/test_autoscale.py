@@ -156,6 +156,7 @@ def test_a_prediction_inside_the_band_keeps_the_size_and_prints_its_figures(tmp_
         "2,700 -> 4,049 samples/s ± 3.0 %); threshold 0.5 - band 0.045: keep it" in out, out
 
 
+@pytest.mark.long
 def test_a_decision_that_made_things_worse_is_undone_and_held(tmp_path, job_factory):
     """A real job started from a profile that says a second worker adds 0.05 of the first's
     throughput (it adds about 1: the steps are sleeps): the autoscaler shrinks 2 -> 1, measures

@@ -258,6 +258,7 @@ def test_edl_lends_spare_slots_and_takes_them_back_stop_free(service, tmp_path):
     assert_exactly_once(a2, 64)
 
 
+@pytest.mark.long
 def test_tiresias_preempts_to_a_checkpoint_and_resumes(service, tmp_path):
     """tiresias: a job past the attained-service threshold is preempted (checkpoint, SIGTERM)
     when a fresh one arrives, and resumes from its checkpoint afterwards: two runs, every

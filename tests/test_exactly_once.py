@@ -25,6 +25,7 @@ def _generation_epochs(ledger_dir):
     return {r["gen"]: r["epoch"] for r in audit.read_records(ledger_dir) if r["kind"] == "sync"}
 
 
+@pytest.mark.long
 def test_scale_out_scale_in_and_kill_in_one_epoch_use_each_sample_once(tmp_path, job_factory,
                                                                        monkeypatch):
     ledger = tmp_path / "ledger"

@@ -58,6 +58,7 @@ def _ctl_here(capsys, job_file, *args):
     return code, out.out, out.err
 
 
+@pytest.mark.long
 def test_migration_and_straggler_replacement_each_take_one_replace_generation(
         tmp_path, monkeypatch, capsys):
     """One job (EDL's job migration, then straggler mitigation on the moved job): ``migrate``

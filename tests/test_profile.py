@@ -63,6 +63,7 @@ def _ctl(job_file, *args, timeout_s=150):
                           timeout=timeout_s)
 
 
+@pytest.mark.long
 def test_profile_walks_1_2_3_workers_stop_free_and_returns_to_2(tmp_path, job_factory,
                                                                monkeypatch):
     ledger = tmp_path / "ledger"

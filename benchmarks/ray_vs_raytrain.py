@@ -283,9 +283,9 @@ def train():
     t = hvd.allreduce(torch.ones(1))
     return float(t)
 try:
-    settings = ElasticRayExecutor.create_settings(verbose=False)
-    ex = ElasticRayExecutor(settings, cpus_per_worker=1, min_workers=1, max_workers=2,
-                            override_discovery=True)
+    settings = ElasticRayExecutor.create_settings(min_num_proc=1, max_num_proc=2,
+                                                  verbose=False)
+    ex = ElasticRayExecutor(settings, cpus_per_slot=1, override_discovery=True)
     ex.start()
     print("RESULT", ex.run(train))
 except Exception as e:
@@ -300,8 +300,11 @@ def try_horovod_ray(r, work: Path, bound_s: float) -> dict:
     import ray
     work.mkdir(parents=True, exist_ok=True)
     try:
-        out = subprocess.run(r.c.exec_argv(r.head, [sys.executable, "-c", HOROVOD_RAY_PROBE,
-                                                    r.address]),
+        # in a UTS namespace named for the head's host: horovod.ray resolves
+        # gethostbyname(gethostname()) for its driver's address
+        out = subprocess.run(r.c.exec_argv(r.head, [
+            "unshare", "--uts", "sh", "-c", f'hostname {r.head} && exec "$@"', "sh",
+            sys.executable, "-c", HOROVOD_RAY_PROBE, r.address]),
                              capture_output=True, text=True, timeout=bound_s, cwd=str(ROOT))
         text, code = out.stdout + out.stderr, out.returncode
     except subprocess.TimeoutExpired as e:

@@ -29,7 +29,7 @@ import threading
 from typing import Callable, Dict
 
 from hvd_edl import messages
-from launcher.serve.bounded_http import (BodyReader, BoundedHTTPServer, HttpError, Limits,
+from launcher.serve.bounded_http import (ServingThread, BodyReader, BoundedHTTPServer, HttpError, Limits,
                                          Request, Response, connection_cap, listen_socket)
 from launcher.serve.control_auth import Refused, RequestAuthenticator
 
@@ -63,25 +63,16 @@ class ClusterServer:
         self.http = BoundedHTTPServer(self._handle, self.limits, name="cluster",
                                       keep_alive=False, same_user_only=True,
                                       local_addresses=_local_addresses())
-        self._loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._loop.run_forever, name="cluster-http",
-                                       daemon=True)
+        self.serving = ServingThread(self.http, self._sock, "cluster-http")
 
     def start(self) -> int:
         """Start serving; returns the port."""
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.http.start(self._sock), self._loop).result(30)
+        self.serving.start()
         return self.port
 
     def stop(self) -> None:
-        if self.thread.is_alive():
-            try:
-                asyncio.run_coroutine_threadsafe(self.http.shutdown(), self._loop).result(5)
-            except Exception:  # noqa: BLE001 - stopping anyway
-                pass
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self.thread.join(5)
-        self._sock.close()
+        """Stop serving (requests in flight are abandoned)."""
+        self.serving.stop()
 
     def _refuse(self, request: Request, refusal: Refused) -> Response:
         self.auth.note_refusal("cluster", request.peer, refusal)

@@ -35,10 +35,8 @@ means are over ``Telemetry.window_s`` (5 s).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-import threading
 from typing import Callable, Iterator, List, Tuple
 from urllib.parse import unquote
 
@@ -46,7 +44,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 
-from launcher.serve.bounded_http import (BodyReader, BoundedHTTPServer, Limits, Request, Response,
+from launcher.serve.bounded_http import (ServingThread, BodyReader, BoundedHTTPServer, Limits, Request, Response,
                                    connection_cap, listen_socket)
 from launcher.observe.telemetry import COUNTER_KINDS, Telemetry
 
@@ -160,12 +158,9 @@ class MetricsServer:
         self.port = self._sock.getsockname()[1]
         self.http = BoundedHTTPServer(self._handle, self.limits, name="metrics",
                                       keep_alive=False, same_user_only=False)
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="metrics",
-                                        daemon=True)
-        self._thread.start()
+        self.serving = ServingThread(self.http, self._sock, "metrics")
         try:
-            asyncio.run_coroutine_threadsafe(self.http.start(self._sock), self._loop).result(30)
+            self.serving.start()
         except BaseException:
             self.stop()
             raise
@@ -177,14 +172,7 @@ class MetricsServer:
 
     def stop(self) -> None:
         """Stop serving and close every connection (waits at most about 5 s)."""
-        if self._thread.is_alive():
-            try:
-                asyncio.run_coroutine_threadsafe(self.http.shutdown(), self._loop).result(5)
-            except Exception:  # noqa: BLE001 - stopping anyway
-                log.debug("metrics: closing connections failed", exc_info=True)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
-        self._sock.close()
+        self.serving.stop()
 
     async def _handle(self, request: Request, body_reader: BodyReader) -> Response:
         """One request through prometheus-client's WSGI app (its methods, paths and formats)."""

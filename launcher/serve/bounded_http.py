@@ -33,6 +33,7 @@ import gc
 import logging
 import resource
 import socket
+import threading
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Dict, FrozenSet, Optional, Set, Tuple
 
@@ -452,3 +453,44 @@ class BoundedHTTPServer:
             gc.collect()
         self._refused_since_trim = 0
         release_memory()
+
+
+class ServingThread:
+    """Serves a :class:`BoundedHTTPServer` on an event loop of its own, in a daemon thread: the
+    coordinator's server, the metrics endpoint and the cluster service's API all run this way,
+    so no caller's thread ever blocks on a connection.
+
+    Args:
+        http: the server.
+        sock: its listening socket (:func:`listen_socket`); closed by :meth:`stop`.
+        name: the thread's name.
+
+    ``loop`` is the event loop (for futures and ``call_soon_threadsafe`` from other threads).
+    """
+
+    def __init__(self, http: BoundedHTTPServer, sock: socket.socket, name: str):
+        self.http = http
+        self.sock = sock
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+
+    def start(self, timeout_s: float = 30.0) -> None:
+        """Start the thread and serve (waits at most ``timeout_s`` seconds for the server).
+
+        Raises:
+            OSError, concurrent.futures.TimeoutError: the server did not start.
+        """
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.http.start(self.sock), self.loop).result(timeout_s)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Close every connection, end the loop and its thread (each wait at most ``timeout_s``
+        seconds; requests in flight are abandoned) and close the socket."""
+        if self.thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(self.http.shutdown(), self.loop).result(timeout_s)
+            except Exception:  # noqa: BLE001 - stopping anyway
+                log.debug("%s: closing connections failed", self.http.name, exc_info=True)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout_s)
+        self.sock.close()

@@ -33,7 +33,7 @@ import time
 from typing import Any, Callable, Dict, Optional
 
 from hvd_edl import messages
-from launcher.serve.bounded_http import (BodyReader, BoundedHTTPServer, HttpError, Limits, Request,
+from launcher.serve.bounded_http import (ServingThread, BodyReader, BoundedHTTPServer, HttpError, Limits, Request,
                                    Response, connection_cap, listen_socket)
 from launcher.serve.control_auth import Refused, RequestAuthenticator
 from launcher.job.rendezvous import _local_addresses
@@ -106,27 +106,17 @@ class CoordinatorServer:
         self._inline = hasattr(coordinator, "poll_switch") and hasattr(coordinator, "cond")
         if self._inline:
             coordinator.cond.listeners.append(self._notified)
-        self._loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._loop.run_forever, name="coordinator",
-                                       daemon=True)
+        self.serving = ServingThread(self.http, self._sock, "coordinator")
+        self._loop = self.serving.loop
 
     def start(self) -> int:
         """Start serving; returns the port."""
-        self.thread.start()
-        asyncio.run_coroutine_threadsafe(self.http.start(self._sock), self._loop).result(30)
+        self.serving.start()
         return self.port
 
     def stop(self) -> None:
         """Stop accepting, end the event loop (requests in flight are abandoned)."""
-        if self.thread.is_alive():
-            try:
-                asyncio.run_coroutine_threadsafe(self.http.shutdown(), self._loop).result(5)
-            except Exception:  # noqa: BLE001 - stopping anyway
-                log.debug("coordinator: cancelling connections failed", exc_info=True)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self.thread.join(5)
-        else:
-            self._sock.close()
+        self.serving.stop()
         self._stopping = True
 
     def _refuse(self, request: Request, refusal: Refused) -> Response:

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import tempfile
 import time
 from pathlib import Path
+
+from hvd_edl import private_file
+from hvd_edl.private_file import PrivateFileError, read_private, write_private
 
 DEFAULT_PATH = Path("~/.hvd_edl/cluster.json")
 ENV_CLUSTER = "HVD_EDL_CLUSTER"
@@ -35,16 +36,8 @@ def write(path: Path, url: str, secret: str, state_dir: str) -> Path:
         OSError: it cannot be written.
     """
     path = Path(path).expanduser()
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=".cluster-", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"url": url, "secret": secret, "pid": os.getpid(),
-                       "state_dir": str(state_dir), "started": time.time()}, f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_private(path, json.dumps({"url": url, "secret": secret, "pid": os.getpid(),
+                                    "state_dir": str(state_dir), "started": time.time()}).encode())
     return path
 
 
@@ -57,32 +50,33 @@ def read(path: Path) -> dict:
     """
     path = Path(path).expanduser()
     try:
-        fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as e:
-        if os.path.islink(path):
+        text = read_private(path)
+    except PrivateFileError as e:
+        if e.reason == private_file.SYMLINK:
             raise ClusterFileError(f"cluster file {path} is a symbolic link: refused (give "
                                    f"its real path)") from None
-        hint = " (is hvd-edl-cluster serve running? it writes this file)" \
-            if isinstance(e, FileNotFoundError) else ""
-        raise ClusterFileError(f"cannot read cluster file {path}: {e.strerror or e}{hint}") \
-            from None
-    with os.fdopen(fd) as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ClusterFileError(f"cluster file {path} is not a regular file: refused")
-        if st.st_uid != os.getuid():
-            raise ClusterFileError(f"cluster file {path} is owned by uid {st.st_uid}, not by "
-                                   f"you (uid {os.getuid()}): refused (its secret is not "
-                                   f"yours to use)")
-        if st.st_mode & 0o077:
+        if e.reason == private_file.NOT_REGULAR:
+            raise ClusterFileError(f"cluster file {path} is not a regular file: refused") from None
+        if e.reason == private_file.OTHER_OWNER:
+            raise ClusterFileError(f"cluster file {path} is owned by uid {e.uid}, not by "
+                                   f"you (uid {os.geteuid()}): refused (its secret is not "
+                                   f"yours to use)") from None
+        if e.reason == private_file.OPEN_TO_OTHERS:
             raise ClusterFileError(f"cluster file {path} is readable or writable by others "
-                                   f"(mode {stat.S_IMODE(st.st_mode):04o}): refused, its "
+                                   f"(mode {e.mode:04o}): refused, its "
                                    f"secret may be known; restart the service (it writes the "
-                                   f"file 0600), or chmod 600 {path} if no one else read it")
-        try:
-            data = json.loads(f.read())
-        except (OSError, ValueError) as e:
-            raise ClusterFileError(f"cannot read cluster file {path}: {e}") from None
+                                   f"file 0600), or chmod 600 {path} if no one else read it") \
+                from None
+        if e.reason == private_file.MISSING:
+            raise ClusterFileError(f"cannot read cluster file {path}: No such file or directory "
+                                   f"(is hvd-edl-cluster serve running? it writes this file)") \
+                from None
+        raise ClusterFileError(f"cannot read cluster file {path}: {e.detail or e.reason}") \
+            from None
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ClusterFileError(f"cannot read cluster file {path}: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("url"), str) \
             or not isinstance(data.get("secret"), str):
         raise ClusterFileError(f"cannot read cluster file {path}: not a cluster file (no url "

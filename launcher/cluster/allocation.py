@@ -6,12 +6,21 @@ is this user's own and private (a plain file, mode 0600 or stricter).
 
 The service rewrites the file atomically (a temporary file renamed over it, in the job's 0700
 folder), so a read never sees half an allocation; a job sees only its own hosts.  Run by path
-with ``-I -S`` it imports nothing but ``os`` and ``sys``: the job's launcher calls it every
-``--discovery-interval`` (0.2 s), so it must start in a few milliseconds.  Exit status 1, one
+with ``-I -S`` it imports only the standard library and ``hvd_edl.private_file`` (the check every
+file holding something private passes; ``hvd_edl/__init__`` imports nothing at import time): the
+job's launcher calls it every ``--discovery-interval`` (0.2 s), so it must start in a few
+milliseconds.  Exit status 1, one
 line on stderr, for a missing, unsafe or empty file (the launcher then keeps its last host set).
 """
 import os
 import sys
+
+if __name__ == "__main__":  # run by path with -I -S: the repository holds hvd_edl
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from hvd_edl.private_file import PrivateFileError, read_private, write_private  # noqa: E402
+
+_WHY = {"missing": "does not exist", "symlink": "is a symbolic link",
+        "not_regular": "is not a regular file", "too_large": "is too large"}
 
 
 def read(path: str) -> str:
@@ -21,17 +30,16 @@ def read(path: str) -> str:
         OSError: missing, unreadable, a symbolic link, not a regular file, not this user's, or
             readable or writable by others (the message says which).
     """
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd) as f:
-        st = os.fstat(f.fileno())
-        if (st.st_mode & 0o170000) != 0o100000:
-            raise OSError(f"{path} is not a regular file")
-        if st.st_uid != os.getuid():
-            raise OSError(f"{path} is owned by uid {st.st_uid}, not by you")
-        if st.st_mode & 0o077:
-            raise OSError(f"{path} is readable or writable by others (mode "
-                          f"{st.st_mode & 0o777:04o})")
-        return f.read()
+    try:
+        return read_private(path, max_bytes=1 << 20).decode()
+    except PrivateFileError as e:
+        if e.reason == "other_owner":
+            raise OSError(f"{path} is owned by uid {e.uid}, not by you") from None
+        if e.reason == "open":
+            raise OSError(f"{path} is readable or writable by others (mode {e.mode:04o})") \
+                from None
+        raise OSError(f"{path} {_WHY.get(e.reason, 'cannot be read: ' + (e.detail or e.reason))}") \
+            from None
 
 
 def write(path: str, hosts: dict) -> None:
@@ -41,17 +49,9 @@ def write(path: str, hosts: dict) -> None:
     Raises:
         OSError: it cannot be written.
     """
-    import tempfile
     from launcher.discovery.hosts import format_host_entry
     text = "".join(f"{format_host_entry(h, k)}\n" for h, k in hosts.items() if k > 0)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", prefix=".hosts-")  # 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_private(path, text.encode())
 
 
 def parse(text: str) -> dict:

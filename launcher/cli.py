@@ -38,7 +38,9 @@ from launcher.job.driver import Driver, JobSpec
 from launcher.discovery.hosts import HostSpecError, parse_host_lines, parse_hosts_arg
 
 
-MAX_WORKERS = 65536  # upper bound of -np/--min-np/--max-np/--slots-per-host (a sanity limit)
+from launcher.arg_types import positive_float as _positive_float
+from launcher.arg_types import positive_int as _positive_int
+from launcher.arg_types import tcp_port as _tcp_port
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodrun's choices
 
 
@@ -65,38 +67,6 @@ class _Parser(argparse.ArgumentParser):
             if hints:
                 message += " (" + "; ".join(hints) + ")"
         super().error(message)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if not 1 <= v <= MAX_WORKERS:
-        raise argparse.ArgumentTypeError(f"expected an integer from 1 to {MAX_WORKERS}, got {v}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return v
-
-
-def _tcp_port(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a TCP port from 0 to 65535, got {text!r}") \
-            from None
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port from 0 to 65535 (0: any free "
-                                         f"one), got {v}")
-    return v
 
 
 def interface_address(nic: str) -> Optional[str]:

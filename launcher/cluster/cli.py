@@ -22,6 +22,10 @@ import signal
 import sys
 from typing import List, Optional
 
+from launcher.arg_types import positive_float as _positive_float
+from launcher.arg_types import positive_int as _positive_int
+from launcher.arg_types import tcp_port as _tcp_port
+
 PROG = "hvd-edl-cluster"
 
 
@@ -35,36 +39,6 @@ class _Parser(argparse.ArgumentParser):
 def _fail(message: str, code: int = 2) -> int:
     print(f"{PROG}: error: {message}", file=sys.stderr)
     return code
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
-def _positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return v
-
-
-def _tcp_port(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        v = -1
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port from 0 to 65535, got {text!r}")
-    return v
 
 
 def build_parser() -> argparse.ArgumentParser:

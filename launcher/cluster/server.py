@@ -31,7 +31,7 @@ from typing import Callable, Dict
 from hvd_edl import messages
 from launcher.serve.bounded_http import (ServingThread, BodyReader, BoundedHTTPServer, HttpError, Limits,
                                          Request, Response, connection_cap, listen_socket)
-from launcher.serve.control_auth import Refused, RequestAuthenticator
+from launcher.serve.control_auth import CallRefused, Refused, RequestAuthenticator, post_signed
 
 log = logging.getLogger(__name__)
 
@@ -161,24 +161,14 @@ class ClusterClient:
             ClusterRefused: the service answered an error (``status``: its HTTP code; None
                 when it cannot be reached)."""
         import requests
-        path = PREFIX + route
-        body = json.dumps(args).encode()
-        headers = {messages.AUTH_HEADER: messages.sign(self.secret, "POST", path, body),
-                   "Content-Type": "application/json"}
         try:
-            r = requests.post(self.url + path, data=body, headers=headers, timeout=self.timeout_s)
+            return post_signed(self.url, PREFIX + route, self.secret, args, self.timeout_s)
+        except CallRefused as e:
+            raise ClusterRefused(str(e), e.status) from None
         except requests.RequestException as e:
             raise ClusterRefused(f"cannot reach the cluster service at {self.url}: "
                                  f"{type(e).__name__} (is hvd-edl-cluster serve running?)") \
                 from None
-        try:
-            data = r.json()
-        except ValueError:
-            data = {}
-        if r.status_code != 200 or not isinstance(data, dict):
-            why = data.get("error") if isinstance(data, dict) else None
-            raise ClusterRefused(why or f"HTTP {r.status_code}", r.status_code)
-        return data
 
 
 class ClusterRefused(RuntimeError):

@@ -45,8 +45,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 import psutil
 import requests
 
-from hvd_edl import messages, private_file
+from hvd_edl import private_file
 from hvd_edl.private_file import PrivateFileError, read_private, write_private
+from launcher.serve.control_auth import CallRefused, post_signed
 
 ENV_JOB = "HVD_EDL_JOB"
 PREFIX = "/ctl/"
@@ -246,12 +247,10 @@ class ControlClient:
         Raises:
             ControlError: the job refused the call (its message) or cannot be reached.
         """
-        path = PREFIX + name
-        body = json.dumps(args).encode()
-        headers = {messages.AUTH_HEADER: messages.sign(self.secret, "POST", path, body),
-                   "Content-Type": "application/json"}
         try:
-            r = requests.post(self.url + path, data=body, headers=headers, timeout=self.timeout_s)
+            return post_signed(self.url, PREFIX + name, self.secret, args, self.timeout_s)
+        except CallRefused as e:
+            raise ControlError(str(e), e.status) from None
         except requests.Timeout:
             raise ControlError(f"the job at {self.url} did not answer within "
                                f"{self.timeout_s:g} s (--timeout)") from None
@@ -260,14 +259,6 @@ class ControlClient:
         except requests.RequestException as e:
             raise ControlError(f"cannot reach the job at {self.url}: "
                                f"{type(e).__name__}") from None
-        try:
-            data = r.json()
-        except ValueError:
-            data = {}
-        if r.status_code != 200 or not isinstance(data, dict):
-            why = data.get("error") if isinstance(data, dict) else None
-            raise ControlError(why or f"HTTP {r.status_code}", r.status_code)
-        return data
 
 
     def _unreachable(self) -> str:

@@ -22,6 +22,7 @@ with a count, so a flood cannot fill the launcher's output.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -98,3 +99,36 @@ class RequestAuthenticator:
             count = self._refused
         log.warning("%s refused a request from %s: %s (%d refused so far)",
                     server, client, refusal, count)
+
+
+class CallRefused(Exception):
+    """A signed call got an answer that is not 200 with a JSON object: ``str()`` is the server's
+    ``error`` line (else ``HTTP <status>``), ``status`` its HTTP status."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+def post_signed(url: str, path: str, secret: str, args: dict, timeout_s: float) -> dict:
+    """POST ``args`` as JSON to ``url + path``, signed with ``secret`` (:func:`hvd_edl.messages.
+    sign`, what :class:`RequestAuthenticator` checks), and return the JSON object answered: the
+    client side of the control API and of the cluster service's API.
+
+    Raises:
+        requests.RequestException: no answer within ``timeout_s`` seconds, or no connection.
+        CallRefused: the answer was an error or not a JSON object.
+    """
+    import requests
+    body = json.dumps(args).encode()
+    headers = {messages.AUTH_HEADER: messages.sign(secret, "POST", path, body),
+               "Content-Type": "application/json"}
+    r = requests.post(url + path, data=body, headers=headers, timeout=timeout_s)
+    try:
+        data = r.json()
+    except ValueError:
+        data = {}
+    if r.status_code != 200 or not isinstance(data, dict):
+        why = data.get("error") if isinstance(data, dict) else None
+        raise CallRefused(why or f"HTTP {r.status_code}", r.status_code)
+    return data

@@ -36,6 +36,15 @@ OBJECT_STORE_BYTES = 100 * 2 ** 20
 RAY_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_DEDUP_LOGS": "0"}
 
 
+def _signal_all(pids, sig: int) -> None:
+    """``sig`` to each of ``pids`` (those already gone are skipped)."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
 class RayUnavailable(RuntimeError):
     """ray is not installed here; the message says so, for ``pytest.skip``."""
 
@@ -135,17 +144,8 @@ class RayCluster:
         its Ray node, the workers' actors, supervisors and training processes); returns how
         many."""
         pids = [p for p in self.c.pids(host) if p not in keep and p != os.getpid()]
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        proc = self.procs.pop(host, None)
-        if proc is not None:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
+        _signal_all(pids, signal.SIGKILL)
+        self._reap(host)
         return len(pids)
 
     def drain(self, host: str, node_id: str, deadline_s: int = 60) -> subprocess.CompletedProcess:
@@ -159,11 +159,11 @@ class RayCluster:
 
     def stop(self, host: str, sig: int = signal.SIGKILL) -> None:
         """Stop ``host``'s Ray node: ``sig`` to each of its processes (:meth:`ray_pids`)."""
-        for pid in self.ray_pids(host):
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
+        _signal_all(self.ray_pids(host), sig)
+        self._reap(host)
+
+    def _reap(self, host: str) -> None:
+        """Wait (at most 10 s) for the ``ray start --block`` of ``host`` once its node is ended."""
         proc = self.procs.pop(host, None)
         if proc is not None:
             try:

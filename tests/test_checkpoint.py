@@ -157,6 +157,7 @@ def test_every_worker_killed_at_once_resumes_from_the_forced_checkpoint(tmp_path
     assert (report.repeated, report.missing) == (0, 0), report.to_dict()
 
 
+@pytest.mark.long
 def test_launcher_killed_and_rerun_resumes_at_another_world_size(tmp_path, job_factory,
                                                                 monkeypatch):
     """A 2-worker job writing a checkpoint every second; its launcher is killed with

@@ -197,6 +197,7 @@ def test_a_leaving_last_member_that_finishes_ends_the_job(tmp_path, job_factory)
     assert summary(tmp_path)["world_size"] == 1
 
 
+@pytest.mark.long
 def test_when_every_member_leaves_the_state_is_handed_to_the_joiners(tmp_path, job_factory,
                                                                       monkeypatch):
     """The only member's host leaves discovery while a new host arrives: the leaver stays one

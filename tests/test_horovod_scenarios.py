@@ -143,6 +143,7 @@ def test_all_ranks_failure_ends_the_job_with_the_scripts_error(tmp_path):
     assert "STATE LOST" not in out and "generation 3" not in out
 
 
+@pytest.mark.long
 def test_half_the_ranks_failing_leaves_the_others_training(tmp_path):
     """Horovod's test_all_hosts_blacklisted (one rank per host fails): Horovod blacklists both
     hosts and fails; hvd_edl rests the two slots and finishes at 2 workers."""

@@ -8,7 +8,10 @@ state of about 1, 10 and 100 MB (eight bias-free ``Linear(d, d)`` layers and the
 * ``broadcast``: the old sync with hvd_edl's ``broadcast_object`` (``HVD_EDL_SYNC_STREAM=0``);
 * ``stream``: the stream to 2 joiners (one sending thread each), ``stream_sequential`` (one
   joiner after the other), and ``stream_1_joiner`` (ranks 0 and 1 hold the commit, rank 2
-  joins: the holder receives nothing).
+  joins: the holder receives nothing), the header in a broadcast (one collective);
+* ``direct``, ``direct_1_joiner``: the same with the header over the stream (rank 0's listener
+  named by the assignment, no collective); each prints its parts (header, skeleton, transfer,
+  load: each rank's median, rank 0 first).
 
 Each figure is the slowest rank's time (the switch waits for it), median over ``--reps``; a
 joiner's optimizer state is dropped before each repetition (it starts without it).  Peak extra
@@ -17,10 +20,14 @@ memory per rank: the process's resident high-water mark (``VmHWM``, reset throug
 largest over repetitions; it counts what the sync allocates, including a joiner's new
 optimizer state.
 
-Part 2 (``--switch``, default on): the switch's sync phase in a real scale-out 2 -> 3 -> 2 -> 3
-of ``benchmarks/workload.py`` with ``--model-mb`` (default 100) MB of frozen parameters, the
-event log's ``phases.sync_s`` (rank 0's side: it waits until the joiner has everything), old
-broadcast and stream in the same run.
+Part 2 (``--switch``, default on): the switch in real scale-outs 2 -> 3 (``--switch-changes``,
+default 3,2,3,2,3: three of them) of ``benchmarks/workload.py`` with ``--model-mb`` (default
+100) MB of frozen parameters, in three modes in the same run: the old broadcast
+(``HVD_EDL_SYNC_STREAM=0``), the stream with its header in a broadcast
+(``HVD_EDL_SYNC_HEADER_BROADCAST=1``) and the stream with its header over the stream; one table
+of the medians of the event log's stall, phases (boundary, shutdown, wait, init: the ring's
+re-init, sync, rest) and the sync's parts (header, skeleton, transfer, load), as the slowest
+continuing member reported them.
 
     .venv/bin/python benchmarks/sync.py            # writes benchmarks/results/sync.json
     .venv/bin/python benchmarks/sync.py --no-switch --sizes 100 --reps 1
@@ -41,6 +48,11 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 RESULTS = ROOT / "benchmarks" / "results"
 LAYERS = 8
+SYNC_PARTS = ("header_s", "skeleton_s", "transfer_s", "load_s")  # TorchState.last_sync
+SWITCH_PHASES = ("boundary_s", "shutdown_s", "wait_s", "init_s", "sync_s", "rest_s")
+# (name, HVD_EDL_SYNC_STREAM, HVD_EDL_SYNC_HEADER_BROADCAST) of the real switch's modes
+SWITCH_MODES = (("broadcast", "0", "0"), ("stream, header bcast", "1", "1"),
+                ("stream", "1", "0"))
 
 
 def _rss_kb() -> int:
@@ -80,9 +92,10 @@ def worker(sizes, reps: int, horovod_reps: int) -> None:
         state = elastic.TorchState(model, opt, epoch=0)
         state_mb = 2 * LAYERS * d * d * 4 / 2 ** 20
         variants = [("horovod", None), ("broadcast", None), ("stream", (0, -1, -1)),
-                    ("stream_sequential", (0, -1, -1)), ("stream_1_joiner", (0, 0, -1))]
+                    ("stream_sequential", (0, -1, -1)), ("stream_1_joiner", (0, 0, -1)),
+                    ("direct", (0, -1, -1)), ("direct_1_joiner", (0, 0, -1))]
         for impl, held in variants:
-            times, extra_kb, received, transfer = [], [], [], []
+            times, extra_kb, received, transfer, parts = [], [], [], [], []
             n = min(reps, horovod_reps) if impl == "horovod" else reps
             for i in range(n):
                 joiner = rank > 0 and (held is None or held[rank] < 0)
@@ -101,6 +114,9 @@ def worker(sizes, reps: int, horovod_reps: int) -> None:
                         broadcasts.broadcast_object = saved
                 elif impl == "broadcast":
                     stats = state._sync_broadcast(rt)
+                elif impl.startswith("direct"):  # the header over the stream: no collective
+                    state_stream.PARALLEL = True
+                    stats = state._sync_direct(rt, held[rank])
                 else:
                     state_stream.PARALLEL = impl != "stream_sequential"
                     stats = state._sync_stream(rt, held[rank])
@@ -108,10 +124,13 @@ def worker(sizes, reps: int, horovod_reps: int) -> None:
                 extra_kb.append(_hwm_kb() - rss)
                 received.append(stats["received_bytes"])
                 transfer.append(stats.get("transfer_s", 0.0))
+                parts.append({k: stats.get(k, 0.0) for k in SYNC_PARTS})
             per_rank = hvd.allgather_object({"rank": rank, "times": times,
                                              "extra_mb": max(extra_kb) / 1024,
                                              "received_mb": max(received) / 2 ** 20,
-                                             "transfer_s": statistics.median(transfer)},
+                                             "transfer_s": statistics.median(transfer),
+                                             "parts": {k: statistics.median(p[k] for p in parts)
+                                                       for k in SYNC_PARTS}},
                                             name=f"gather.{impl}.{mb}")
             slowest = [max(r["times"][i] for r in per_rank) for i in range(n)]
             rows.append({"impl": impl, "state_mb": round(state_mb, 2),
@@ -120,7 +139,10 @@ def worker(sizes, reps: int, horovod_reps: int) -> None:
                          "gb_per_s": round(state_mb / 1024 / statistics.median(slowest), 3),
                          "peak_extra_mb": [round(r["extra_mb"], 1) for r in per_rank],
                          "received_mb": [round(r["received_mb"], 2) for r in per_rank],
-                         "transfer_s": [round(r["transfer_s"], 4) for r in per_rank]})
+                         "transfer_s": [round(r["transfer_s"], 4) for r in per_rank],
+                         # each part's median on each rank: [rank 0, rank 1, rank 2]
+                         "parts": {k: [round(r["parts"][k], 4) for r in per_rank]
+                                   for k in SYNC_PARTS}})
             sums = hvd.allgather_object(sum(float(t.double().sum()) for t in
                                             list(model.state_dict().values()) + [
                                                 opt.state[q]["momentum_buffer"]
@@ -144,8 +166,9 @@ def switch_phases(model_mb: float, changes, settle_steps: int, timeout_s: float)
     # a script's folder is not put first on sys.path: a benchmarks/ module named like one of
     # the standard library's could not shadow it in the workers
     os.environ["PYTHONSAFEPATH"] = "1"
-    for mode, env in (("broadcast", "0"), ("stream", "1")):
+    for mode, env, header in SWITCH_MODES:
         os.environ["HVD_EDL_SYNC_STREAM"] = env
+        os.environ["HVD_EDL_SYNC_HEADER_BROADCAST"] = header
         with tempfile.TemporaryDirectory() as tmp:
             job = Job("hvd_edl", Path(tmp), 2, step_delay=0.05, model_mb=model_mb, max_np=3)
             error = None
@@ -161,13 +184,32 @@ def switch_phases(model_mb: float, changes, settle_steps: int, timeout_s: float)
                 error = str(e)
             finally:
                 outs = [e for e in job.events() if e["kind"] == "scale_out"]
-                out[mode] = [{"sync_s": e["phases"].get("sync_s"), "stall_s": e["stall_s"],
-                              "init_s": e["phases"].get("init_s")} for e in outs]
+                out[mode] = [dict({k: e["phases"].get(k) for k in SWITCH_PHASES},
+                                  stall_s=e["stall_s"],
+                                  **{"sync." + k: e.get("sync_parts", {}).get(k)
+                                     for k in SYNC_PARTS}) for e in outs]
                 if error:
                     out[mode + "_error"] = error
                 job.finish()
     os.environ.pop("HVD_EDL_SYNC_STREAM", None)
+    os.environ.pop("HVD_EDL_SYNC_HEADER_BROADCAST", None)
     return out
+
+
+def print_breakdown(switch: dict) -> None:
+    """The scale-outs' stall, its phases and the sync's parts (the slowest continuing
+    member's; seconds), each the median over the scale-outs, one column per mode."""
+    modes = [m for m, _, _ in SWITCH_MODES if switch.get(m)]
+    rows = ["stall_s"] + list(SWITCH_PHASES) + ["sync." + k for k in SYNC_PARTS]
+    print(f"{'median of scale-outs (s)':26s}" + "".join(f"{m:>24s}" for m in modes))
+    for row in rows:
+        cells = []
+        for m in modes:
+            vals = [e[row] for e in switch[m] if e.get(row) is not None]
+            cells.append(f"{statistics.median(vals):8.3f} ({min(vals):.3f}-{max(vals):.3f})"
+                         if vals else "-")
+        print(f"{row:26s}" + "".join(f"{c:>24s}" for c in cells))
+    print(f"{'scale-outs':26s}" + "".join(f"{len(switch[m]):>24d}" for m in modes))
 
 
 def transfer_alone(mb: float, reps: int) -> dict:
@@ -226,7 +268,10 @@ def run_sync(a):
               f"(min {r['min_s']:.3f}, max {r['max_s']:.3f}, {r['runs']} runs) "
               f"{r['gb_per_s']:6.2f} GB/s; peak extra MB per rank {r['peak_extra_mb']}; "
               f"received MB {r['received_mb']}"
-              + (f"; transfer s {r['transfer_s']}" if r["impl"].startswith("stream") else ""))
+              + (f"; transfer s {r['transfer_s']}" if r["impl"].startswith(("stream", "direct"))
+                 else "")
+              + ("".join(f"; {k} {r['parts'][k]}" for k in SYNC_PARTS)
+                 if r["impl"].startswith(("stream", "direct")) else ""))
     return rows
 
 
@@ -244,7 +289,7 @@ def main() -> int:
                    help="run one part (writes --out all the same)")
     p.add_argument("--model-mb", type=float, default=100.0,
                    help="frozen parameters of the scale-out job (MB, default %(default)s)")
-    p.add_argument("--switch-changes", default="3",
+    p.add_argument("--switch-changes", default="3,2,3,2,3",
                    help="world sizes the scale-out job goes through from 2 (default %(default)s;"
                         " e.g. 3,2,3 for two scale-outs)")
     p.add_argument("--out", default=str(RESULTS / "sync.json"))
@@ -279,12 +324,13 @@ def main() -> int:
     if a.switch:
         result["switch"] = switch_phases(a.model_mb, changes, 5, 180.0)
         result["switch"]["model_mb"] = a.model_mb
-        for mode in ("broadcast", "stream"):
-            print(f"switch 2->3, {a.model_mb:.0f} MB frozen, {mode:9s}: " + ", ".join(
+        for mode, _, _ in SWITCH_MODES:
+            print(f"switch 2->3, {a.model_mb:.0f} MB frozen, {mode:20s}: " + ", ".join(
                 f"sync {s['sync_s']:.3f} s / stall {s['stall_s']:.3f} s"
                 for s in result["switch"][mode])
                 + (f" (error: {result['switch'][mode + '_error']})"
                    if mode + "_error" in result["switch"] else ""))
+        print_breakdown(result["switch"])
     result["load_after"] = [round(x, 2) for x in os.getloadavg()]
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = Path(a.out)

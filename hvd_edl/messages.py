@@ -163,8 +163,13 @@ def decode(cls: Type[T], body: bytes) -> T:
 
 @dataclass
 class Register:
-    """``POST /register``: a process announces itself after ``init()`` (state pending)."""
+    """``POST /register``: a process announces itself after ``init()`` (state pending).
+    ``stream_addr``/``stream_port``: where it listens for the state syncs in which it will be
+    rank 0 (``hvd_edl.state_stream.Listener``; "" / 0: nowhere, the sync's header then goes in
+    a Horovod broadcast)."""
     worker_id: str
+    stream_addr: str = ""
+    stream_port: int = 0
 
 
 @dataclass
@@ -217,12 +222,16 @@ class Started:
     ring: commit, the agreement allreduce), ``shutdown_s`` (``hvd.shutdown()``), ``wait_s`` (the
     coordinator forming the generation: every member at the boundary), ``init_s``
     (``hvd.init()``: Gloo rendezvous and connections), ``sync_s`` (``state.sync()``) and
-    ``rest_s`` (what is left)."""
+    ``rest_s`` (what is left).  ``sync_parts`` splits ``sync_s`` (seconds): ``header_s`` (rank
+    0's header reaching this rank), ``skeleton_s`` (the skeleton split on rank 0, the
+    destinations built on a receiver), ``transfer_s`` (the tensors' bytes), ``load_s``
+    (``load_state_dict``, the samplers, the new commit); empty when the switch had no sync."""
     worker_id: str
     generation: int
     stall_s: float
     step: int
     phases: Dict[str, float] = field(default_factory=dict)
+    sync_parts: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -311,6 +320,10 @@ class Assignment:
     job's first, or a ring re-formed after every member died) and ``--checkpoint-dir`` holds
     checkpoints: rank 0 loads the first that is good and fits (newest first; see
     ``hvd_edl.checkpoint``) before the state is broadcast.
+    ``state_addr``/``state_port``: where rank 0 listens for the state sync (its
+    :class:`Register`), ``state_token``: this generation's random token, from which the sync's
+    keys are derived under the job's secret (``hvd_edl.state_stream.sync_keys``); port 0: the
+    sync's header goes in a Horovod broadcast.
     """
     action: str
     generation: int = 0
@@ -328,6 +341,9 @@ class Assignment:
     sync: bool = True
     rendezvous_token: str = ""
     restore_paths: List[str] = field(default_factory=list)
+    state_addr: str = ""
+    state_port: int = 0
+    state_token: str = ""
 
 
 @dataclass

@@ -96,14 +96,25 @@ class WorkerRuntime:
         self.client = CoordinatorClient(env[messages.ENV_COORD_ADDR],
                                         int(env[messages.ENV_COORD_PORT]),
                                         env[messages.ENV_SECRET])
-        reg = self.client.post("/register", messages.Register(self.worker_id),
-                               messages.Registered)
+        self.secret = env[messages.ENV_SECRET]  # the state sync's keys derive from it
+        stream = None
+        # HVD_EDL_SYNC_HEADER_BROADCAST=1: no listener, the sync's header goes in a Horovod
+        # broadcast as before (benchmarks/sync.py compares the two)
+        if env.get("HVD_EDL_SYNC_STREAM", "1") != "0" \
+                and env.get("HVD_EDL_SYNC_HEADER_BROADCAST", "0") != "1":
+            from hvd_edl import state_stream
+            stream = state_stream.open_listener()  # for the syncs it serves as rank 0
+        reg = self.client.post("/register", messages.Register(
+            self.worker_id, stream_addr=stream.address if stream else "",
+            stream_port=stream.port if stream else 0), messages.Registered)
         self.host = reg.host
         self.local_rank = reg.local_rank
         self.provisional_rank = reg.provisional_rank
         self.provisional_size = reg.provisional_size
         self.generation = 0
         self.assignment: Optional[messages.Assignment] = None
+        self.syncs = 0  # state syncs in this generation (their keys: state_stream.sync_keys)
+        self.sync_parts: Dict[str, float] = {}  # the last sync's parts (messages.Started)
         self.steps = 0
         self.last_step_end: Optional[float] = None
         self.timer = step_timer.StepTimer()  # per-step compute / wait s (the heartbeat sends them)
@@ -416,6 +427,8 @@ class WorkerRuntime:
         with self._generation_lock:
             self.generation = a.generation
             self.assignment = a
+            self.syncs = 0
+            self.sync_parts = {}
             self._change.clear()
         self._generation_changed.set()
         if self.elastic and self._watcher is None:
@@ -566,7 +579,8 @@ class WorkerRuntime:
             phases["sync_s"] = now - self._init_done
         phases["rest_s"] = stall_s - sum(phases.values())
         phases = {k: round(v, 4) for k, v in phases.items()}
-        msg = messages.Started(self.worker_id, self.generation, stall_s, self.steps, phases)
+        msg = messages.Started(self.worker_id, self.generation, stall_s, self.steps, phases,
+                               sync_parts=dict(self.sync_parts))
         threading.Thread(target=self._report, args=(msg,), daemon=True).start()
 
     def _report(self, msg) -> None:

@@ -3,8 +3,11 @@ ranks that lack the state, straight from and into tensor memory.
 
 Rank 0 splits its state into a small *skeleton* (the nested dicts and lists, every tensor
 replaced by a :class:`TensorRef`: index, dtype, shape, bytes) and the list of tensors
-(:func:`split`).  The skeleton travels in one small Horovod broadcast with the
-:class:`StreamServer`'s endpoint (address, port, one-time random token); each receiver builds
+(:func:`split`).  Under ``hvd-edl-run`` the skeleton comes over the stream itself, first on the
+connection to rank 0's :class:`Listener`, whose address the assignment names (see "the header
+over the stream" below: no collective at all); otherwise it travels in one small Horovod
+broadcast with the :class:`StreamServer`'s endpoint (address, port, one-time random token).
+Each receiver builds
 its destination tensors from it (:func:`fill`: its own parameters and buffers where they fit,
 fresh tensors otherwise), connects, sends the token, and receives every tensor's bytes with
 ``recvmsg_into`` directly into them (:func:`receive`); rank 0 ``sendmsg``s memoryviews of its
@@ -38,9 +41,12 @@ from __future__ import annotations
 import collections
 import copy
 import errno
+import hashlib
 import hmac
 import logging
 import os
+import pickle
+import struct
 import secrets
 import selectors
 import socket
@@ -352,9 +358,13 @@ class StreamServer:
         StreamError: the socket cannot be opened.
     """
 
+    request_extra = 1  # bytes a receiver sends after its token: the part it asks for
+
     def __init__(self, tensors: Sequence[Any], address: str, timeout_s: float = TIMEOUT_S,
                  parallel: Optional[bool] = None, prefix: int = 0,
-                 token_timeout_s: Optional[float] = None, max_pending: int = MAX_PENDING):
+                 token_timeout_s: Optional[float] = None, max_pending: int = MAX_PENDING,
+                 listener: Optional["Listener"] = None, token: Optional[bytes] = None,
+                 next_token: Optional[bytes] = None):
         self._views = [_byte_view(t) for t in tensors]
         self.nbytes = sum(len(v) for v in self._views)
         self._prefix = prefix
@@ -364,12 +374,18 @@ class StreamServer:
                                    else token_timeout_s, timeout_s)
         self.max_pending = max(1, int(max_pending))
         self.parallel = PARALLEL if parallel is None else parallel
-        self.token = secrets.token_bytes(TOKEN_BYTES)
+        self.token = token if token is not None else secrets.token_bytes(TOKEN_BYTES)
+        self.next_token = next_token  # a receiver already at the next sync (shared listener)
+        self.shared = listener
         self.refused = 0      # connections whose token was wrong
         self.other_users = 0  # local connections owned by another user, closed unread
         self.silent = 0       # connections that closed or sent no whole token in time
         self.turned_away = 0  # waiting connections closed because max_pending were waiting
         self.receivers = 0  # connections that asked for the stream or its prefix (not nothing)
+        if listener is not None:
+            self._listener = listener.sock
+            self.address, self.port = listener.address, listener.port
+            return
         try:
             family = socket.AF_INET6 if ":" in address else socket.AF_INET
             self._listener = _track(socket.socket(family, socket.SOCK_STREAM))
@@ -440,7 +456,8 @@ class StreamServer:
             door.close()
             for th in threads:
                 th.join()
-            _untrack(self._listener)
+            if self.shared is None:
+                _untrack(self._listener)
             self._log_refusals(len(conns))
         if errors:
             e = errors[0]
@@ -449,8 +466,10 @@ class StreamServer:
         return sent[0]
 
     def close(self) -> None:
-        """Stop listening (when :meth:`serve` is not called)."""
-        _untrack(self._listener)
+        """Stop listening (when :meth:`serve` is not called; a shared :class:`Listener` stays
+        open)."""
+        if self.shared is None:
+            _untrack(self._listener)
 
     def _log_refusals(self, served: int) -> None:
         closed = self.refused + self.other_users + self.silent + self.turned_away
@@ -460,9 +479,18 @@ class StreamServer:
                         "%d waiting", served, closed, self.refused, self.other_users,
                         self.silent, self.token_timeout_s, self.turned_away, self.max_pending)
 
-    def _send_to(self, conn: socket.socket, part: bytes) -> int:
+    def _part(self, request: bytes) -> bytes:
+        """The part of the stream a receiver gets for the bytes it sent after its token."""
+        return request
+
+    def _preamble(self, part: bytes) -> bytes:
+        """What a receiver gets after ``_ACCEPTED``, before the tensors' bytes."""
+        return b""
+
+    def _send_to(self, conn: socket.socket, request: bytes) -> int:
         try:
-            conn.sendall(_ACCEPTED)
+            part = self._part(request)
+            conn.sendall(_ACCEPTED + self._preamble(part))
             if part == _NOTHING:
                 n = 0
             else:
@@ -491,6 +519,15 @@ class _Door:
         self.ready: "collections.deque[Tuple[socket.socket, bytes]]" = collections.deque()
         self.released = _released
         self.local_addrs: Optional[frozenset] = None  # read at the first connection
+        self.want = TOKEN_BYTES + server.request_extra  # bytes of a receiver's request
+        if server.shared is not None:  # receivers that came during the sync before this one
+            for token, early in list(server.shared.early.items()):
+                del server.shared.early[token]
+                for conn, request in early:
+                    if hmac.compare_digest(token, server.token):
+                        self.ready.append((conn, request))
+                    else:  # stale: meant for a sync of an earlier generation
+                        _untrack(conn)
 
     def next(self, deadline: float, stop: Callable[[], bool]
              ) -> Optional[Tuple[socket.socket, bytes]]:
@@ -591,21 +628,29 @@ class _Door:
             return
         buf = entry[1]
         try:
-            data = conn.recv(TOKEN_BYTES + 1 - len(buf))
+            data = conn.recv(self.want - len(buf))
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
             self._drop(conn, "silent", f"failed before sending its whole token ({e})")
             return
         if not data:
-            self._drop(conn, "silent", f"closed after {len(buf)} of {TOKEN_BYTES + 1} bytes "
+            self._drop(conn, "silent", f"closed after {len(buf)} of {self.want} bytes "
                                        f"of its token")
             return
         buf += data
-        if len(buf) < TOKEN_BYTES + 1:
+        if len(buf) < self.want:
             return
         self._forget(conn)
         token, part = bytes(buf[:TOKEN_BYTES]), bytes(buf[TOKEN_BYTES:])
+        nxt = self.server.next_token
+        if self.server.shared is not None and nxt is not None \
+                and hmac.compare_digest(token, nxt):
+            # a receiver done with this sync and already at the next one (every rank syncs in
+            # the same order): kept for the next StreamServer on this listener
+            conn.settimeout(self.server.timeout_s)
+            self.server.shared.early.setdefault(nxt, []).append((conn, part))
+            return
         if not hmac.compare_digest(token, self.server.token):
             self.server.refused += 1
             self._note(self.server.refused, f"refused a connection from {entry[2]} with a "
@@ -699,5 +744,192 @@ def receive(endpoint: Dict[str, Any], dests: Sequence[Any], timeout_s: float = T
         return got
     except OSError as e:
         raise StreamError(f"state stream: receiving from rank 0 failed: {e}") from None
+    finally:
+        _untrack(sock)
+
+
+# ---- the header over the stream: rank 0's endpoint known from the assignment -----------------
+#
+# Every worker under hvd-edl-run listens on one socket for its whole life (:class:`Listener`,
+# opened before it registers; its address and port go with ``messages.Register``).  The
+# coordinator puts rank 0's in every member's ``Assignment`` with a fresh per-generation
+# ``state_token``, so a receiver connects at once after ``hvd.init()``: the header (scalars,
+# samplers, steps, rank 0's held step, the skeleton) comes over the same connection as the
+# tensors, and no Horovod collective runs in the sync at all.  A receiver's request is its key
+# and the (step, commit count) it holds; rank 0 decides from them what it sends (everything,
+# the prefix or nothing) and says so in the header.
+#
+# Keys come from the job's secret (which never travels), the generation's token and the sync's
+# number within the generation (:func:`sync_keys`): the receiver proves it with one key, rank 0
+# signs the header with the other (HMAC-SHA256), and a receiver unpickles a header only after
+# that signature checks, so nobody who lacks the job's secret can hand one a pickle (the header
+# is pickled as Horovod's ``broadcast_object`` pickles the whole state: scalars are any
+# picklable objects in Horovod's ``TorchState``).
+
+_HELD = struct.Struct("!qq")   # a receiver's held step and commit count
+_LENGTH = struct.Struct("!Q")  # the header's length
+MAX_HEADER_BYTES = 64 << 20
+"""Largest header a receiver accepts (the skeleton of a model with millions of tensors fits)."""
+
+
+class Listener:
+    """This process's listening socket for the state syncs in which it is rank 0, open for the
+    process's life on ``address`` (an ephemeral port).  ``early`` holds connections that came
+    while an earlier sync was still being served (:class:`StreamServer` ``next_token``).
+
+    Raises:
+        StreamError: the socket cannot be opened.
+    """
+
+    def __init__(self, address: str):
+        try:
+            family = socket.AF_INET6 if ":" in address else socket.AF_INET
+            self.sock = socket.socket(family, socket.SOCK_STREAM)
+            self.sock.bind((address, 0))
+            self.sock.listen(128)
+        except OSError as e:
+            raise StreamError(f"state stream: cannot listen on {address}: {e}") from None
+        self.address = address
+        self.port = self.sock.getsockname()[1]
+        self.early: Dict[bytes, List[Tuple[socket.socket, bytes]]] = {}
+
+
+_listener: Optional[Listener] = None
+
+
+def open_listener() -> Optional[Listener]:
+    """Open this process's :class:`Listener` on :func:`transfer_address` (once); None when it
+    cannot be opened (the sync then sends its header in a broadcast, as before; logged)."""
+    global _listener
+    if _listener is None:
+        try:
+            _listener = Listener(transfer_address())
+        except (StreamError, OSError) as e:
+            log.warning("state stream: no listening socket (%s): the state sync's header "
+                        "goes in a Horovod broadcast", e)
+    return _listener
+
+
+def listener() -> Optional[Listener]:
+    """This process's :class:`Listener`, None before :func:`open_listener` (or if it failed)."""
+    return _listener
+
+
+def sync_keys(secret: str, token: str, seq: int) -> Tuple[bytes, bytes]:
+    """(receiver key, sender key) of sync number ``seq`` (from 1) of the generation whose
+    ``Assignment.state_token`` is ``token``, under the job's ``secret``: HMAC-SHA256 of
+    distinct labels, 32 bytes each."""
+    def key(label: str) -> bytes:
+        return hmac.new(secret.encode(), f"hvd_edl state {label} {token} {seq}".encode(),
+                        hashlib.sha256).digest()
+    return key("receiver"), key("sender")
+
+
+def lacks(root: Sequence[int], mine: Sequence[int]) -> bool:
+    """Whether a rank holding (step, commit count) ``mine`` lacks rank 0's ``root`` (-1: none)."""
+    return root[0] < 0 or mine[0] < 0 or tuple(mine) != tuple(root)
+
+
+class HeaderStreamServer(StreamServer):
+    """Rank 0's end when the header travels over the stream: a :class:`StreamServer` on this
+    process's :class:`Listener` whose receivers send their key and held (step, commit count)
+    and get ``_ACCEPTED``, the part rank 0 chose for them, the header's length, the pickled
+    ``header`` and its HMAC-SHA256 under ``sender_key``, then that part's bytes.
+
+    Args:
+        tensors, prefix, timeout_s, parallel: as :class:`StreamServer`.
+        listener: this process's :class:`Listener`.
+        keys: :func:`sync_keys` of this sync; ``next_key``: the receiver key of the next one.
+        header: what every receiver gets (picklable).
+        root_held: rank 0's (step, commit count).
+    """
+
+    request_extra = _HELD.size
+
+    def __init__(self, tensors: Sequence[Any], listener: Listener, keys: Tuple[bytes, bytes],
+                 next_key: bytes, header: Any, root_held: Sequence[int], prefix: int = 0,
+                 timeout_s: float = TIMEOUT_S, parallel: Optional[bool] = None):
+        super().__init__(tensors, listener.address, timeout_s=timeout_s, parallel=parallel,
+                         prefix=prefix, listener=listener, token=keys[0], next_token=next_key)
+        self.root_held = tuple(int(x) for x in root_held)
+        self._blob = pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL)
+        self._sender_key = keys[1]
+        self.holders = 0  # receivers that held rank 0's commit
+
+    def _part(self, request: bytes) -> bytes:
+        if not self._views:
+            return _NOTHING
+        if lacks(self.root_held, _HELD.unpack(request)):
+            return _ALL
+        self.holders += 1
+        return _PREFIX if self.prefix_nbytes > 0 else _NOTHING
+
+    def _preamble(self, part: bytes) -> bytes:
+        nbytes = {_ALL: self.nbytes, _PREFIX: self.prefix_nbytes}.get(part, 0)
+        head = part + _LENGTH.pack(nbytes) + _LENGTH.pack(len(self._blob)) + self._blob
+        return head + hmac.new(self._sender_key, head, hashlib.sha256).digest()
+
+
+def fetch(address: str, port: int, keys: Tuple[bytes, bytes], held: Sequence[int],
+          destinations: Callable[[Any, bytes], Sequence[Any]],
+          timeout_s: float = TIMEOUT_S) -> Dict[str, Any]:
+    """A receiver's end of :class:`HeaderStreamServer`: connect to rank 0 at ``address:port``,
+    send the receiver key and ``held`` (step, commit count), read and check the header, call
+    ``destinations(header, part)`` (``part``: b"A" everything, b"P" the prefix, b"N" nothing)
+    for the tensors to receive into (contiguous CPU tensors, in stream order) and receive them.
+
+    Returns ``{"header", "part", "received_bytes", "header_s", "skeleton_s", "transfer_s"}``
+    (seconds: connect to header checked and unpickled; ``destinations``; the tensors' bytes).
+
+    Raises:
+        TokenRefused: rank 0 refused the key.
+        StreamError: rank 0 could not be reached, stalled past ``timeout_s`` (any one
+            operation; :func:`release` ends the wait at once), closed early, sent a header
+            whose signature does not check, or ``destinations`` do not fit the bytes it sends.
+    """
+    t0 = time.monotonic()
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = _track(socket.socket(family, socket.SOCK_STREAM))  # release() can end the connect
+    try:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect((address, int(port)))
+        except OSError as e:
+            raise StreamError(f"state stream: cannot reach rank 0 at {address}:{port}: "
+                              f"{e}") from None
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.sendall(keys[0] + _HELD.pack(*(int(x) for x in held)))
+            status = sock.recv(1)
+            if status == _REFUSED:
+                raise TokenRefused("state stream: rank 0 refused this receiver's key")
+            if status != _ACCEPTED:
+                raise StreamError("state stream: rank 0 closed the connection before sending")
+            lengths = _recv_exactly(sock, 1 + 2 * _LENGTH.size)
+            part = lengths[:1]
+            nbytes, length = _LENGTH.unpack(lengths[1:9])[0], _LENGTH.unpack(lengths[9:])[0]
+            if part not in (_ALL, _PREFIX, _NOTHING) or length > MAX_HEADER_BYTES:
+                raise StreamError("state stream: rank 0's header is malformed")
+            blob = _recv_exactly(sock, length)
+            mac = _recv_exactly(sock, 32)
+            want = hmac.new(keys[1], lengths + blob, hashlib.sha256).digest()
+            if not hmac.compare_digest(mac, want):
+                raise StreamError("state stream: rank 0's header does not carry this job's "
+                                  "signature")
+            header = pickle.loads(blob)  # signed under the job's secret: see above
+            t1 = time.monotonic()
+            dests = list(destinations(header, part))
+            t2 = time.monotonic()
+            views = [_byte_view(t) for t in dests]
+            if sum(len(v) for v in views) != nbytes:
+                raise StreamError(f"state stream: destinations hold "
+                                  f"{sum(len(v) for v in views)} bytes, rank 0 sends {nbytes}")
+            got = _recv_all(sock, views)
+            sock.sendall(_DONE)
+        except OSError as e:
+            raise StreamError(f"state stream: receiving from rank 0 failed: {e}") from None
+        return {"header": header, "part": part, "received_bytes": got,
+                "header_s": t1 - t0, "skeleton_s": t2 - t1,
+                "transfer_s": time.monotonic() - t2}
     finally:
         _untrack(sock)

@@ -16,6 +16,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 
 def _checksum(model, optimizer) -> str:
     """SHA-256 of the model's state_dict and the optimizer's per-parameter state."""
@@ -151,6 +153,9 @@ def test_scale_out_streams_rank_0s_state_to_the_joiner_only(tmp_path, job_factor
         assert [r["rank"] for r in recs] == list(range(size)), recs
         assert len({r["checksum"] for r in recs}) == 1, recs  # rank 0's state everywhere
         assert all(r["last_sync"]["mode"] == "stream" for r in recs)
+        # the header came over rank 0's stream, whose endpoint the assignment named: no
+        # Horovod collective in the sync, for joiners and holders alike
+        assert all(r["last_sync"]["header"] == "stream" for r in recs), recs
     g1, g2 = (sorted(records(g), key=lambda r: r["rank"]) for g in (1, 2))
     nbytes = g1[0]["last_sync"]["sent_bytes"]
     assert nbytes > 0 and g1[1]["last_sync"]["received_bytes"] == nbytes  # both were new
@@ -164,6 +169,82 @@ def test_scale_out_streams_rank_0s_state_to_the_joiner_only(tmp_path, job_factor
     assert receivers[0]["last_sync"]["received_bytes"] == g2[0]["last_sync"]["sent_bytes"] \
         - BUFFER_BYTES > nbytes
     assert g2[0]["last_sync"]["receivers"] == 2
+
+
+UNPICKLED = []
+
+
+class _Trap:
+    """Unpickling it records itself: a forged header must never get that far."""
+
+    def __reduce__(self):
+        return (UNPICKLED.append, ("unpickled",))
+
+
+def test_header_over_the_stream_reaches_key_holders_and_an_early_receiver_waits_its_turn():
+    """The sync without a collective (``HeaderStreamServer`` on a process's ``Listener``): rank
+    0 chooses each receiver's part from the (step, commit count) it sends, with the header;
+    a receiver already at the next sync while this one is served is kept for the next server
+    on the listener; a header not signed under the job's secret is refused unread."""
+    import socket
+    import torch
+    from hvd_edl import state_stream as ss
+    listener = ss.Listener("127.0.0.1")
+    src = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3))
+    sd = src.state_dict()
+    buffers = {k: v for k, v in sd.items() if "running" in k or "batches" in k}
+    params = {k: v for k, v in sd.items() if k not in buffers}
+    skeletons, tensors, ends = ss.split(buffers, params)
+    keys = [ss.sync_keys("secret", "token", seq) for seq in (1, 2, 3)]
+
+    def serve(seq, n, out):
+        server = ss.HeaderStreamServer(tensors, listener, keys[seq - 1], keys[seq][0],
+                                       {"state": skeletons, "seq": seq}, (7, 3),
+                                       prefix=ends[0], timeout_s=10)
+        out[seq] = (server.serve(n), server.receivers, server.holders)
+
+    def dests(header, part):
+        return {b"A": lambda: ss.fill(header["state"])[1],
+                b"P": lambda: ss.fill(header["state"][0])[1], b"N": list}[part]()
+
+    served, early = {}, {}
+    th = threading.Thread(target=serve, args=(1, 2, served))
+    th.start()
+    joiner = ss.fetch(listener.address, listener.port, keys[0], (-1, 0), dests, timeout_s=10)
+    ahead = threading.Thread(target=lambda: early.update(got=ss.fetch(
+        listener.address, listener.port, keys[1], (7, 3), dests, timeout_s=10)))
+    ahead.start()  # at sync 2 already, while sync 1 waits for its second receiver
+    holder = ss.fetch(listener.address, listener.port, keys[0], (7, 3), dests, timeout_s=10)
+    th.join(10)
+    assert (joiner["part"], holder["part"]) == (b"A", b"P")
+    assert joiner["header"]["seq"] == holder["header"]["seq"] == 1
+    assert served[1] == (joiner["received_bytes"] + holder["received_bytes"], 2, 1)
+    assert holder["received_bytes"] == sum(t.numel() * t.element_size()
+                                           for t in tensors[:ends[0]])
+    serve(2, 1, served)  # the early receiver is served by sync 2's server, with sync 2's header
+    ahead.join(10)
+    assert early["got"]["header"]["seq"] == 2 and served[2][2] == 1
+
+    # a listener that does not hold the job's secret: its header is refused, never unpickled
+    import pickle
+    fake = socket.create_server(("127.0.0.1", 0))
+    blob = pickle.dumps(_Trap())
+
+    def impostor():
+        conn, _ = fake.accept()
+        conn.recv(64)
+        head = b"N" + ss._LENGTH.pack(0) + ss._LENGTH.pack(len(blob)) + blob
+        conn.sendall(b"\x01" + head + bytes(32))
+        conn.recv(1)
+        conn.close()
+
+    t = threading.Thread(target=impostor)
+    t.start()
+    with pytest.raises(ss.StreamError, match="signature"):
+        ss.fetch("127.0.0.1", fake.getsockname()[1], keys[0], (7, 3), dests, timeout_s=5)
+    t.join(5)
+    fake.close()
+    assert UNPICKLED == []
 
 
 if __name__ == "__main__":
@@ -200,3 +281,39 @@ def test_each_receiver_gets_what_it_asks_for_and_a_holder_nothing():
     assert 0 < got_prefix == server.prefix_nbytes < got_all == server.nbytes
     assert got_nothing == 0 and server.receivers == 2
     assert served["n"] == got_all + got_prefix
+
+
+@pytest.mark.parametrize("dies", ["mid-header", "silent"])
+def test_rank_0_dying_or_stalling_mid_header_fails_the_receiver_within_its_bound(dies):
+    """Rank 0 accepts the receiver, then dies halfway through the header (its socket closes) or
+    stops sending (SIGSTOP-ed): the receiver gets ``StreamError`` at once, or once its bound
+    runs out, never hangs and never unpickles a partial header (issue 30 item 8)."""
+    import socket
+    from hvd_edl import state_stream as ss
+    keys = ss.sync_keys("secret", "token", 1)
+    fake = socket.create_server(("127.0.0.1", 0))
+    blob = b"x" * 1000
+    release = threading.Event()
+
+    def rank0():
+        conn, _ = fake.accept()
+        conn.recv(64)
+        conn.sendall(b"\x01" + b"N" + ss._LENGTH.pack(0) + ss._LENGTH.pack(len(blob)))
+        if dies == "mid-header":
+            conn.sendall(blob[:400])
+        else:
+            release.wait(10)
+        conn.close()
+
+    t = threading.Thread(target=rank0)
+    t.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ss.StreamError):
+            ss.fetch("127.0.0.1", fake.getsockname()[1], keys, (7, 3), lambda h, p: [],
+                     timeout_s=1.0)
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        release.set()
+        t.join(10)
+        fake.close()

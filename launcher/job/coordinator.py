@@ -474,6 +474,7 @@ class Coordinator(Formation, Polls, MemberLiveness):
         prov_rank, size = self.provisional(msg.worker_id)
         with self.cond:
             rec = self._worker(msg.worker_id)
+            rec.stream_addr, rec.stream_port = _stream_endpoint(msg)
             return messages.Registered(rec.worker_id, rec.host, rec.slot, prov_rank, size,
                                        self.current.number if self.current else 0)
 
@@ -498,6 +499,10 @@ class Coordinator(Formation, Polls, MemberLiveness):
                     g.phases[msg.worker_id] = {str(k): round(float(v), 4)
                                                for k, v in msg.phases.items()
                                                if isinstance(v, (int, float))}
+                if isinstance(msg.sync_parts, dict) and msg.sync_parts:
+                    g.sync_parts[msg.worker_id] = {str(k): round(float(v), 4)
+                                                   for k, v in msg.sync_parts.items()
+                                                   if isinstance(v, (int, float))}
                 if self._log_if_started(g):
                     self.cond.notify_all()  # leavers waiting for this generation to train
             return self._watch_reply(msg.generation)
@@ -570,6 +575,7 @@ class Coordinator(Formation, Polls, MemberLiveness):
             rolled_back_steps=g.rolled_back_steps, time=g.formed_at,
             previous_world_size=g.previous_size,
             phases=dict(g.phases.get(slowest, {})) if g.kind != "start" else {},
+            sync_parts=dict(g.sync_parts.get(slowest, {})) if g.kind != "start" else {},
             state_lost=g.state_lost, restored_from=g.restored_from,
             restored_step=g.restored_step, **self._membership_change(g))
         self.events.write(ev)
@@ -583,3 +589,14 @@ class Coordinator(Formation, Polls, MemberLiveness):
                 "joined": [self.workers[w].label for w in g.members if w not in before]}
 
 
+def _stream_endpoint(msg: messages.Register) -> Tuple[str, int]:
+    """The (address, port) a registering worker listens on for state syncs; ("", 0) when it
+    names none or names something that is no IP address and port."""
+    import ipaddress
+    try:
+        ipaddress.ip_address(msg.stream_addr)
+    except ValueError:
+        return "", 0
+    if not 0 < msg.stream_port < 65536:
+        return "", 0
+    return msg.stream_addr, msg.stream_port

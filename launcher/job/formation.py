@@ -13,6 +13,7 @@ with the coordinator's lock held and reads and writes its state.
 """
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
@@ -40,6 +41,7 @@ class Generation:
     member_labels: List[str] = field(default_factory=list)
     stalls: Dict[str, float] = field(default_factory=dict)
     phases: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    sync_parts: Dict[str, Dict[str, float]] = field(default_factory=dict)
     logged: bool = False
     state_lost: bool = False
     restored_from: str = ""   # the checkpoint its rank 0 resumes from (--checkpoint-dir)
@@ -207,6 +209,10 @@ class Formation:
         # one decision for every member (a rank that skipped the broadcast others wait in would
         # hang them): skip sync only after an agreed switch that removed members and added none
         sync = kind in ("start", "failure") or not set(participants) <= set(self.current.members)
+        # rank 0's listener for the state sync: every member connects to it at once after
+        # hvd.init() (the sync's header comes over it: no broadcast), keys from this token
+        head = self.workers[participants[0]]
+        state_token = secrets.token_hex(16) if head.stream_port else ""
         labels = []
         for rank, w in enumerate(participants):
             rec = self.workers[w]
@@ -226,7 +232,9 @@ class Formation:
                 rendezvous_addr=self.rendezvous_addr, rendezvous_port=port,
                 rendezvous_token=self.rendezvous.token(number),
                 members=list(participants), sync=sync,
-                restore_paths=[str(p) for p, _ in restore])
+                restore_paths=[str(p) for p, _ in restore],
+                state_addr=head.stream_addr, state_port=head.stream_port,
+                state_token=state_token)
             local_counts[rec.host] += 1
         for w in previous:
             if w not in participants:

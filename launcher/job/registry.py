@@ -56,6 +56,8 @@ class WorkerRecord:
     elastic_run: bool = False  # its script entered hvd.elastic.run (messages.Ready)
     finished: bool = False  # its training function returned (messages.Finished): training over
     exiting: bool = False  # its interpreter is ending (messages.Exiting): silence is no fault
+    stream_addr: str = ""  # where it listens for the state syncs it serves as rank 0
+    stream_port: int = 0   # (messages.Register; 0: nowhere)
     handle: Any = field(default=None, repr=False)
 
     def move(self, new: WorkerState) -> None:

@@ -28,7 +28,9 @@ class GenerationEvent:
     ring to the start of their first in the new one (0 for "start").  ``rolled_back_steps``:
     steps redone after a failure. ``time``: unix seconds when the generation formed.
     ``phases``: where the stall went, as the slowest continuing worker reported it
-    (``messages.Started.phases``: boundary, shutdown, wait, init, sync, rest; seconds).
+    (``messages.Started.phases``: boundary, shutdown, wait, init, sync, rest; seconds), and
+    ``sync_parts`` how its sync went (``messages.Started.sync_parts``: header, skeleton,
+    transfer, load; seconds).
     ``state_lost``: a failure after which no member of the previous ring was left, so training
     restarted from the joiners' initial state (``rolled_back_steps`` is then at least the step
     the previous ring started at, a lower bound of the work lost).  ``restored_from``: the
@@ -50,6 +52,7 @@ class GenerationEvent:
     joined: List[str] = field(default_factory=list)
     restored_from: str = ""
     restored_step: int = -1
+    sync_parts: Dict[str, float] = field(default_factory=dict)
 
 
 class EventLog:

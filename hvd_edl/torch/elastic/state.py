@@ -26,6 +26,13 @@ STREAM = os.environ.get("HVD_EDL_SYNC_STREAM", "1") != "0"
 ``broadcast_object`` instead of streaming the tensors to the ranks that lack them."""
 
 
+SYNC_PARTS = ("header_s", "skeleton_s", "transfer_s", "load_s")
+"""Where a streamed sync's time goes on one rank (seconds): rank 0's header reaching it (on rank
+0: nothing, or the broadcast), the skeleton (split on rank 0, the destinations built on a
+receiver), the tensors' bytes (rank 0: until every receiver confirmed), ``load_state_dict``
+with the samplers and the new commit."""
+
+
 def _to_host(obj: Any, into: Any, pending: list, copies: list) -> Any:
     """Copy ``obj`` (nested dicts/lists of tensors and plain values) to host memory, reusing the
     buffers of the previous copy ``into`` where shapes and dtypes match (no allocation and no
@@ -196,9 +203,12 @@ class TorchState(ObjectState):
         Under ``hvd-edl-run`` the tensors are streamed (:mod:`hvd_edl.state_stream`) only to
         the ranks that lack them: a member of the previous generation whose committed step
         equals rank 0's holds the same commit and receives only the small header (scalars,
-        samplers, steps) and the model's buffers (see :meth:`_sync_stream`).  Elsewhere, or
-        with ``HVD_EDL_SYNC_STREAM=0``, one ``broadcast_object`` of everything, as before.
-        ``last_sync`` says what this rank sent and received.
+        samplers, steps) and the model's buffers.  The header comes over the same connection
+        from rank 0's listener, which the assignment names (:meth:`_sync_direct`: no Horovod
+        collective at all), or, when rank 0 listens nowhere, in one ``broadcast_object``
+        (:meth:`_sync_stream`).  Elsewhere, or with ``HVD_EDL_SYNC_STREAM=0``, one
+        ``broadcast_object`` of everything, as before.  ``last_sync`` says what this rank sent
+        and received and where the time went (:data:`SYNC_PARTS`, seconds).
 
         Raises:
             HorovodInternalError: a member failed (``state_stream.StreamError`` is one).
@@ -211,10 +221,14 @@ class TorchState(ObjectState):
         with step_timer.waiting():  # inside the training function: waiting, not compute
             if rt is None or not STREAM:
                 stats = self._sync_broadcast(rt)
+            elif rt.assignment is not None and rt.assignment.state_port > 0:
+                stats = self._sync_direct(rt, self._held_step(rt))
             else:
                 stats = self._sync_stream(rt, self._held_step(rt))
         stats["seconds"] = round(time.monotonic() - t0, 4)
         self.last_sync = stats
+        if rt is not None:
+            rt.sync_parts = {k: stats[k] for k in SYNC_PARTS if k in stats}
         self._synced_generation = rt.generation if rt is not None else 0
         log.info("state sync (%s): sent %d bytes to %d receivers, received %d bytes, %.3f s",
                  stats["mode"], stats["sent_bytes"], stats["receivers"],
@@ -247,6 +261,7 @@ class TorchState(ObjectState):
         buffers or everything): no collective gathers who holds what (at 16 ranks on 2 cores
         one Horovod collective costs 22-50 ms of the switch: benchmarks/collectives.py)."""
         rank, size = _hvd.rank(), _hvd.size()
+        t_start = time.monotonic()
         error = checkpoint.restore_into(self) if rank == 0 else None
         mine = [int(held), int(self._commit_seq)]
         header: Any = None
@@ -264,37 +279,132 @@ class TorchState(ObjectState):
                                                        prefix=ends[0])
                     header["endpoint"] = server.endpoint()
                     header["state"] = skeletons
+        t_header = time.monotonic()
         try:
             header = _broadcasts.broadcast_object(header, root_rank=0, name="hvd_edl.sync")
         except BaseException:
             if server is not None:
                 server.close()
             raise
+        header_s = time.monotonic() - t_header
+        skeleton_s = t_header - t_start
         if header.get("checkpoint_error"):
             raise checkpoint.CheckpointError(header["checkpoint_error"])
         root = header["held"]
-        lacks = rank != 0 and (root[0] < 0 or mine[0] < 0 or mine != root)
+        lacks = rank != 0 and state_stream.lacks(root, mine)
         sent = received = receivers = 0
         t0 = time.monotonic()
+        load = None
         if server is not None:
             sent = server.serve(size - 1)  # every other rank connects, asking for what it lacks
             receivers = server.receivers
         elif rank != 0 and "endpoint" in header:
             if lacks:
-                received = self._receive(header["state"], header["endpoint"])
+                dests, load = self._destinations(header["state"])
             elif header["endpoint"]["prefix_nbytes"] > 0:
-                received = self._receive_buffers(header["state"][0], header["endpoint"])
-            else:
+                dests, load = self._buffer_destinations(header["state"][0])
+            t1 = time.monotonic()
+            skeleton_s += t1 - t0
+            t0 = t1
+            if load is None:
                 state_stream.decline(header["endpoint"])
+            else:
+                received = state_stream.receive(header["endpoint"], dests,
+                                                prefix=not lacks)
         transfer_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        if load is not None:
+            load()
         if rank != 0:
             self._load_header(rt, header)
         for k, s in self._samplers.items():
             s.load_state_dict(header["samplers"][k])  # also resets to the new rank/size
         self.save()
-        return {"mode": "stream", "sent_bytes": sent, "received_bytes": received,
-                "receivers": receivers, "held": not lacks,
-                "transfer_s": round(transfer_s, 4)}
+        return {"mode": "stream", "header": "broadcast", "sent_bytes": sent,
+                "received_bytes": received, "receivers": receivers, "held": not lacks,
+                "header_s": round(header_s, 4),
+                "skeleton_s": round(skeleton_s, 4), "transfer_s": round(transfer_s, 4),
+                "load_s": round(time.monotonic() - t0, 4)}
+
+    def _sync_direct(self, rt, held: int) -> Dict[str, Any]:
+        """The sync without any collective: rank 0 serves the header and the tensors on this
+        process's listener (:class:`state_stream.HeaderStreamServer`), which the assignment
+        names to every member with a per-generation token; each other rank connects at once
+        after ``hvd.init()``, says which (step, commit count) it holds, and gets the header
+        with what it lacks (everything, the model's buffers, or nothing), chosen by rank 0 as
+        :meth:`_sync_stream` chooses it.  Every wait is one socket operation bounded by
+        ``HVD_EDL_STREAM_TIMEOUT_S`` and ended at once by ``state_stream.release()``; rank 0
+        dying mid-sync fails the receivers' connections (``StreamError``), and the next
+        generation syncs from its own rank 0 (every member still holds its commit)."""
+        a = rt.assignment
+        rank, size = _hvd.rank(), _hvd.size()
+        rt.syncs += 1
+        keys = state_stream.sync_keys(rt.secret, a.state_token, rt.syncs)
+        mine = (int(held), int(self._commit_seq))
+        sent = received = receivers = 0
+        t0 = time.monotonic()
+        header_s = transfer_s = 0.0
+        load = None
+        lacks = False
+        if rank == 0:
+            error = checkpoint.restore_into(self)
+            tensors, ends = [], [0]
+            if error is not None:  # every rank ends with the same clear error
+                header = {"checkpoint_error": error}
+            else:
+                header = self._header(rt)
+                header["held"] = list(mine)
+                if size > 1:
+                    buffers, params, optimizer = self._state_to_send()
+                    header["state"], tensors, ends = state_stream.split(buffers, params,
+                                                                        optimizer)
+            skeleton_s = time.monotonic() - t0
+            t1 = time.monotonic()
+            if size > 1:
+                listener = state_stream.listener()
+                if listener is None or listener.port != a.state_port:
+                    raise state_stream.StreamError(
+                        "state stream: the assignment names a listener this rank 0 lacks")
+                server = state_stream.HeaderStreamServer(
+                    tensors, listener, keys,
+                    state_stream.sync_keys(rt.secret, a.state_token, rt.syncs + 1)[0],
+                    header, mine, prefix=ends[0])
+                sent = server.serve(size - 1)
+                receivers = server.receivers
+            transfer_s = time.monotonic() - t1
+            if error is not None:
+                raise checkpoint.CheckpointError(error)
+        else:
+            def destinations(header, part):
+                nonlocal load
+                if part == b"A":
+                    dests, load = self._destinations(header["state"])
+                elif part == b"P":
+                    dests, load = self._buffer_destinations(header["state"][0])
+                else:
+                    dests = []
+                return dests
+
+            got = state_stream.fetch(a.state_addr, a.state_port, keys, mine, destinations)
+            header = got["header"]
+            if header.get("checkpoint_error"):
+                raise checkpoint.CheckpointError(header["checkpoint_error"])
+            received = got["received_bytes"]
+            lacks = got["part"] == b"A"
+            header_s, skeleton_s, transfer_s = (got["header_s"], got["skeleton_s"],
+                                                got["transfer_s"])
+        t2 = time.monotonic()
+        if load is not None:
+            load()
+        if rank != 0:
+            self._load_header(rt, header)
+        for k, s in self._samplers.items():
+            s.load_state_dict(header["samplers"][k])  # also resets to the new rank/size
+        self.save()
+        return {"mode": "stream", "header": "stream", "sent_bytes": sent, "received_bytes": received,
+                "receivers": receivers, "held": not lacks, "header_s": round(header_s, 4),
+                "skeleton_s": round(skeleton_s, 4), "transfer_s": round(transfer_s, 4),
+                "load_s": round(time.monotonic() - t2, 4)}
 
     def _state_to_send(self):
         """Rank 0's (buffers, parameters, optimizer state) as host tensors: buffers and
@@ -320,10 +430,11 @@ class TorchState(ObjectState):
             del (params if k not in names else buffers)[k]
         return buffers, params
 
-    def _receive(self, skeletons, endpoint: Dict[str, Any]) -> int:
-        """Receive rank 0's tensors into this rank's own (parameters, buffers, optimizer state
+    def _destinations(self, skeletons):
+        """Where rank 0's tensors go: this rank's own (parameters, buffers, optimizer state
         where they fit; for a joiner also its commit buffers, pinned for CUDA models), fresh
-        tensors otherwise, then load them; returns the bytes received."""
+        tensors otherwise.  Returns (the tensors in stream order, a function that loads them
+        once received)."""
         live = self._own(self.model.state_dict() if self.model is not None else None,
                          self.optimizer.state_dict() if self.optimizer is not None else None)
         candidates = [live]
@@ -331,23 +442,22 @@ class TorchState(ObjectState):
             candidates.append(self._own(self._saved_model, self._saved_optimizer))
         (buffers, params, optimizer), dests = state_stream.fill(
             tuple(skeletons), *candidates, pin=_any_device_tensor(live))
-        received = state_stream.receive(endpoint, dests)
-        if self.model is not None:
-            model_state = copy.copy(buffers)
-            model_state.update(params)
-            self.model.load_state_dict(model_state)  # its own tensors: nothing copied
-        if self.optimizer is not None:
-            self.optimizer.load_state_dict(optimizer)
-        return received
 
-    def _receive_buffers(self, skeleton, endpoint: Dict[str, Any]) -> int:
-        """A member holding the commit: receive rank 0's model buffers (the stream's prefix)
-        into its own and load them; returns the bytes received."""
+        def load():
+            if self.model is not None:
+                model_state = copy.copy(buffers)
+                model_state.update(params)
+                self.model.load_state_dict(model_state)  # its own tensors: nothing copied
+            if self.optimizer is not None:
+                self.optimizer.load_state_dict(optimizer)
+        return dests, load
+
+    def _buffer_destinations(self, skeleton):
+        """A member holding the commit: rank 0's model buffers (the stream's prefix) go into
+        its own.  Returns (the tensors, a function that loads them once received)."""
         live = self._halves(self.model.state_dict())[0] if self.model is not None else None
         buffers, dests = state_stream.fill(skeleton, live)
-        received = state_stream.receive(endpoint, dests, prefix=True)
-        self.model.load_state_dict(buffers, strict=False)
-        return received
+        return dests, lambda: self.model.load_state_dict(buffers, strict=False)
 
     def _own(self, model_state, optimizer_state):
         buffers, params = self._halves(model_state)

@@ -6,6 +6,8 @@ STAMP := $(VENV)/.hvd_edl-deps
 # each set-up step shows what it installs or builds, with elapsed time; whole logs in build/
 PROGRESS = $(PY) cmake/progress.py
 PYTEST_ARGS ?=
+# make test's tests run on this many pytest-xdist workers (tests/conftest.py says why two)
+TEST_JOBS ?= 2
 
 .PHONY: setup demo test bench scale chaos clean
 
@@ -39,7 +41,7 @@ demo: setup
 	  $(VENV)/bin/python examples/train_digits.py --epochs 40 --step-delay 0.02 --summary build/demo-summary.json
 
 test: setup
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS) tests
+	$(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS) tests
 
 # The variations left out of make test (marker long: about 4 minutes), then nothing else.
 test-long: setup

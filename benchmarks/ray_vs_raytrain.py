@@ -9,7 +9,9 @@ an MLP of 0.3 M parameters, 64 samples per worker, a commit / checkpoint every 1
 Per system, two runs, each a fresh job:
 
 * static: 2 workers, fixed (``--min-np 2 --max-np 2``; Ray Train ``num_workers=2``): steps/s over
-  ``--window`` seconds once training runs;
+  ``--window`` seconds once training runs; run once before and once after the elastic run, and
+  the elastic rate is compared with their mean (this machine's speed drifts by 5-10 % over the
+  minutes between runs: Ray Train's elastic run once measured 1.10x its static one);
 * elastic (2..3 workers; Ray Train ``ScalingConfig(num_workers=(2, 3))`` with
   ``elastic_resize_monitor_interval_s=5``, its default is 60): steps/s over the same window at
   2 workers; then a Ray node added on h3: the time from the node's start to the first step at 3
@@ -384,8 +386,17 @@ def main() -> int:
                     res["horovod_ray"] = try_horovod_ray(r, work / "horovod_ray", a.bound)
                     print(f"  horovod.ray: {res['horovod_ray']['line']}", flush=True)
                     continue
-                static = measure_static(system, r, work, a.window, a.bound)
+                # static runs before and after the elastic one: the ratio is to their mean,
+                # so a drift of this noisy machine's speed over the minutes cancels
+                static = measure_static(system, r, work / "before", a.window, a.bound)
                 elastic = measure_elastic(system, r, work, a.window, a.bound)
+                after = measure_static(system, r, work / "after", a.window, a.bound)
+                static["steps_per_s_before"] = static.get("steps_per_s")
+                static["steps_per_s_after"] = after.get("steps_per_s")
+                rates = [v for v in (static["steps_per_s_before"], after.get("steps_per_s"))
+                         if v]
+                static["steps_per_s"] = sum(rates) / len(rates) if rates else None
+                static["exit_code_after"] = after.get("exit_code")
                 ratio = None
                 if static.get("steps_per_s") and elastic.get("steps_per_s_at_2"):
                     ratio = round(elastic["steps_per_s_at_2"] / static["steps_per_s"], 3)

@@ -154,3 +154,17 @@ def rdv():
     r = GenerationRendezvous("127.0.0.1")
     yield r
     r.close()
+
+
+# make test runs on two pytest-xdist workers (--dist loadgroup, Makefile): a test drives
+# processes that use about 1.3 of the 2 cores on average (mostly each worker's torch import
+# and Gloo set-up), so two at a time keep both cores busy.  The tests that build a namespace
+# cluster (sshd per host, Ray's daemons) share one group: they run one after another on one
+# xdist worker, never two clusters at once.
+NAMESPACE_CLUSTER_FILES = {"test_cluster.py", "test_ray.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in NAMESPACE_CLUSTER_FILES:
+            item.add_marker(pytest.mark.xdist_group("namespace-cluster"))

@@ -274,6 +274,8 @@ def test_ssh_missing_is_one_clear_line(cluster, cluster_job, tmp_path):
     assert "hvd-edl-run: ssh to host h1 failed: no 'ssh' command on PATH" in job.output()
 
 
+# marker long (make test's 15 minutes): the other cluster tests form rings of namespace hosts
+@pytest.mark.long
 def test_loopback_hostname_hosts_form_a_ring(tmp_path):
     """Hosts whose hostname resolves to 127.0.1.1: a 2-host ring forms (the process-set Gloo
     context uses HOROVOD_GLOO_IFACE, cmake/patches/0001-gloo-process-set-iface.patch)."""

@@ -36,6 +36,8 @@ def test_scale_out_is_stop_free_and_joiner_builds_first(tmp_path, job_factory):
     assert summary(tmp_path)["world_size"] == 3
 
 
+# marker long (make test's 15 minutes): test_control.py's ctl scale and the cluster service's edl test assert a scale-in rolls back nothing
+@pytest.mark.long
 def test_scale_in_rolls_back_nothing(tmp_path, job_factory):
     job = job_factory(["-np", "3", "--min-np", "1", "--max-np", "4", "--discovery-interval", "0.2"],
                       long_digits(tmp_path), hosts="localhost:3")
@@ -101,6 +103,8 @@ def test_kill_rank_0_leaves_the_others_training(tmp_path, job_factory):
     _kill_one_of_three(tmp_path, job_factory, victim=0)
 
 
+# marker long (make test's 15 minutes): test_faults_membership.py loses a joiner right after ready, the harder case
+@pytest.mark.long
 def test_joiner_that_dies_before_ready_does_not_disturb_the_ring(tmp_path, job_factory):
     job = job_factory(ELASTIC, long_digits(tmp_path, "--build-delay", "3"), hosts="localhost:2")
     job.wait_generation(1)
@@ -182,6 +186,8 @@ def test_sigterm_to_the_launcher_stops_the_workers_without_blaming_them(tmp_path
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
 
 
+# marker long (make test's 15 minutes): test_faults_membership.py's finishing orders end jobs the same way
+@pytest.mark.long
 def test_a_leaving_last_member_that_finishes_ends_the_job(tmp_path, job_factory):
     """The only member's slot goes away while its replacement still builds, so it trains on;
     when its script then finishes, the job is over: the replacement must not start a new ring

@@ -11,6 +11,8 @@ ledger, and every run is checked with the audit (0 repeated, 0 missing, every ep
 import json
 import sys
 
+import pytest
+
 from conftest import ROOT
 from hvd_edl import audit
 
@@ -86,27 +88,30 @@ def test_a_short_dip_below_min_np_waits_and_resumes(tmp_path, job_factory, monke
     _audit_ok(ledger, 512)
 
 
+# (post-training seconds by rank, a worker frozen for 3 s once its training returned); make test
+# runs one order and one freeze, the mirror images are long (make test's 15 minutes)
+@pytest.mark.parametrize("post_s, freeze", [
+    ("0:0,1:0.5,2:1", ""), pytest.param("0:1,1:0.5,2:0", "", marks=pytest.mark.long),
+    pytest.param("", "w1:3", marks=pytest.mark.long), ("", "w3:3")],
+    ids=["rank-0-first", "rank-0-last", "rank-0-frozen", "last-rank-frozen"])
 def test_the_end_of_a_job_is_never_a_failure_in_any_finishing_order(tmp_path, job_factory,
-                                                                    monkeypatch):
-    # (post-training seconds by rank, a worker frozen for 3 s once its training returned)
-    cases = [("0:0,1:0.5,2:1", ""), ("0:1,1:0.5,2:0", ""), ("", "w1:3"), ("", "w3:3")]
-    for i, (post_s, freeze) in enumerate(cases):
-        run = tmp_path / f"run{i}"
-        run.mkdir()
-        ledger = run / "ledger"
-        monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
-        job = job_factory(["-np", "3", "--min-np", "1", "--max-np", "3",
-                           "--event-log", str(run / "events.jsonl")],
-                          _command(run, "--dataset-size", "384", "--epochs", "2",
-                                   "--post-s", post_s, "--freeze-after", freeze),
-                          hosts="localhost:3")
-        job.events_path = run / "events.jsonl"
-        assert job.finish(120) == 0, (post_s, freeze, job.output()[-3000:])
-        assert [e["kind"] for e in job.events()] == ["start"], (post_s, freeze, job.events())
-        done = _done(run)
-        assert sorted(d["worker"] for d in done) == ["w1", "w2", "w3"], (post_s, freeze, done)
-        assert "fenced" not in job.output() and "failed" not in job.output()
-        _audit_ok(ledger, 384)
+                                                                    monkeypatch, post_s, freeze):
+    run = tmp_path / "run"
+    run.mkdir()
+    ledger = run / "ledger"
+    monkeypatch.setenv(audit.ENV_AUDIT_DIR, str(ledger))
+    job = job_factory(["-np", "3", "--min-np", "1", "--max-np", "3",
+                       "--event-log", str(run / "events.jsonl")],
+                      _command(run, "--dataset-size", "384", "--epochs", "2",
+                               "--post-s", post_s, "--freeze-after", freeze),
+                      hosts="localhost:3")
+    job.events_path = run / "events.jsonl"
+    assert job.finish(120) == 0, (post_s, freeze, job.output()[-3000:])
+    assert [e["kind"] for e in job.events()] == ["start"], (post_s, freeze, job.events())
+    done = _done(run)
+    assert sorted(d["worker"] for d in done) == ["w1", "w2", "w3"], (post_s, freeze, done)
+    assert "fenced" not in job.output() and "failed" not in job.output()
+    _audit_ok(ledger, 384)
 
 
 def test_exit_0_in_the_middle_of_training_is_a_leave(tmp_path, job_factory, monkeypatch):

@@ -282,7 +282,6 @@ HOROVOD_SUITE = {
 }
 
 
-@pytest.mark.long
 @pytest.mark.parametrize("case", sorted(HOROVOD_SUITE))
 def test_horovods_suite_passes_whole_with_failure_blacklist_host(tmp_path, case):
     """Before: 6 of these 12 failed (a failed worker rested its slot only; no flag gave

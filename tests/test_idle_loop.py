@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from hvd_edl.runtime import IDLE_WAIT_MS, idle_wait_ms
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,6 +111,8 @@ def _check(results, n):
             assert x["shutdown_seen_s"] is not None, f"rank {x['rank']} never saw the shutdown"
 
 
+# marker long (make test's 15 minutes): test_blocking_wait.py checks the same sleep instead of spinning
+@pytest.mark.long
 def test_idle_loop_sleeps_and_collectives_keep_horovods_results(rdv):
     n = 3
     patched = _ring(n, rdv, 2, WAIT_MS)

@@ -342,6 +342,8 @@ print(f"RESULT rank={hvd.rank()} size={hvd.size()} sum={s.item()} mpi={hvd.mpi_e
 """
 
 
+# marker long (make test's 15 minutes): the mpirun path of a static job; hvd-edl-run's static path is test_launcher_static.py's
+@pytest.mark.long
 def test_mpirun_runs_a_static_horovod_job(tmp_path):
     """``mpirun -np 2 python script.py`` with ``hvd.init(comm=MPI.COMM_WORLD)``: no launcher of
     ours, so ``hvd_edl.torch.init`` is Horovod's own and Horovod (built with MPI when MPICH's

@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.append(str(ROOT / "benchmarks"))
 from ring_env import CountingRendezvous, kill_leftovers, rank_env  # noqa: E402  (benchmarks/)
@@ -81,6 +83,8 @@ def _run_ring(fast: bool, rdv: CountingRendezvous, generation: int, hosts: int =
     return inits, requests
 
 
+# marker long (make test's 15 minutes): the two-host test below forms local and cross rings through the same path
+@pytest.mark.long
 def test_fast_gloo_init_forms_the_same_rings_from_far_fewer_rendezvous_requests():
     rdv = CountingRendezvous("127.0.0.1")
     try:

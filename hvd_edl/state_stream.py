@@ -262,6 +262,25 @@ def _recv_all(sock: socket.socket, views: Sequence[memoryview]) -> int:
     return got
 
 
+def _listening_socket(address: str) -> socket.socket:
+    """A TCP socket listening on ``address`` (IPv4 or IPv6) at a port the system picks.
+
+    Raises:
+        StreamError: the address cannot be bound here.
+    """
+    sock = None
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET,
+                             socket.SOCK_STREAM)
+        sock.bind((address, 0))
+        sock.listen(128)
+    except OSError as e:
+        if sock is not None:
+            sock.close()
+        raise StreamError(f"state stream: cannot listen on {address}: {e}") from None
+    return sock
+
+
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     buf = bytearray(n)
     if n and _recv_all(sock, [memoryview(buf)]) != n:
@@ -386,13 +405,7 @@ class StreamServer:
             self._listener = listener.sock
             self.address, self.port = listener.address, listener.port
             return
-        try:
-            family = socket.AF_INET6 if ":" in address else socket.AF_INET
-            self._listener = _track(socket.socket(family, socket.SOCK_STREAM))
-            self._listener.bind((address, 0))
-            self._listener.listen(128)
-        except OSError as e:
-            raise StreamError(f"state stream: cannot listen on {address}: {e}") from None
+        self._listener = _track(_listening_socket(address))
         self.address = address
         self.port = self._listener.getsockname()[1]
 
@@ -782,13 +795,7 @@ class Listener:
     """
 
     def __init__(self, address: str):
-        try:
-            family = socket.AF_INET6 if ":" in address else socket.AF_INET
-            self.sock = socket.socket(family, socket.SOCK_STREAM)
-            self.sock.bind((address, 0))
-            self.sock.listen(128)
-        except OSError as e:
-            raise StreamError(f"state stream: cannot listen on {address}: {e}") from None
+        self.sock = _listening_socket(address)
         self.address = address
         self.port = self.sock.getsockname()[1]
         self.early: Dict[bytes, List[Tuple[socket.socket, bytes]]] = {}

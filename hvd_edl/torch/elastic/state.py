@@ -312,19 +312,12 @@ class TorchState(ObjectState):
                 received = state_stream.receive(header["endpoint"], dests,
                                                 prefix=not lacks)
         transfer_s = time.monotonic() - t0
-        t0 = time.monotonic()
-        if load is not None:
-            load()
-        if rank != 0:
-            self._load_header(rt, header)
-        for k, s in self._samplers.items():
-            s.load_state_dict(header["samplers"][k])  # also resets to the new rank/size
-        self.save()
+        load_s = self._take(rt, rank, header, load)
         return {"mode": "stream", "header": "broadcast", "sent_bytes": sent,
                 "received_bytes": received, "receivers": receivers, "held": not lacks,
                 "header_s": round(header_s, 4),
                 "skeleton_s": round(skeleton_s, 4), "transfer_s": round(transfer_s, 4),
-                "load_s": round(time.monotonic() - t0, 4)}
+                "load_s": round(load_s, 4)}
 
     def _sync_direct(self, rt, held: int) -> Dict[str, Any]:
         """The sync without any collective: rank 0 serves the header and the tensors on this
@@ -393,7 +386,17 @@ class TorchState(ObjectState):
             lacks = got["part"] == b"A"
             header_s, skeleton_s, transfer_s = (got["header_s"], got["skeleton_s"],
                                                 got["transfer_s"])
-        t2 = time.monotonic()
+        load_s = self._take(rt, rank, header, load)
+        return {"mode": "stream", "header": "stream", "sent_bytes": sent, "received_bytes": received,
+                "receivers": receivers, "held": not lacks, "header_s": round(header_s, 4),
+                "skeleton_s": round(skeleton_s, 4), "transfer_s": round(transfer_s, 4),
+                "load_s": round(load_s, 4)}
+
+    def _take(self, rt, rank: int, header: Dict[str, Any], load) -> float:
+        """The end of a streamed sync on every rank: load the received tensors (``load``, or
+        None when nothing came), the header's scalars (not on rank 0, whose they are) and the
+        samplers, then commit.  Returns the seconds it took (the sync's ``load_s``)."""
+        t0 = time.monotonic()
         if load is not None:
             load()
         if rank != 0:
@@ -401,10 +404,7 @@ class TorchState(ObjectState):
         for k, s in self._samplers.items():
             s.load_state_dict(header["samplers"][k])  # also resets to the new rank/size
         self.save()
-        return {"mode": "stream", "header": "stream", "sent_bytes": sent, "received_bytes": received,
-                "receivers": receivers, "held": not lacks, "header_s": round(header_s, 4),
-                "skeleton_s": round(skeleton_s, 4), "transfer_s": round(transfer_s, 4),
-                "load_s": round(time.monotonic() - t2, 4)}
+        return time.monotonic() - t0
 
     def _state_to_send(self):
         """Rank 0's (buffers, parameters, optimizer state) as host tensors: buffers and

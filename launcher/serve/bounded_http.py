@@ -274,6 +274,7 @@ class BoundedHTTPServer:
         self.other_users = 0          # local peers of another user refused
         self.server: Optional[asyncio.base_events.Server] = None
         self._writers: Set[asyncio.StreamWriter] = set()
+        self._tasks: Set[asyncio.Task] = set()  # the connections' tasks (shutdown cancels them)
 
     async def start(self, sock: socket.socket) -> None:
         """Start serving on the listening ``sock`` (from :func:`listen_socket`)."""
@@ -287,11 +288,14 @@ class BoundedHTTPServer:
             self.server.close()
 
     async def shutdown(self, timeout_s: float = 2.0) -> None:
-        """Stop accepting and close every connection; wait (at most ``timeout_s``) until their
-        tasks ended."""
+        """Stop accepting, close every connection and cancel its task (a long poll awaiting its
+        answer would otherwise hold on until its own bound: 2 s of every job's end); wait (at
+        most ``timeout_s``) until the tasks ended."""
         self.close()
         for writer in list(self._writers):
             writer.transport.abort()
+        for task in list(self._tasks):
+            task.cancel()
         deadline = asyncio.get_running_loop().time() + timeout_s
         while self.connections and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.01)
@@ -377,6 +381,8 @@ class BoundedHTTPServer:
             return
         self.connections += 1
         self._writers.add(writer)
+        task = asyncio.current_task()
+        self._tasks.add(task)
         peer = (writer.get_extra_info("peername") or ("",))[0]
         try:
             if self._peer_refused(writer):
@@ -438,6 +444,7 @@ class BoundedHTTPServer:
         finally:
             self.connections -= 1
             self._writers.discard(writer)
+            self._tasks.discard(task)
             writer.close()
             if not self._trim_pending:
                 self._trim_pending = True

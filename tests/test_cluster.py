@@ -124,6 +124,62 @@ def test_static_two_host_job_trains_over_gloo(cluster, cluster_job, tmp_path):
     assert "[0]<stdout>:" in job.output() or "[0]<stderr>:" in job.output()
 
 
+def test_the_cluster_service_runs_its_jobs_over_ssh_on_the_pool_hosts(cluster, tmp_path):
+    """``hvd-edl-cluster serve`` over two namespace hosts with the cluster's key and interface
+    (``-i``, ``--network-interface``: every job's hvd-edl-run gets them): a job submitted with
+    ``--np 2`` trains across both hosts and ends done, each sample used once."""
+    cli = [sys.executable, "-m", "launcher.cluster.cli"]
+    state, cfile, adir = tmp_path / "state", tmp_path / "cluster.json", tmp_path / "audit"
+    out = open(tmp_path / "serve.log", "w")
+    serve = cluster.popen("launcher", cli + [
+        "serve", "-H", "h1:1,h2:1", "-i", cluster.identity_file, "--network-interface",
+        cluster.nic, "--state-dir", str(state), "--cluster-file", str(cfile)],
+        stdout=out, stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parent.parent))
+
+    def client(*args, timeout=60):
+        return subprocess.run(cluster.exec_argv("launcher", cli + ["--cluster", str(cfile)]
+                                                + list(args)),
+                              capture_output=True, text=True, timeout=timeout,
+                              cwd=str(tmp_path))
+    try:
+        _wait("the cluster file", lambda: cfile.exists() or serve.poll() is not None, 60)
+        assert serve.poll() is None, (tmp_path / "serve.log").read_text()
+        r = client("submit", "--np", "2", "--min-np", "1", "--max-np", "2",
+                   "--env", f"{audit.ENV_AUDIT_DIR}={adir}", "--",
+                   sys.executable, DIGITS, "--epochs", "1")
+        assert r.returncode == 0, r.stderr
+        jid = r.stdout.split()[-1]
+
+        def ended():
+            st = client("status", jid, "--json")
+            job = json.loads(st.stdout)["jobs"][0] if st.returncode == 0 else {}
+            return job if job.get("state") in ("done", "failed", "cancelled") else None
+        job = _wait(f"job {jid} to end", ended, 240)
+        log = (state / "jobs" / jid / "run1.log").read_text()
+        assert job["state"] == "done" and job["exit_code"] == 0, log[-3000:]
+        assert "started on h1 slot 0" in log and "started on h2 slot 0" in log, log[-3000:]
+        assert "2 workers" in log, log[-3000:]
+        rep = audit.check(adir, DIGITS_TRAIN)
+        assert rep.ok and rep.repeated == 0 and rep.missing == 0, rep
+    finally:
+        serve.terminate()
+        serve.wait(30)
+        out.close()
+        for p in psutil.process_iter(["cmdline"]):  # a job outlives its service by design
+            if str(state) in " ".join(p.info["cmdline"] or []):
+                p.kill()
+
+
+def _wait(what: str, pred, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def test_scale_out_scale_in_and_remote_kill_use_each_sample_once(cluster, cluster_job, tmp_path,
                                                                  monkeypatch):
     """Stop-free scale-out onto a new host, graceful scale-in of a host that leaves discovery,

@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="slots of hosts that give none (default 1)")
     s.add_argument("--discovery-interval", type=_positive_float, default=1.0,
                    help="seconds between pool discovery calls (default 1)")
+    s.add_argument("-p", "--ssh-port", dest="ssh_port", type=_tcp_port, default=None,
+                   help="the pool's hosts' ssh port (every job's hvd-edl-run -p)")
+    s.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file", default=None,
+                   help="the key every job's hvd-edl-run reaches the hosts with (its -i)")
+    s.add_argument("--network-interface", dest="nic", default=None,
+                   help="the interface every job's rings use (its --network-interface)")
     s.add_argument("--state-dir", required=True, help="the service's folder (0700): its "
                    "database, the jobs' files and logs, the event log; a restarted service "
                    "with the same folder re-adopts the running jobs")
@@ -221,9 +227,19 @@ def serve(a, parser) -> int:
         return _fail(str(e))
     except OSError as e:
         return _fail(f"cannot read --hostfile: {e.strerror or e}")
+    launcher_args = []
+    if a.ssh_port is not None:
+        launcher_args += ["-p", str(a.ssh_port)]
+    if a.ssh_identity_file is not None:
+        key = os.path.abspath(os.path.expanduser(a.ssh_identity_file))
+        if not os.access(key, os.R_OK):
+            return _fail(f"--ssh-identity-file {a.ssh_identity_file}: cannot read it")
+        launcher_args += ["-i", key]
+    if a.nic is not None:
+        launcher_args += ["--network-interface", a.nic]
     service = Service(os.path.abspath(os.path.expanduser(a.state_dir)), discovery, policy,
                       discovery_interval_s=a.discovery_interval, round_s=a.round_s,
-                      fixed_pool=not a.discovery_script)
+                      fixed_pool=not a.discovery_script, launcher_args=launcher_args)
     try:
         service.open()
     except ServiceError as e:

@@ -5,9 +5,9 @@ the job's 0700 folder of the state directory:
 =====================  ===================================================================
 ``jobs/<id>/hosts``    the allocation file its host discovery prints (:mod:`.allocation`)
 ``jobs/<id>/job.json`` its ``--job-file`` (URL and control secret; the control API's client)
-``jobs/<id>/events.jsonl``  its ``--event-log``
 ``jobs/<id>/checkpoints``   its ``--checkpoint-dir`` when the user gave none
 ``run<N>.log``         the launcher's output
+``run<N>.events.jsonl``  its ``--event-log`` (one per run: a launcher starts its log afresh)
 ``run<N>.pid``         the wrapper's pid: the run started
 ``run<N>.lock``        ``flock``-ed by the wrapper for its life
 ``run<N>.exit``        its exit code, written once at its end (:mod:`.wrapper`)
@@ -45,7 +45,6 @@ class JobFiles:
         self.dir = Path(state_dir) / "jobs" / job_id
         self.hosts = self.dir / "hosts"
         self.job_file = self.dir / "job.json"
-        self.events = self.dir / "events.jsonl"
         self.checkpoints = self.dir / "checkpoints"
 
     def make(self) -> "JobFiles":
@@ -76,7 +75,9 @@ def launcher_command() -> List[str]:
 class RunSpec:
     """What one run of a job is started with.  ``np``, ``min_np``, ``max_np``: the job's
     bounds (``np`` the size it starts at: its allocation's); ``argv``: the training command;
-    ``checkpoint_dir``: its ``--checkpoint-dir``; ``checkpoint_every_s``: its interval."""
+    ``checkpoint_dir``: its ``--checkpoint-dir``; ``checkpoint_every_s``: its interval;
+    ``launcher_args``: the pool's own ``hvd-edl-run`` flags (``serve``'s ``-p``, ``-i``,
+    ``--network-interface``: how to reach its hosts), the same for every job."""
     argv: Tuple[str, ...]
     cwd: str
     env: Tuple[Tuple[str, str], ...]
@@ -85,16 +86,20 @@ class RunSpec:
     max_np: int
     checkpoint_dir: str
     checkpoint_every_s: float = 30.0
+    launcher_args: Tuple[str, ...] = ()
 
-    def launcher_argv(self, files: JobFiles) -> List[str]:
+    def launcher_argv(self, files: JobFiles, number: int) -> List[str]:
+        """``hvd-edl-run``'s command line for run ``number``."""
         discovery = f"{sys.executable} -I -S {allocation.__file__} {files.hosts}"
         return launcher_command() + [
             "-np", str(self.np), "--min-np", str(self.min_np), "--max-np", str(self.max_np),
             "--host-discovery-script", discovery,
             "--discovery-interval", str(DISCOVERY_INTERVAL_S),
-            "--job-file", str(files.job_file), "--event-log", str(files.events),
+            "--job-file", str(files.job_file), "--event-log",
+            str(files.run_file(number, "events.jsonl")),
             "--checkpoint-dir", self.checkpoint_dir,
-            "--checkpoint-every", f"{self.checkpoint_every_s:g}", "--"] + list(self.argv)
+            "--checkpoint-every", f"{self.checkpoint_every_s:g}"] + list(self.launcher_args) \
+            + ["--"] + list(self.argv)
 
 
 class Run:
@@ -122,7 +127,7 @@ class Run:
                     [sys.executable, "-m", "launcher.cluster.wrapper",
                      "--pid-file", str(files.run_file(number, "pid")),
                      "--exit-file", str(files.run_file(number, "exit")), "--"]
-                    + spec.launcher_argv(files),
+                    + spec.launcher_argv(files, number),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                     cwd=spec.cwd, env=env, start_new_session=True, pass_fds=(lock_fd,))
         finally:

@@ -36,7 +36,7 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import filelock
 
@@ -85,12 +85,14 @@ class Service:
         round_s: seconds between scheduling rounds when nothing happens.
         fixed_pool: the pool never changes (-H / --hostfile): a job that can never fit is
             refused at submit.
+        launcher_args: ``hvd-edl-run`` flags every job's run gets, how to reach the pool's
+            hosts (``-p PORT``, ``-i FILE``, ``--network-interface NIC``).
     """
 
     def __init__(self, state_dir: Path, discovery, policy: Policy,
                  discovery_interval_s: float = 1.0, round_s: float = ROUND_S,
                  fixed_pool: bool = False, change_cost_s: float = CHANGE_COST_S,
-                 restart_cost_s: float = RESTART_COST_S):
+                 restart_cost_s: float = RESTART_COST_S, launcher_args: Sequence[str] = ()):
         self.state_dir = Path(state_dir)
         self.discovery = discovery
         self.policy = policy
@@ -99,6 +101,7 @@ class Service:
         self.fixed_pool = fixed_pool
         self.change_cost_s = change_cost_s
         self.restart_cost_s = restart_cost_s
+        self.launcher_args = tuple(launcher_args)
         self.pool: Dict[str, int] = {}
         self.runs: Dict[str, Run] = {}           # job id -> its live run
         self.written: Dict[str, Dict[str, int]] = {}  # job id -> its allocation file now
@@ -482,7 +485,7 @@ class Service:
         self._write(job.id, hosts)
         spec = RunSpec(argv=tuple(job.argv), cwd=job.cwd, env=tuple(sorted(job.env.items())),
                        np=sum(hosts.values()), min_np=job.min_np, max_np=job.max_np,
-                       checkpoint_dir=job.checkpoint_dir)
+                       checkpoint_dir=job.checkpoint_dir, launcher_args=self.launcher_args)
         try:
             run = Run.start(files, number, spec)
         except OSError as e:

@@ -184,6 +184,10 @@ def run_policy(policy: str, jobs, slots: int, tmp: Path, kill_at: int = -1) -> d
         rep = audit.check(adir, samples_of(kind))
         audits[jid] = {"repeated": rep.repeated, "missing": rep.missing, "ok": rep.ok}
     ends = {jid: sum(1 for e in events if e["job"] == jid and e["kind"] == "end") for jid in ids}
+    # a job's end: its last ledger line (the newest audit file's mtime: its last step or epoch)
+    # to the service recording it done (the final evaluation, the workers' and launcher's exit)
+    ends_s = [by_id[jid]["finished_at"] - max(f.stat().st_mtime for f in adir.glob("*.jsonl"))
+              for jid, (_, _, adir) in ids.items() if list(adir.glob("*.jsonl"))]
     out = {
         "policy": policy, "avg_jct_s": statistics.mean(jct), "makespan_s": last - first,
         "utilisation": held / (slots * (last - first)),
@@ -202,6 +206,7 @@ def run_policy(policy: str, jobs, slots: int, tmp: Path, kill_at: int = -1) -> d
         "reclaim_s": reclaim_latencies(events),
         "measured": measured_costs(tmp, ids, events),
     }
+    out["measured"]["end_s"] = statistics.median(ends_s) if ends_s else None
     if killed:
         out["service_kill9"] = dict(killed, adopted=sum(1 for e in events if e["kind"] == "adopt"))
     return out
@@ -227,20 +232,35 @@ def reclaim_latencies(events) -> list:
 
 
 def measured_costs(tmp: Path, ids, events) -> dict:
-    """Step seconds per world size per job (its event log's stalls aside: the jobs' telemetry
-    as the store kept it) and the start-up cost (a run's start to its first generation)."""
-    startup, stalls = [], []
+    """Medians over the runs: the start-up cost (a run's start to its first generation, from
+    that run's own event log), the joiners' build (a ``grow`` decision to the run's next
+    scale-out), the switch stall (scale-ins and scale-outs) and the preemption's stop (a
+    ``suspend`` to ``suspended``: the checkpoint and the run's exit, its slots held)."""
+    startup, joins, stalls, stops = [], [], [], []
     for jid in ids:
-        log = tmp / "state" / "jobs" / jid / "events.jsonl"
-        gens = [json.loads(x) for x in log.read_text().splitlines() if '"generation"' in x] \
-            if log.exists() else []
-        runs = [e for e in events if e["kind"] == "run" and e["job"] == jid]
-        starts = [g for g in gens if g.get("kind") == "start"]
-        for r, g in zip(runs, starts):
-            startup.append(g["time"] - r["at"])
-        stalls += [g["stall_s"] for g in gens if g.get("kind") in ("scale_in", "scale_out")]
-    return {"startup_s": statistics.median(startup) if startup else None,
-            "stall_s": statistics.median(stalls) if stalls else None}
+        mine = [e for e in events if e["job"] == jid]
+        for r in (e for e in mine if e["kind"] == "run"):
+            log = tmp / "state" / "jobs" / jid / f"run{r['run']}.events.jsonl"
+            gens = [json.loads(x) for x in log.read_text().splitlines()
+                    if '"generation"' in x] if log.exists() else []
+            if gens:
+                startup.append(gens[0]["time"] - r["at"])
+            stalls += [g["stall_s"] for g in gens if g.get("kind") in ("scale_in", "scale_out")]
+            for grow in (e for e in mine if e["kind"] == "grow" and e["at"] > r["at"]):
+                out = next((g for g in gens if g["kind"] == "scale_out"
+                            and g["time"] > grow["at"]), None)
+                if out is not None:
+                    joins.append(out["time"] - grow["at"])
+        for sus in (e for e in mine if e["kind"] == "suspend"):
+            done = next((e for e in mine if e["kind"] == "suspended" and e["at"] >= sus["at"]),
+                        None)
+            if done is not None:
+                stops.append(done["at"] - sus["at"])
+
+    def med(xs):
+        return statistics.median(xs) if xs else None
+    return {"startup_s": med(startup), "join_s": med(joins), "stall_s": med(stalls),
+            "stop_s": med(stops), "startups": len(startup), "joins": len(joins)}
 
 
 def speed_points(tmp: Path) -> dict:
@@ -253,10 +273,14 @@ def speed_points(tmp: Path) -> dict:
     return out
 
 
-def predict(policy: str, jobs, slots: int, steps: dict, startup_s: float, stall_s: float,
-            join_s: float) -> dict:
+def predict(policy: str, jobs, slots: int, steps: dict, m: dict) -> dict:
     """The simulator's run of the same stream (per-rank batch fixed: rank-steps of one slot's
-    batch, a step's seconds interpolated from the measured sizes)."""
+    batch, a step's seconds from the nearest measured size) with the costs ``m`` measured in
+    the run (:func:`measured_costs`; a cost not seen in the run: the start-up's)."""
+    startup_s = m["startup_s"] or 8.0
+    join_s = m["join_s"] or startup_s
+    stall_s = m["stall_s"] or 0.1
+    end_s = m.get("end_s") or 0.0
     from launcher.cluster.policies import make_policy
     from launcher.cluster.simulator import SimJob, simulate
     pol = make_policy(policy)
@@ -280,16 +304,20 @@ def predict(policy: str, jobs, slots: int, steps: dict, startup_s: float, stall_
         sims.append(SimJob(name, at, step_time, samples_of(kind) * epochs / batch, np_,
                            min_np=1, max_np=4, samples_per_step=batch))
     res = simulate(sims, {"localhost": slots}, pol, round_s=5.0, restart_cost_s=startup_s,
-                   change_cost_s=stall_s, stop_free=True, join_s=join_s, event_rounds=True)
+                   change_cost_s=stall_s, stop_free=True, join_s=join_s, end_s=end_s,
+                   event_rounds=True)
     return {"avg_jct_s": res.avg_jct_s, "makespan_s": res.makespan_s,
-            "utilisation": res.utilisation}
+            "utilisation": res.utilisation,
+            "jct_s": {f"j{i + 1}": res.jobs[name].jct_s for i, (_, name, _, _) in enumerate(jobs)}}
 
 
 def plot(results: dict, path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(results), 1, figsize=(9, 2.6 * len(results)), sharex=True)
+    fig, axes = plt.subplots(len(results), 1, figsize=(9, 2.6 * len(results)), sharex=True,
+                             squeeze=False)
+    axes = axes[:, 0]
     for ax, (policy, r) in zip(axes, results.items()):
         ts = [t for t, _, _ in r["timeline"]]
         ids = sorted({j for _, w, _ in r["timeline"] for j in w}, key=lambda j: int(j[1:]))
@@ -314,6 +342,7 @@ def main() -> int:
     p.add_argument("--slots", type=int, default=6)
     p.add_argument("--span", type=float, default=40.0, help="seconds the arrivals span")
     p.add_argument("--policies", default="fifo,tiresias,edl")
+    p.add_argument("--keep", action="store_true", help="keep the state dirs (printed)")
     a = p.parse_args()
     jobs = stream(a.jobs, a.span)
     print("stream:", [(round(at, 1), name, np_, kind) for at, name, np_, kind in jobs])
@@ -327,9 +356,7 @@ def main() -> int:
                        else -1)
         m = r["measured"]
         try:
-            r["simulated"] = predict(policy, jobs, a.slots, speed_points(tmp),
-                                     m["startup_s"] or 8.0, m["stall_s"] or 0.3,
-                                     m["startup_s"] or 8.0)
+            r["simulated"] = predict(policy, jobs, a.slots, speed_points(tmp), m)
         except Exception as e:  # noqa: BLE001 - the prediction is a figure beside the run
             r["simulated"] = {"error": str(e)}
         results[policy] = r
@@ -352,10 +379,10 @@ def main() -> int:
     (RESULTS / "scheduler_real.json").write_text(json.dumps(
         {"command": " ".join(["benchmarks/scheduler_real.py"] + sys.argv[1:]),
          "slots": a.slots, "stream": jobs, "results": results}, indent=1))
-    if all(r["all_done_once"] for r in results.values()):
+    if all(r["all_done_once"] for r in results.values()) and not a.keep:
         shutil.rmtree(base, ignore_errors=True)
     else:  # keep the state dirs (jobs' run logs, event logs, database) of a run that failed
-        print(f"some job did not end done exactly once: state kept in {base}", flush=True)
+        print(f"state kept in {base}", flush=True)
     return 0
 
 

@@ -196,6 +196,15 @@ def test_simulator_fifo_two_jobs_exact_jcts():
     assert res.jobs["b"].jct_s == 170.0                                # starts at a's end
 
 
+def test_simulator_end_s_holds_the_slots_past_the_last_step():
+    jobs = [SimJob("a", 0.0, lambda pl: 1.0, 100, 2), SimJob("b", 0.0, lambda pl: 1.0, 50, 2)]
+    res = simulate(jobs, {"h": 2}, make_policy("fifo"), restart_cost_s=10.0, end_s=4.0,
+                   event_rounds=True)
+    # a: 10 s start, 100 steps, 4 s end -> 114; b starts then: +10, +50, +4 -> 178
+    assert (res.jobs["a"].jct_s, res.jobs["b"].jct_s) == (114.0, 178.0)
+    assert res.jobs["a"].gpu_s == pytest.approx(2 * 114.0)
+
+
 class Scripted(Policy):
     """Allocations given by time (a test double for the cost model, not for a policy)."""
     name = "scripted"

@@ -152,6 +152,7 @@ class _Run:
         self.phases: List[Tuple[float, float]] = []
         self.last_change_at = job.submitted_at
         self._rates: Dict[Placement, float] = {}
+        self.end_at: Optional[float] = None  # its last step done: it ends then (``end_s``)
 
     def rate_at(self, pl: Placement) -> float:
         if not pl:
@@ -170,8 +171,13 @@ class _Run:
                 return r
         return self.rate
 
-    def finish_time(self, t0: float) -> float:
-        """When it completes if nothing changes (inf if never)."""
+    def finish_time(self, t0: float, end_s: float = 0.0) -> float:
+        """When it ends if nothing changes (inf if never): its last step, plus ``end_s``."""
+        if self.end_at is not None:
+            return self.end_at
+        return self._last_step_time(t0) + end_s
+
+    def _last_step_time(self, t0: float) -> float:
         left, t = self.job.total_steps - self.done, t0
         for until, r in self.phases:
             if until <= t:
@@ -182,17 +188,21 @@ class _Run:
             t = until
         return t + left / self.rate if self.rate > 0 else math.inf
 
-    def advance(self, t0: float, t1: float) -> Optional[float]:
-        """Progress over [t0, t1]; the completion time if it completes by t1."""
+    def advance(self, t0: float, t1: float, end_s: float = 0.0) -> Optional[float]:
+        """Progress over [t0, t1]; the completion time if it ends by t1 (its last step plus
+        ``end_s``, the slots held meanwhile)."""
         n = sum(self.hosts.values())
-        if not n:
+        if self.end_at is None and not n:
             return None
-        fin = self.finish_time(t0)
-        end = min(fin, t1)
-        self.res.gpu_s += n * (end - t0)
-        if fin <= t1:
-            self.done = self.job.total_steps
-            return fin
+        if self.end_at is None:
+            last = self._last_step_time(t0)
+            if last <= t1:
+                self.done = self.job.total_steps
+                self.end_at = last + end_s
+        if self.end_at is not None:
+            self.res.gpu_s += n * max(0.0, min(self.end_at, t1) - t0)
+            return self.end_at if self.end_at <= t1 else None
+        self.res.gpu_s += n * (t1 - t0)
         t = t0
         for until, r in self.phases:
             if until <= t:
@@ -210,11 +220,14 @@ class _Run:
 
 def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
              round_s: float = 60.0, restart_cost_s: float = 30.0, change_cost_s: float = 30.0,
-             stop_free: bool = False, join_s: float = 0.0, event_rounds: bool = False,
+             stop_free: bool = False, join_s: float = 0.0, end_s: float = 0.0,
+             event_rounds: bool = False,
              timeline: bool = False, max_time_s: float = 1e8,
              until_s: Optional[float] = None) -> SimResult:
     """Run ``jobs`` on ``pool`` (host -> slots) under ``policy`` (the module's docstring).
 
+    ``end_s``: seconds from a job's last step to its end (its script's last lines, the
+    workers' and the launcher's exit), its slots held meanwhile.
     ``until_s``: stop there (the averages then cover the jobs finished by then).
     Every allocation is checked (:func:`check_allocation`, AllocationError on a broken bound).
     Raises ValueError for duplicate job ids, RuntimeError (one line) if jobs remain that the
@@ -246,13 +259,13 @@ def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
             if arrivals:
                 t_next = min(t_next, arrivals[-1].job.submitted_at)
             for r in active:
-                if r.hosts:
-                    t_next = min(t_next, r.finish_time(t))
+                if r.hosts or r.end_at is not None:
+                    t_next = min(t_next, r.finish_time(t, end_s))
         if t_next > max_time_s:
             raise RuntimeError(f"simulation passed {max_time_s:.0f} s with {len(active)} jobs left")
         ended = False
         for r in active:
-            fin = r.advance(t, t_next)
+            fin = r.advance(t, t_next, end_s)
             if fin is not None:
                 r.res.finished_at = fin
                 r.hosts = {}

@@ -25,7 +25,9 @@ default 3,2,3,2,3: three of them) of ``benchmarks/workload.py`` with ``--model-m
 100) MB of frozen parameters, in three modes in the same run: the old broadcast
 (``HVD_EDL_SYNC_STREAM=0``), the stream with its header in a broadcast
 (``HVD_EDL_SYNC_HEADER_BROADCAST=1``) and the stream with its header over the stream; one table
-of the medians of the event log's stall, phases (boundary, shutdown, wait, init: the ring's
+of the medians of the pause measured from outside (``pause_s``: the survivors' longest gap from
+the end of their last step at 2 to the start of their first at 3, from the steps' wall times, as
+``make bench`` measures a stall), the event log's stall, phases (boundary, shutdown, wait, init: the ring's
 re-init, sync, rest) and the sync's parts (header, skeleton, transfer, load), as the slowest
 continuing member reported them.
 
@@ -161,7 +163,7 @@ def switch_phases(model_mb: float, changes, settle_steps: int, timeout_s: float)
     ``init_s`` and ``stall_s`` from the event log (what was measured before an error is kept,
     with the error)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench import Job
+    from bench import Job, change_stall
     out = {}
     # a script's folder is not put first on sys.path: a benchmarks/ module named like one of
     # the standard library's could not shadow it in the workers
@@ -172,22 +174,31 @@ def switch_phases(model_mb: float, changes, settle_steps: int, timeout_s: float)
         with tempfile.TemporaryDirectory() as tmp:
             job = Job("hvd_edl", Path(tmp), 2, step_delay=0.05, model_mb=model_mb, max_np=3)
             error = None
+            outside = []  # (old, new, unix time) of each scale-out
             try:
                 if not job.wait_settled(2, settle_steps, 0, timeout_s):
                     raise RuntimeError(f"no ring of 2: {job.output_tail()}")
+                old = 2
                 for new in changes:
                     t = job.change(new)
                     if not job.wait_settled(new, settle_steps, t, timeout_s):
                         raise RuntimeError(f"no ring of {new}: {job.output_tail(3)}")
+                    if new > old:
+                        outside.append((old, new, t))
+                    old = new
                 time.sleep(0.5)
             except RuntimeError as e:
                 error = str(e)
             finally:
                 outs = [e for e in job.events() if e["kind"] == "scale_out"]
+                tl = job.timelines()
+                pauses = [change_stall(tl, o, n, t) for o, n, t in outside]
                 out[mode] = [dict({k: e["phases"].get(k) for k in SWITCH_PHASES},
                                   stall_s=e["stall_s"],
+                                  pause_s=(pauses[i] or {}).get("stall_s")
+                                  if i < len(pauses) else None,
                                   **{"sync." + k: e.get("sync_parts", {}).get(k)
-                                     for k in SYNC_PARTS}) for e in outs]
+                                     for k in SYNC_PARTS}) for i, e in enumerate(outs)]
                 if error:
                     out[mode + "_error"] = error
                 job.finish()
@@ -200,7 +211,7 @@ def print_breakdown(switch: dict) -> None:
     """The scale-outs' stall, its phases and the sync's parts (the slowest continuing
     member's; seconds), each the median over the scale-outs, one column per mode."""
     modes = [m for m, _, _ in SWITCH_MODES if switch.get(m)]
-    rows = ["stall_s"] + list(SWITCH_PHASES) + ["sync." + k for k in SYNC_PARTS]
+    rows = ["pause_s", "stall_s"] + list(SWITCH_PHASES) + ["sync." + k for k in SYNC_PARTS]
     print(f"{'median of scale-outs (s)':26s}" + "".join(f"{m:>24s}" for m in modes))
     for row in rows:
         cells = []

@@ -261,3 +261,28 @@ def test_the_last_member_frozen_after_training_is_killed_without_a_beating_peer(
     coord.liveness._last["w2"] = time.monotonic() - liveness.END_SILENT_S - 1  # no one beats
     coord.tick(time.monotonic())
     assert quiet == ["w2"]
+
+
+def test_a_fenced_members_slot_is_never_free_between_its_fence_and_its_rest():
+    """The liveness thread fences a silent member and only then hands it to the driver, which
+    rests its slot; a spawn decided in between used to put a new worker on the fenced slot
+    (a Ray node cut off: the new worker died there too).  Until the driver has rested the slot,
+    the coordinator counts it occupied, so the slot book never offers it."""
+    from launcher.job.slot_book import SlotBook
+    coord = _ring()
+    book = SlotBook({"localhost": 2})
+    seen = []
+
+    def on_fence(rec, silent_s):   # what a spawn racing the driver's _on_fence would see
+        seen.append(book.free_slots("localhost", time.monotonic(), coord.occupied_slots()))
+        book.record_failure(rec.host, rec.slot, time.monotonic(), None)
+        rec.fence_pending = False  # Driver._on_fence, once the slot rests
+
+    coord.on_fence = on_fence
+    coord.beat(messages.Beat("w2", 1, 10))
+    coord.liveness._last["w1"] = time.monotonic() - 3 * coord.liveness.silent_after_s
+    coord._silence_checked_at = float("-inf")
+    coord.beat(messages.Beat("w2", 1, 10))
+    assert coord.workers["w1"].fenced and seen == [[]], seen
+    assert ("localhost", 0) not in coord.occupied_slots()
+    assert book.free_slots("localhost", time.monotonic(), coord.occupied_slots()) == []

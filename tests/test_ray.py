@@ -168,7 +168,10 @@ def test_ray_nodes_drive_the_job_and_every_sample_is_used_once(ray_nodes, tmp_pa
 
         r.wait_started("h3")
         mark("h3 up again")
-        again = job.generation_after(cut["generation"], "scale_out")
+        # the job's own bounds, not a guess of ours: the actor is placed within --start-timeout
+        # (120 s) and its worker dials back within LINK_TIMEOUT_S, or the job says so; on two
+        # loaded cores a fresh node's first worker process once took over 60 s
+        again = job.generation_after(cut["generation"], "scale_out", 160)
         assert again["world_size"] == 2, again
         assert job.node_id(r.c.hosts["h3"].addr) != h3
         mark("scale-out")
@@ -194,7 +197,7 @@ def test_ray_nodes_drive_the_job_and_every_sample_is_used_once(ray_nodes, tmp_pa
         mark("end")
     finally:
         job.stop()
-    print("ray timetable (s):", ", ".join(marks))
+        print("ray timetable (s):", ", ".join(marks))  # also when a step failed
     print(f"ray: scale-out stall {out['stall_s']:.3f} s, drain {inn['stall_s']:.3f} s, "
           f"node killed {fail['stall_s']:.3f} s, node cut off {cut['stall_s']:.3f} s")
     report = audit.check(ledger, DATASET)

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 from hvd_edl import messages
 from launcher.serve.coordinator_server import CoordinatorServer  # noqa: F401 - served from here
@@ -165,6 +165,13 @@ class Coordinator(Formation, Polls, MemberLiveness):
     def live_workers(self) -> List[WorkerRecord]:
         with self.lock:
             return [w for w in self.workers.values() if w.state.alive]
+
+    def occupied_slots(self) -> Set[Tuple[str, int]]:
+        """``(host, slot)`` no new worker may take: those of live workers and of workers fenced
+        whose slot the driver has not rested yet (:attr:`WorkerRecord.fence_pending`)."""
+        with self.lock:
+            return {(w.host, w.slot) for w in self.workers.values()
+                    if w.state.alive or w.fence_pending}
 
     def on_exit(self, worker_id: str, code: int) -> str:
         """A worker process ended with ``code`` (negative: killed by that signal).

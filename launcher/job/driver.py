@@ -686,11 +686,19 @@ class Driver:
         return f"discovery: host {w.host} no longer listed"
 
     def _spawn_one(self, initial: bool, usable: Optional[Dict[str, List[int]]] = None) -> bool:
+        """Start one worker on the first slot of ``usable`` (default: the slot book's now) that
+        is still free.  ``usable`` may be stale (the liveness thread can fence a worker, and a
+        failure can rest a slot or blacklist a host, after it was computed), so each slot is
+        asked again: the slots taken are read first (live workers, and fenced ones whose slot
+        the driver has not rested yet), then the book, so a slot is never handed out between a
+        fence and its rest."""
         usable = usable if usable is not None else self._usable_slots(time.monotonic())
-        taken = {(w.host, w.slot) for w in self.coord.live_workers()}
+        taken = self.coord.occupied_slots()
+        now = time.monotonic()
         for host, slots in usable.items():
+            free = set(self.slots.free_slots(host, now, taken))
             for slot in slots:
-                if (host, slot) not in taken:
+                if slot in free:
                     self.start_worker(host, slot, initial=initial)
                     return True
         return False
@@ -735,6 +743,7 @@ class Driver:
         if proc is not None:
             proc.signal(signal.SIGKILL)
         self._record_failure(rec, -signal.SIGKILL)
+        rec.fence_pending = False  # its slot rests (or its host is out): no longer held
         self.wake.set()
 
     def _on_end_silent(self, rec: WorkerRecord, silent_s: float) -> None:
@@ -828,6 +837,7 @@ class Driver:
         print(f"hvd-edl-run: {rec.label} failed ({what}); host {rec.host} blacklisted {how} "
               f"(--failure-blacklist host)", file=sys.stderr)
         for w in self.coord.fence_host(rec.host, but=rec.worker_id):
+            w.fence_pending = False  # its host is blacklisted already
             print(f"hvd-edl-run: {w.label} stopped: its host {rec.host} is blacklisted",
                   file=sys.stderr)
             proc = self.procs.get(w.worker_id)

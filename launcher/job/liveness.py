@@ -218,6 +218,7 @@ class MemberLiveness:
         """Declare a silent member dead (lock held): it is never a member again (its requests are
         answered "exit" or "fenced"), its generation is released and re-formed without it."""
         rec.fenced = True
+        rec.fence_pending = True  # until the driver rests its slot (Driver._on_fence)
         self._move(rec, WorkerState.DEAD)
         self.departures += 1
         self._member_lost(rec)

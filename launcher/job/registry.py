@@ -53,6 +53,8 @@ class WorkerRecord:
     rank: Optional[int] = None
     exit_code: Optional[int] = None
     fenced: bool = False  # declared dead by the coordinator (silent); never a member again
+    # fenced, and the driver has not yet rested its slot: the slot counts as taken meanwhile
+    fence_pending: bool = False
     elastic_run: bool = False  # its script entered hvd.elastic.run (messages.Ready)
     finished: bool = False  # its training function returned (messages.Finished): training over
     exiting: bool = False  # its interpreter is ending (messages.Exiting): silence is no fault

@@ -205,6 +205,20 @@ def test_simulator_end_s_holds_the_slots_past_the_last_step():
     assert res.jobs["a"].gpu_s == pytest.approx(2 * 114.0)
 
 
+@pytest.mark.parametrize("a_steps,stop_s,a_jct,b_jct,preempted", [
+    (100, 0.0, 140.0, 20.0, 1),   # preempted at b's arrival (25 s), the slot b's at once
+    (100, 5.0, 140.0, 25.0, 1),   # it trains on to 30 s holding its slot; b starts then
+    (18, 5.0, 28.0, 23.0, 0)])    # it finishes within the stop (28 s): done, not suspended
+def test_simulator_stop_s_a_preempted_job_trains_on_and_holds_its_slots(a_steps, stop_s, a_jct,
+                                                                        b_jct, preempted):
+    from launcher.cluster.policies.tiresias import TiresiasPolicy
+    jobs = [SimJob("a", 0.0, lambda pl: 1.0, a_steps, 1), SimJob("b", 25.0, lambda pl: 1.0, 10, 1)]
+    res = simulate(jobs, {"h": 1}, TiresiasPolicy((20.0,)), restart_cost_s=10.0,
+                   stop_s=stop_s, event_rounds=True, round_s=1000.0)
+    assert (res.jobs["a"].jct_s, res.jobs["b"].jct_s) == (a_jct, b_jct)
+    assert res.jobs["a"].preemptions == preempted
+
+
 class Scripted(Policy):
     """Allocations given by time (a test double for the cost model, not for a policy)."""
     name = "scripted"

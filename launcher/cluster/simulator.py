@@ -153,6 +153,8 @@ class _Run:
         self.last_change_at = job.submitted_at
         self._rates: Dict[Placement, float] = {}
         self.end_at: Optional[float] = None  # its last step done: it ends then (``end_s``)
+        self.stop_at: Optional[float] = None  # preempted: it trains on and holds its slots
+        #                                      until then (``stop_s``), then is suspended
 
     def rate_at(self, pl: Placement) -> float:
         if not pl:
@@ -221,13 +223,16 @@ class _Run:
 def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
              round_s: float = 60.0, restart_cost_s: float = 30.0, change_cost_s: float = 30.0,
              stop_free: bool = False, join_s: float = 0.0, end_s: float = 0.0,
-             event_rounds: bool = False,
+             stop_s: float = 0.0, event_rounds: bool = False,
              timeline: bool = False, max_time_s: float = 1e8,
              until_s: Optional[float] = None) -> SimResult:
     """Run ``jobs`` on ``pool`` (host -> slots) under ``policy`` (the module's docstring).
 
     ``end_s``: seconds from a job's last step to its end (its script's last lines, the
     workers' and the launcher's exit), its slots held meanwhile.
+    ``stop_s``: seconds from a preemption's decision to the job's suspension (the live
+    service's checkpoint request and SIGTERM, honoured at a commit): the job trains on and
+    holds its slots meanwhile, out of the policy's sight; one that finishes then ends done.
     ``until_s``: stop there (the averages then cover the jobs finished by then).
     Every allocation is checked (:func:`check_allocation`, AllocationError on a broken bound).
     Raises ValueError for duplicate job ids, RuntimeError (one line) if jobs remain that the
@@ -261,6 +266,9 @@ def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
             for r in active:
                 if r.hosts or r.end_at is not None:
                     t_next = min(t_next, r.finish_time(t, end_s))
+        for r in active:
+            if r.stop_at is not None:
+                t_next = min(t_next, r.stop_at)
         if t_next > max_time_s:
             raise RuntimeError(f"simulation passed {max_time_s:.0f} s with {len(active)} jobs left")
         ended = False
@@ -272,6 +280,11 @@ def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
                 ended = True
         active = [r for r in active if r.res.finished_at is None]
         t = t_next
+        for r in active:
+            if r.stop_at is not None and r.stop_at <= t:   # the preempted run is suspended
+                r.stop_at = None
+                _change(r, {}, t, restart_cost_s, change_cost_s, stop_free, join_s)
+                ended = True
         arrived = False
         while arrivals and arrivals[-1].job.submitted_at <= t:
             active.append(arrivals.pop())
@@ -282,16 +295,31 @@ def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
         if not (is_round or (event_rounds and (ended or arrived))) or not active:
             continue
         n_rounds += 1
-        snap = Snapshot(now=t, pool=dict(pool), jobs=tuple(
-            JobView(id=r.job.id, submitted_at=r.job.submitted_at, np=r.job.np,
-                    min_np=r.job.min_np, max_np=r.job.max_np, priority=r.job.priority,
-                    allocation=dict(r.hosts), attained_gpu_s=r.res.gpu_s,
-                    started=r.res.started_at is not None, last_change_at=r.last_change_at,
-                    throughput=r.throughput, elastic=r.job.elastic and stop_free)
-            for r in active), change_cost_s=change_cost_s, restart_cost_s=restart_cost_s)
-        alloc: Allocation = policy.allocate(snap)
-        check_allocation(snap, alloc)
-        for r in active:
+        for _ in range(len(active) + 1):   # again while preemptions hold slots (stop_s)
+            stopping = [r for r in active if r.stop_at is not None]
+            free_pool = dict(pool)
+            for r in stopping:
+                for h, k in r.hosts.items():
+                    free_pool[h] -= k
+            seen = [r for r in active if r.stop_at is None]
+            snap = Snapshot(now=t, pool=free_pool, jobs=tuple(
+                JobView(id=r.job.id, submitted_at=r.job.submitted_at, np=r.job.np,
+                        min_np=r.job.min_np, max_np=r.job.max_np, priority=r.job.priority,
+                        allocation=dict(r.hosts), attained_gpu_s=r.res.gpu_s,
+                        started=r.res.started_at is not None, last_change_at=r.last_change_at,
+                        throughput=r.throughput, elastic=r.job.elastic and stop_free)
+                for r in seen), change_cost_s=change_cost_s, restart_cost_s=restart_cost_s)
+            alloc: Allocation = policy.allocate(snap)
+            check_allocation(snap, alloc)
+            # preempted with stop_s: it trains on and holds its slots until it stops (see
+            # above), so the round is decided again without them
+            stops = [r for r in seen if stop_s > 0 and r.hosts
+                     and not any(alloc.get(r.job.id, {}).values())]
+            for r in stops:
+                r.stop_at = t + stop_s
+            if not stops:
+                break
+        for r in seen:
             new = {h: k for h, k in alloc.get(r.job.id, {}).items() if k > 0}
             if new != r.hosts:
                 _change(r, new, t, restart_cost_s, change_cost_s, stop_free, join_s)

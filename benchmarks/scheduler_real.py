@@ -20,8 +20,9 @@ simulator's prediction (launcher.cluster.simulator) of the same stream with the 
 and start-up cost measured in the run.  The plot (slots per job over time, queue length) goes
 to benchmarks/results/scheduler_real.png.
 
-``--cluster-hosts K`` (as root; figures to scheduler_real_cluster.json / .png): the pool is ``localhost`` with ``--slots`` minus K slots plus K
-hosts of the namespace test cluster (tests/cluster.py) with one slot each; the benchmark then
+``--cluster-hosts K`` (as root; figures to scheduler_real_cluster.json / .png): the pool is
+``localhost`` with ``--slots`` minus K slots plus K hosts of the namespace test cluster
+(tests/cluster.py) with one slot each; the benchmark then
 runs inside the cluster's launcher namespace, the service reaches the hosts over ssh
 (``serve -i KEY --network-interface NIC``), and the cluster is torn down at the end (also
 after a crash).
@@ -220,9 +221,21 @@ def run_policy(policy: str, jobs, pool: dict, tmp: Path, kill_at: int = -1) -> d
         "measured": measured_costs(tmp, ids, events),
     }
     out["measured"]["end_s"] = statistics.median(ends_s) if ends_s else None
+    out["workers_per_host"] = workers_per_host(tmp, ids)
     if killed:
         out["service_kill9"] = dict(killed, adopted=sum(1 for e in events if e["kind"] == "adopt"))
     return out
+
+
+def workers_per_host(tmp: Path, ids) -> dict:
+    """How many workers the runs started on each host (their logs' "started on HOST" lines)."""
+    import re
+    count: dict = {}
+    for jid in ids:
+        for log in (tmp / "state" / "jobs" / jid).glob("run*.log"):
+            for host in re.findall(r"worker w\d+ started on (\S+) slot", log.read_text()):
+                count[host] = count.get(host, 0) + 1
+    return count
 
 
 def reclaim_latencies(events) -> list:
@@ -418,6 +431,7 @@ def main() -> int:
               f"{r['all_done_once']}, audit repeated {r['audit_repeated']} missing "
               f"{r['audit_missing']}, decisions {r['decisions']}, wall {time.time() - t:.0f} s",
               flush=True)
+        print(f"          workers started per host: {r['workers_per_host']}", flush=True)
         if r["reclaim_s"]:
             print(f"          reclaim latency (submission -> lent slots free): "
                   f"{r['reclaim_s']} s", flush=True)

@@ -249,7 +249,7 @@ def test_edl_lends_spare_slots_and_takes_them_back_stop_free(service, tmp_path):
     start2 = svc.events(j2, "run")
     assert start2[0]["at"] >= released[0]["at"], (released, start2)  # never two on a slot
     assert jobs[j1]["runs"] == 1, jobs[j1]   # shrunk, not restarted
-    gens = [json.loads(x) for x in (svc.state / "jobs" / j1 / "events.jsonl").read_text()
+    gens = [json.loads(x) for x in (svc.state / "jobs" / j1 / "run1.events.jsonl").read_text()
             .splitlines() if '"generation"' in x]
     assert any(g.get("kind") == "scale_in" and g["rolled_back_steps"] == 0 for g in gens), gens
     for j in (j1, j2):

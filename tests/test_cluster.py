@@ -25,6 +25,7 @@ from cluster import ALT_SSH_PORT, GHOST, Cluster, ClusterUnavailable
 from conftest import DIGITS, LAUNCHER, STOP_FILE, Job
 from hvd_edl import audit
 from hvd_edl.messages import ENV_SECRET
+from test_cluster_service import wait_for
 
 DIGITS_TRAIN = 1347
 
@@ -142,7 +143,7 @@ def test_the_cluster_service_runs_its_jobs_over_ssh_on_the_pool_hosts(cluster, t
                               capture_output=True, text=True, timeout=timeout,
                               cwd=str(tmp_path))
     try:
-        _wait("the cluster file", lambda: cfile.exists() or serve.poll() is not None, 60)
+        wait_for("the cluster file", lambda: cfile.exists() or serve.poll() is not None, 60)
         assert serve.poll() is None, (tmp_path / "serve.log").read_text()
         r = client("submit", "--np", "2", "--min-np", "1", "--max-np", "2",
                    "--env", f"{audit.ENV_AUDIT_DIR}={adir}", "--",
@@ -154,7 +155,7 @@ def test_the_cluster_service_runs_its_jobs_over_ssh_on_the_pool_hosts(cluster, t
             st = client("status", jid, "--json")
             job = json.loads(st.stdout)["jobs"][0] if st.returncode == 0 else {}
             return job if job.get("state") in ("done", "failed", "cancelled") else None
-        job = _wait(f"job {jid} to end", ended, 240)
+        job = wait_for(f"job {jid} to end", ended, 240)
         log = (state / "jobs" / jid / "run1.log").read_text()
         assert job["state"] == "done" and job["exit_code"] == 0, log[-3000:]
         assert "started on h1 slot 0" in log and "started on h2 slot 0" in log, log[-3000:]
@@ -168,16 +169,6 @@ def test_the_cluster_service_runs_its_jobs_over_ssh_on_the_pool_hosts(cluster, t
         for p in psutil.process_iter(["cmdline"]):  # a job outlives its service by design
             if str(state) in " ".join(p.info["cmdline"] or []):
                 p.kill()
-
-
-def _wait(what: str, pred, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_scale_out_scale_in_and_remote_kill_use_each_sample_once(cluster, cluster_job, tmp_path,

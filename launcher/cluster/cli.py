@@ -76,10 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "(edl; default jct)")
     s.add_argument("--queue-thresholds", metavar="GPU_S[,GPU_S...]", default=None,
                    help="tiresias, edl: attained-service thresholds between the priority "
-                        "queues, slot-seconds, ascending (default the policies': 16 GPU-hours)")
+                        "queues, in GPU-seconds (a slot held for a second is one), ascending "
+                        "(default the policies': 16 GPU-hours)")
     s.add_argument("--hold", type=_positive_float, default=None, metavar="SECONDS",
                    help="edl: seconds a job keeps its size after a change before it may grow "
-                        "again (default the policy's: 60 s)")
+                        "again (default the policy's: the larger of 60 s and 20 x the cost of "
+                        "a change)")
     s.add_argument("--metrics-port", type=_tcp_port, default=None,
                    help="serve Prometheus metrics on this port (0: a free one, printed)")
     s.add_argument("--bind-address", default="127.0.0.1",

@@ -1,17 +1,18 @@
 """The processes of a cluster job: each run is ``python -m launcher.cluster.wrapper ...
 hvd-edl-run ...`` started in a session of its own (it outlives the service), with its files in
-the job's 0700 folder of the state directory:
+the job's 0700 folder ``STATE_DIR/jobs/<id>/``:
 
-=====================  ===================================================================
-``jobs/<id>/hosts``    the allocation file its host discovery prints (:mod:`.allocation`)
-``jobs/<id>/job.json`` its ``--job-file`` (URL and control secret; the control API's client)
-``jobs/<id>/checkpoints``   its ``--checkpoint-dir`` when the user gave none
-``run<N>.log``         the launcher's output
-``run<N>.events.jsonl``  its ``--event-log`` (one per run: a launcher starts its log afresh)
-``run<N>.pid``         the wrapper's pid: the run started
-``run<N>.lock``        ``flock``-ed by the wrapper for its life
-``run<N>.exit``        its exit code, written once at its end (:mod:`.wrapper`)
-=====================  ===================================================================
+==========================  ==============================================================
+``hosts``                   the allocation file its host discovery prints (:mod:`.allocation`)
+``job.json``                its ``--job-file`` (URL and control secret; the control API's
+                            client)
+``checkpoints/``            its ``--checkpoint-dir`` when the user gave none
+``run<N>.log``              the launcher's output
+``run<N>.events.jsonl``     its ``--event-log`` (one per run: a launcher starts its log afresh)
+``run<N>.pid``              the wrapper's pid: the run started
+``run<N>.lock``             ``flock``-ed by the wrapper for its life
+``run<N>.exit``             its exit code, written once at its end (:mod:`.wrapper`)
+==========================  ==============================================================
 
 :meth:`Run.probe` answers what became of a run from these files alone, so a restarted service
 re-adopts what an earlier one started: ``ended`` (with the code), ``alive``, ``never`` (the

@@ -97,12 +97,14 @@ class Serve:
         self.cluster = tmp / "cluster.json"
         self.proc = None
         self.n = 0
+        self.extra = None  # serve's policy flags (None: the stream's compressed ones below)
 
     def start(self):
         if self.cluster.exists():
             self.cluster.unlink()
-        extra = {"tiresias": ["--queue-thresholds", f"{QUEUE_THRESHOLD_GPU_S:g}"],
-                 "edl": ["--hold", "5"]}.get(self.policy, [])
+        extra = self.extra if self.extra is not None else {
+            "tiresias": ["--queue-thresholds", f"{QUEUE_THRESHOLD_GPU_S:g}"],
+            "edl": ["--hold", "5"]}.get(self.policy, [])
         hosts = ",".join(f"{h}:{n}" for h, n in self.pool["hosts"].items())
         self.proc = subprocess.Popen(CLI + ["serve", "-H", hosts, *self.pool.get("ssh", []),
                                             "--state-dir", str(self.state), "--cluster-file",
@@ -218,6 +220,7 @@ def run_policy(policy: str, jobs, pool: dict, tmp: Path, kill_at: int = -1) -> d
         "audit_missing": sum(a["missing"] for a in audits.values()),
         "timeline": timeline,
         "reclaim_s": reclaim_latencies(events),
+        "reclaim_parts": reclaim_parts(tmp, events),
         "measured": measured_costs(tmp, ids, events),
     }
     out["measured"]["end_s"] = statistics.median(ends_s) if ends_s else None
@@ -254,6 +257,51 @@ def reclaim_latencies(events) -> list:
                <= e["at"] + 0.01]
         if rel and start["at"] - sub["at"] < 1.0:
             out.append(round(max(x["at"] for x in rel) - sub["at"], 3))
+    return out
+
+
+def reclaim_parts(tmp: Path, events) -> list:
+    """Where each reclaim's time goes (seconds, one dict per reclaim of
+    :func:`reclaim_latencies`): ``decide`` (the submission to the shrink written into the
+    leaving job's allocation file), ``to_switch`` (that write to the leaving job's scale-in
+    generation forming: its discovery poll, the wait for its script's next commit and the
+    agreement there), ``after`` (the generation formed to the service counting the slots free:
+    the leaver out of the ring, seen by the service's telemetry poll).  ``how`` is ``switch``
+    (a scale-in generation formed), ``ended`` (the leaving job had finished training: its
+    workers were past their last commit and the slots came free with its exit, which the
+    service recorded within 3 s) or ``not_in_ring`` (the workers on those slots were still
+    starting, not yet members: the launcher dropped them at once)."""
+    out = []
+    for e in events:
+        if e["kind"] != "run" or not e.get("reason", "").startswith("run 1"):
+            continue
+        sub = next(x for x in events if x["kind"] == "submit" and x["job"] == e["job"])
+        start = next((x for x in events if x["kind"] == "start" and x["job"] == e["job"]), None)
+        if start is None or start["at"] - sub["at"] >= 1.0:
+            continue
+        window = [x for x in events if start["at"] - 0.01 <= x["at"] <= e["at"] + 0.01]
+        rel = [x for x in window if x["kind"] == "released"]
+        if not rel:
+            continue
+        last = max(rel, key=lambda x: x["at"])
+        shrink = max((x for x in events if x["kind"] == "shrink" and x["job"] == last["job"]
+                      and x["at"] <= last["at"]), key=lambda x: x["at"], default=None)
+        if shrink is None:
+            continue
+        gens = []
+        for log in (tmp / "state" / "jobs" / last["job"]).glob("run*.events.jsonl"):
+            gens += [g for g in map(json.loads, log.read_text().splitlines())
+                     if g.get("kind") == "scale_in" and shrink["at"] - 0.01 <= g["time"]
+                     <= last["at"] + 0.01]
+        switch = min((g["time"] for g in gens), default=None)
+        ended = any(x["kind"] == "end" and x["job"] == last["job"]
+                    and 0 <= x["at"] - last["at"] <= 3.0 for x in events)
+        out.append({
+            "job": e["job"], "leaver": last["job"], "total_s": round(last["at"] - sub["at"], 3),
+            "decide_s": round(shrink["at"] - sub["at"], 3),
+            "to_switch_s": None if switch is None else round(switch - shrink["at"], 3),
+            "after_s": round(last["at"] - (switch if switch is not None else shrink["at"]), 3),
+            "how": "switch" if switch is not None else "ended" if ended else "not_in_ring"})
     return out
 
 
@@ -435,6 +483,8 @@ def main() -> int:
         if r["reclaim_s"]:
             print(f"          reclaim latency (submission -> lent slots free): "
                   f"{r['reclaim_s']} s", flush=True)
+            for part in r["reclaim_parts"]:
+                print(f"            {part}", flush=True)
         if "service_kill9" in r:
             print(f"          service kill -9: {r['service_kill9']}", flush=True)
     RESULTS.mkdir(parents=True, exist_ok=True)

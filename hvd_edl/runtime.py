@@ -19,6 +19,7 @@ Outside ``hvd-edl-run`` (no coordinator in the environment) everything falls bac
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
 import signal
@@ -130,10 +131,12 @@ class WorkerRuntime:
         self._init_done: Optional[float] = None
         self._removal_only = False
         # the switch agreement (hvd_edl.elastic_state._agree): the in-flight Horovod handle,
-        # whether the next commit waits for its own agreement, the last commit's monotonic time
+        # whether the next commit waits for its own agreement, the last commit's monotonic time,
+        # the last few commit periods (seconds; kept across generations)
         self.pending_agreement = None
         self.agree_now = False
         self.last_commit_at: Optional[float] = None
+        self.commit_periods: collections.deque = collections.deque(maxlen=8)
         self._ring: Dict[int, str] = {}  # Gloo's sockets of this generation (fd: inode)
         # the ring being set up (hvd.init() in progress): its generation, the sockets that
         # existed before, the ports not to release (coordinator, its rendezvous)
@@ -435,11 +438,8 @@ class WorkerRuntime:
             self._watcher = threading.Thread(target=self._watch, name="hvd_edl-watch",
                                              daemon=True)
             self._watcher.start()
-        # a new ring: nothing in flight on any member, the same agreement mode on all of them;
-        # the first commit period counts from here
-        self.pending_agreement = None
-        self.agree_now = False
-        self.last_commit_at = time.monotonic()
+        from hvd_edl.elastic_state import new_ring_agreement
+        new_ring_agreement(self)
 
     # ---- the script's own error: exit at once ------------------------------------------------
 

@@ -77,7 +77,8 @@ def commit_period_s(tmp: Path, job_id: str, commit_every: int) -> float:
     return commit_every * steps[max(steps)]
 
 
-def run_one(commit_every: int, rounds: int, pool: dict, tmp: Path, env: dict = None) -> dict:
+def run_one(commit_every: int, rounds: int, pool: dict, tmp: Path, env: dict = None,
+            during_grow: bool = False) -> dict:
     """A's ``commit_every`` (and ``env`` in A's environment, e.g. the agreement's
     ``HVD_EDL_SYNC_AGREE_S``); ``rounds`` reclaims; returns the parts per round."""
     slots = sum(pool["hosts"].values())
@@ -93,9 +94,13 @@ def run_one(commit_every: int, rounds: int, pool: dict, tmp: Path, env: dict = N
                      max_np=slots, priority=0, checkpoint_dir=None)["id"]
         bs = []
         for r in range(rounds):
-            wait_for(f"A lent all {slots} slots",
-                     lambda: job(svc, a)["world_size"] == slots and a_steady(svc, tmp, a, slots),
-                     120)
+            if during_grow and r > 0:  # B arrives while A's joiner is still starting
+                wait_for(f"A lent all {slots} slots",
+                         lambda: job(svc, a)["world_size"] == slots, 120, poll_s=0.05)
+            else:
+                wait_for(f"A lent all {slots} slots",
+                         lambda: job(svc, a)["world_size"] == slots
+                         and a_steady(svc, tmp, a, slots), 120)
             b = svc.call("submit", argv=synthetic(64, 1, 1), cwd=str(ROOT), env={},
                          name=f"B{r}", np=1, min_np=1, max_np=1, priority=0,
                          checkpoint_dir=None)["id"]
@@ -151,6 +156,9 @@ def main() -> int:
                         "defaults), one run each per commit interval, e.g. "
                         "--variant '' --variant HVD_EDL_SYNC_AGREE_S=0.5,"
                         "HVD_EDL_SYNC_AGREE_WINDOW=1 (the agreement before this benchmark)")
+    p.add_argument("--during-grow", action="store_true",
+                   help="submit each B (after the first) as soon as A is lent the slot again, "
+                        "while A's joiner is still starting, instead of after it joined")
     p.add_argument("--cluster-hosts", type=int, default=0, metavar="K")
     p.add_argument("--keep", action="store_true")
     p.add_argument("--pool-json", help=argparse.SUPPRESS)
@@ -165,7 +173,7 @@ def main() -> int:
         for i, env in enumerate(variants):
             tmp = base / f"commit{c}-variant{i}"
             tmp.mkdir()
-            r = run_one(c, a.rounds, pool, tmp, env)
+            r = run_one(c, a.rounds, pool, tmp, env, a.during_grow)
             out.append(r)
             print(f"commit every {c:3d} steps (period {r['commit_period_s']:.2f} s), "
                   f"{env or 'defaults'}: reclaim {summary(r['parts'], 'total_s')}, decide "

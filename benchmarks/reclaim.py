@@ -28,7 +28,6 @@ import argparse
 import json
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -164,7 +163,7 @@ def main() -> int:
     p.add_argument("--pool-json", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.cluster_hosts and not a.pool_json:
-        return in_cluster(a.cluster_hosts, a.slots)
+        return scheduler_real.in_cluster(a.cluster_hosts, a.slots, __file__)
     pool = json.loads(a.pool_json) if a.pool_json else {"hosts": {"localhost": a.slots}}
     base = Path(tempfile.mkdtemp(prefix="reclaim-"))
     out = []
@@ -197,21 +196,6 @@ def main() -> int:
     else:
         shutil.rmtree(base, ignore_errors=True)
     return 0
-
-
-def in_cluster(k: int, slots: int) -> int:
-    """As scheduler_real.in_cluster: the pool ``localhost:slots-k,h1:1,...``, run inside the
-    cluster's launcher namespace, torn down at the end."""
-    if not 0 < k < slots:
-        raise SystemExit(f"reclaim.py: --cluster-hosts {k} must be in 1..{slots - 1}")
-    sys.path.insert(0, str(ROOT / "tests"))
-    from cluster import Cluster
-    with Cluster(hosts=k) as c:
-        hosts = {"localhost": slots - k, **{name: 1 for name in c.hosts}}
-        pool = {"hosts": hosts, "ssh": ["-i", c.identity_file, "--network-interface", c.nic]}
-        inner = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:],
-                 "--pool-json", json.dumps(pool)]
-        return subprocess.run(c.exec_argv("launcher", inner), cwd=str(ROOT)).returncode
 
 
 if __name__ == "__main__":

@@ -241,23 +241,29 @@ def workers_per_host(tmp: Path, ids) -> dict:
     return count
 
 
-def reclaim_latencies(events) -> list:
-    """Per job that started on slots taken back from others: its submission to the moment
-    those slots were released (the last ``released`` event between its start decision and
-    its run's start)."""
-    out = []
+def _reclaims(events):
+    """(run event, its job's submission, its start decision, the ``released`` events between
+    that decision and the run's start) for every first run that started on slots taken back
+    from others within 1 s of its submission."""
     for e in events:
         if e["kind"] != "run" or not e.get("reason", "").startswith("run 1"):
             continue
         sub = next(x for x in events if x["kind"] == "submit" and x["job"] == e["job"])
         start = next((x for x in events if x["kind"] == "start" and x["job"] == e["job"]), None)
-        if start is None:
+        if start is None or start["at"] - sub["at"] >= 1.0:
             continue
         rel = [x for x in events if x["kind"] == "released" and start["at"] - 0.01 <= x["at"]
                <= e["at"] + 0.01]
-        if rel and start["at"] - sub["at"] < 1.0:
-            out.append(round(max(x["at"] for x in rel) - sub["at"], 3))
-    return out
+        if rel:
+            yield e, sub, start, rel
+
+
+def reclaim_latencies(events) -> list:
+    """Per job that started on slots taken back from others: its submission to the moment
+    those slots were released (the last ``released`` event between its start decision and
+    its run's start)."""
+    return [round(max(x["at"] for x in rel) - sub["at"], 3)
+            for _, sub, _, rel in _reclaims(events)]
 
 
 def reclaim_parts(tmp: Path, events) -> list:
@@ -272,17 +278,7 @@ def reclaim_parts(tmp: Path, events) -> list:
     service recorded within 3 s) or ``not_in_ring`` (the workers on those slots were still
     starting, not yet members: the launcher dropped them at once)."""
     out = []
-    for e in events:
-        if e["kind"] != "run" or not e.get("reason", "").startswith("run 1"):
-            continue
-        sub = next(x for x in events if x["kind"] == "submit" and x["job"] == e["job"])
-        start = next((x for x in events if x["kind"] == "start" and x["job"] == e["job"]), None)
-        if start is None or start["at"] - sub["at"] >= 1.0:
-            continue
-        window = [x for x in events if start["at"] - 0.01 <= x["at"] <= e["at"] + 0.01]
-        rel = [x for x in window if x["kind"] == "released"]
-        if not rel:
-            continue
+    for e, sub, start, rel in _reclaims(events):
         last = max(rel, key=lambda x: x["at"])
         shrink = max((x for x in events if x["kind"] == "shrink" and x["job"] == last["job"]
                       and x["at"] <= last["at"]), key=lambda x: x["at"], default=None)
@@ -425,18 +421,20 @@ def argv_of(args):
     return out
 
 
-def in_cluster(k: int, slots: int) -> int:
-    """Build a namespace cluster of ``k`` hosts, run this benchmark inside its launcher
-    namespace with the pool ``localhost:slots-k,h1:1,...,hk:1``, tear the cluster down."""
+def in_cluster(k: int, slots: int, script: str = __file__) -> int:
+    """Build a namespace cluster of ``k`` hosts, run ``script`` (this benchmark, or another
+    that takes ``--pool-json``) with this process's arguments inside its launcher namespace with
+    the pool ``localhost:slots-k,h1:1,...,hk:1``, tear the cluster down."""
+    prog = Path(script).name
     if not 0 < k < slots:
-        raise SystemExit(f"scheduler_real.py: --cluster-hosts {k} must be in 1..{slots - 1} "
+        raise SystemExit(f"{prog}: --cluster-hosts {k} must be in 1..{slots - 1} "
                          f"(--slots {slots} includes localhost's)")
     sys.path.insert(0, str(ROOT / "tests"))
     from cluster import Cluster
     with Cluster(hosts=k) as c:
         hosts = {"localhost": slots - k, **{name: 1 for name in c.hosts}}
         pool = {"hosts": hosts, "ssh": ["-i", c.identity_file, "--network-interface", c.nic]}
-        inner = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:],
+        inner = [sys.executable, str(Path(script).resolve()), *sys.argv[1:],
                  "--pool-json", json.dumps(pool)]
         return subprocess.run(c.exec_argv("launcher", inner), cwd=str(ROOT)).returncode
 

@@ -26,7 +26,6 @@ restarted service re-adopts the runs from their files (:meth:`launcher.cluster.r
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -41,6 +40,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import filelock
 
 from launcher.cluster import speed as speed_
+from launcher.cluster.events import EventLog
 from launcher.cluster.policy import (AllocationError, JobView, Policy, Snapshot,
                                      check_allocation)
 from launcher.cluster.runs import JobFiles, Run, RunSpec, live_slots
@@ -122,6 +122,7 @@ class Service:
         self._flock: Optional[filelock.FileLock] = None
         self.store: Optional[Store] = None
         self.events_path = self.state_dir / "events.jsonl"
+        self.events: Optional[EventLog] = None   # the event log (once the store is open)
         self._pool_problem: Optional[str] = None
 
     # ---- start and stop ------------------------------------------------------------------------
@@ -152,12 +153,13 @@ class Service:
             raise ServiceError(str(e)) from None
         finally:
             os.umask(old)
+        self.events = EventLog(self.store, self.events_path, self.decisions)
         try:
             self.pool = dict(self.discovery.find_available_hosts_and_slots())
         except Exception as e:  # noqa: BLE001 - DiscoveryError, OSError: one line
             raise ServiceError(f"first pool discovery failed: {e}") from None
-        self.note(None, "pool", "the service started", pool=self.pool,
-                  policy=getattr(self.policy, "name", "?"))
+        self.events.note(None, "pool", "the service started", pool=self.pool,
+                         policy=getattr(self.policy, "name", "?"))
         self._adopt()
 
     def secret(self) -> str:
@@ -233,8 +235,8 @@ class Service:
             self.store.update(job.id, checkpoint_dir=str(files.checkpoints))
         else:
             JobFiles(self.state_dir, job.id).make()
-        self._log_event({"at": job.submitted_at, "job": job.id, "kind": "submit",
-                         "reason": "submitted", "np": np_, "min_np": lo, "max_np": hi})
+        self.events.write({"at": job.submitted_at, "job": job.id, "kind": "submit",
+                           "reason": "submitted", "np": np_, "min_np": lo, "max_np": hi})
         self.decide_now = True
         return {"id": job.id, "state": "queued"}
 
@@ -246,7 +248,7 @@ class Service:
         if job_id in self.runs:
             self.store.update(job_id, stopping="cancel",
                               event={"kind": "cancel", "reason": "cancel requested: SIGTERM"})
-            self._log_event({"job": job_id, "kind": "cancel", "reason": "cancel requested"})
+            self.events.write({"job": job_id, "kind": "cancel", "reason": "cancel requested"})
             self.runs[job_id].stop(signal.SIGTERM)
             return {"id": job_id, "state": "running", "cancelling": True}
         self._end(job, "cancelled", None, "cancelled before it ran again")
@@ -355,7 +357,7 @@ class Service:
             alloc = self.policy.allocate(snap)
             check_allocation(snap, alloc)
         except AllocationError as e:
-            self.note(None, "refused", f"the policy's allocation was refused: {e}")
+            self.events.note(None, "refused", f"the policy's allocation was refused: {e}")
             return
         explain = getattr(self.policy, "explain", None)
         for view in snap.jobs:
@@ -372,9 +374,9 @@ class Service:
             self.store.update(view.id, allocation=new, last_change_at=snap.now, reason=reason,
                               event={"kind": kind, "reason": reason, "hosts": new,
                                      "from": old})
-            self._log_event({"at": snap.now, "job": view.id, "kind": kind, "reason": reason,
-                             "hosts": new, "from": old})
-            self.decisions[kind] = self.decisions.get(kind, 0) + 1
+            self.events.write({"at": snap.now, "job": view.id, "kind": kind, "reason": reason,
+                               "hosts": new, "from": old})
+            self.events.count(kind)
             if n_new and not n_old:
                 self.waiting_since.setdefault(view.id, time.monotonic())
 
@@ -441,8 +443,8 @@ class Service:
                 return
         self._set_occupied(job_id, dict(written) if job_id in self.runs else {})
         del self.releasing[job_id]
-        self.note(job_id, "released", "its workers on the slots taken back left",
-                  released_s=round(time.monotonic() - asked, 3), hosts=dict(written))
+        self.events.note(job_id, "released", "its workers on the slots taken back left",
+                         released_s=round(time.monotonic() - asked, 3), hosts=dict(written))
         self.wake.set()
 
     def _write(self, job_id: str, hosts: Dict[str, int]) -> None:
@@ -493,15 +495,15 @@ class Service:
             return
         self.runs[job.id] = run
         self.store.update(job.id, wrapper_pid=run.proc.pid, job_file=str(files.job_file))
-        self._log_event({"job": job.id, "kind": "run", "run": number, "hosts": hosts,
-                         "reason": f"run {number} started"})
+        self.events.write({"job": job.id, "kind": "run", "run": number, "hosts": hosts,
+                           "reason": f"run {number} started"})
 
     def _preempt(self, job: JobRecord) -> None:
         """Checkpoint (on a thread: it waits for rank 0's next commit) and SIGTERM the run."""
         self.store.update(job.id, stopping="preempt",
                           event={"kind": "suspend", "reason": "preempted: checkpoint, then "
                                  "SIGTERM; resumes from its checkpoint"})
-        self._log_event({"job": job.id, "kind": "suspend", "reason": "preempted"})
+        self.events.write({"job": job.id, "kind": "suspend", "reason": "preempted"})
         run = self.runs[job.id]
         files = run.files
 
@@ -545,8 +547,8 @@ class Service:
                               allocation={}, reason="suspended to its checkpoint",
                               event={"kind": "suspended", "reason": f"run {job.run} stopped "
                                      f"(exit {code}) after its checkpoint", "exit_code": code})
-            self._log_event({"job": job.id, "kind": "suspended", "exit_code": code,
-                             "reason": "suspended to its checkpoint"})
+            self.events.write({"job": job.id, "kind": "suspended", "exit_code": code,
+                               "reason": "suspended to its checkpoint"})
         else:
             self._end(job, "failed", code, f"run {job.run} exited {code}")
         self.decide_now = True
@@ -558,8 +560,8 @@ class Service:
                           stopping=None, allocation={}, reason=reason,
                           event={"kind": "end", "reason": reason, "state": state,
                                  "exit_code": code})
-        self._log_event({"at": now, "job": job.id, "kind": "end", "state": state,
-                         "exit_code": code, "reason": reason})
+        self.events.write({"at": now, "job": job.id, "kind": "end", "state": state,
+                           "exit_code": code, "reason": reason})
         self.waiting_since.pop(job.id, None)
         if state == "done":
             self.jct_s.append(now - job.submitted_at)
@@ -576,16 +578,16 @@ class Service:
                 self.runs[job.id] = run
                 self.written[job.id] = hosts
                 self._set_occupied(job.id, hosts)
-                self.note(job.id, "adopt", f"run {job.run} re-adopted (wrapper pid "
-                          f"{run.pid()}, launcher pid {run.launcher_pid()})", hosts=hosts)
+                self.events.note(job.id, "adopt", f"run {job.run} re-adopted (wrapper pid "
+                                 f"{run.pid()}, launcher pid {run.launcher_pid()})", hosts=hosts)
                 if job.stopping == "cancel":
                     run.stop(signal.SIGTERM)
                 elif job.stopping == "preempt":
                     threading.Thread(target=run.stop, daemon=True).start()
             elif what == "never":
                 allocs = self.store.allocations().get(job.id) or hosts
-                self.note(job.id, "adopt", f"run {job.run} was recorded but never started: "
-                          f"starting it now", hosts=allocs)
+                self.events.note(job.id, "adopt", f"run {job.run} was recorded but never started: "
+                                 f"starting it now", hosts=allocs)
                 if allocs:
                     self._launch(job, allocs, job.run)
                 else:
@@ -661,7 +663,7 @@ class Service:
                     with self._lock:
                         self.pool = hosts
                     gone = sorted(set(before) - set(hosts))
-                    self.note(None, "pool", "the pool changed" + (
+                    self.events.note(None, "pool", "the pool changed" + (
                         f": {', '.join(gone)} left" if gone else ""), pool=hosts,
                         before=before)
                     self._hosts_left(gone)
@@ -686,26 +688,9 @@ class Service:
             self.store.update(job_id, allocation=new, last_change_at=time.time(),
                               reason=reason, event={"kind": kind, "reason": reason,
                                                     "hosts": new, "from": hosts})
-            self._log_event({"job": job_id, "kind": kind, "reason": reason, "hosts": new,
-                             "from": hosts})
-            self.decisions[kind] = self.decisions.get(kind, 0) + 1
-
-    # ---- the event log ------------------------------------------------------------------------
-
-    def note(self, job_id: Optional[str], kind: str, reason: str, **detail) -> None:
-        """An event in the store and in ``events.jsonl`` (the loop's thread)."""
-        self.store.add_event(job_id, kind, reason, **detail)
-        self._log_event({"job": job_id, "kind": kind, "reason": reason, **detail})
-        if kind in ("released", "adopt"):
-            self.decisions[kind] = self.decisions.get(kind, 0) + 1
-
-    def _log_event(self, event: dict) -> None:
-        event.setdefault("at", time.time())
-        fd = os.open(self.events_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, (json.dumps(event, default=str) + "\n").encode())
-        finally:
-            os.close(fd)
+            self.events.write({"job": job_id, "kind": kind, "reason": reason, "hosts": new,
+                               "from": hosts})
+            self.events.count(kind)
 
 
 def _default_reason(kind: str, n_old: int, n_new: int, policy) -> str:

@@ -39,6 +39,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import filelock
 
+from launcher.cluster import ends
 from launcher.cluster import speed as speed_
 from launcher.cluster.events import EventLog
 from launcher.cluster.policy import (AllocationError, JobView, Policy, Snapshot,
@@ -251,7 +252,7 @@ class Service:
             self.events.write({"job": job_id, "kind": "cancel", "reason": "cancel requested"})
             self.runs[job_id].stop(signal.SIGTERM)
             return {"id": job_id, "state": "running", "cancelling": True}
-        self._end(job, "cancelled", None, "cancelled before it ran again")
+        ends.end(self, job, "cancelled", None, "cancelled before it ran again")
         return {"id": job_id, "state": "cancelled"}
 
     def _known(self, job_id) -> JobRecord:
@@ -304,7 +305,7 @@ class Service:
                 fut.set_result(fn())
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 fut.set_exception(e)
-        self._check_runs()
+        ends.check_runs(self)
         self._account()
         now = time.monotonic()
         if self.decide_now or now - self.last_round >= self.round_s:
@@ -441,7 +442,7 @@ class Service:
             live = live_slots(answer)
             if any(live.get(h, 0) > written.get(h, 0) for h in live):
                 return
-        self._set_occupied(job_id, dict(written) if job_id in self.runs else {})
+        self.set_occupied(job_id, dict(written) if job_id in self.runs else {})
         del self.releasing[job_id]
         self.events.note(job_id, "released", "its workers on the slots taken back left",
                          released_s=round(time.monotonic() - asked, 3), hosts=dict(written))
@@ -455,11 +456,13 @@ class Service:
         self.store.update(job_id, world_size=sum(hosts.values()))
         before = self.occupied.get(job_id, {})
         occ = {h: max(before.get(h, 0), hosts.get(h, 0)) for h in set(before) | set(hosts)}
-        self._set_occupied(job_id, occ)
+        self.set_occupied(job_id, occ)
         if any(occ.get(h, 0) > hosts.get(h, 0) for h in occ):
             self.releasing.setdefault(job_id, time.monotonic())
 
-    def _set_occupied(self, job_id: str, hosts: Dict[str, int]) -> None:
+    def set_occupied(self, job_id: str, hosts: Dict[str, int]) -> None:
+        """The slots ``job_id`` still uses ({} none): the one write of ``occupied``, under the
+        lock (:meth:`status` reads it from the HTTP threads)."""
         with self._lock:
             if hosts:
                 self.occupied[job_id] = {h: k for h, k in hosts.items() if k > 0}
@@ -491,7 +494,7 @@ class Service:
         try:
             run = Run.start(files, number, spec)
         except OSError as e:
-            self._end(job, "failed", None, f"cannot start its run: {e}")
+            ends.end(self, job, "failed", None, f"cannot start its run: {e}")
             return
         self.runs[job.id] = run
         self.store.update(job.id, wrapper_pid=run.proc.pid, job_file=str(files.job_file))
@@ -519,53 +522,7 @@ class Service:
                 run.stop(signal.SIGTERM)
         threading.Thread(target=checkpoint_then_stop, daemon=True).start()
 
-    # ---- ends, adoption -----------------------------------------------------------------------
-
-    def _check_runs(self) -> None:
-        for job_id, run in list(self.runs.items()):
-            what, code = run.probe()
-            if what == "alive":
-                continue
-            job = self.store.job(job_id)
-            del self.runs[job_id]
-            self._run_ended(job, what, code)
-
-    def _run_ended(self, job: JobRecord, what: str, code: Optional[int]) -> None:
-        self.written.pop(job.id, None)
-        self.releasing.pop(job.id, None)
-        self._set_occupied(job.id, {})
-        self.telemetry.pop(job.id, None)
-        if what == "lost":
-            self._end(job, "failed", None, f"run {job.run} ended without an exit code (its "
-                      f"wrapper was killed)")
-        elif code == 0:
-            self._end(job, "done", 0, f"run {job.run} exited 0")
-        elif job.stopping == "cancel":
-            self._end(job, "cancelled", code, f"cancelled: run {job.run} exited {code}")
-        elif job.stopping == "preempt":
-            self.store.update(job.id, state="suspended", stopping=None, world_size=0,
-                              allocation={}, reason="suspended to its checkpoint",
-                              event={"kind": "suspended", "reason": f"run {job.run} stopped "
-                                     f"(exit {code}) after its checkpoint", "exit_code": code})
-            self.events.write({"job": job.id, "kind": "suspended", "exit_code": code,
-                               "reason": "suspended to its checkpoint"})
-        else:
-            self._end(job, "failed", code, f"run {job.run} exited {code}")
-        self.decide_now = True
-
-    def _end(self, job: JobRecord, state: str, code: Optional[int], reason: str) -> None:
-        """The one place a job ends: state, exit code and time in one transaction."""
-        now = time.time()
-        self.store.update(job.id, state=state, exit_code=code, finished_at=now, world_size=0,
-                          stopping=None, allocation={}, reason=reason,
-                          event={"kind": "end", "reason": reason, "state": state,
-                                 "exit_code": code})
-        self.events.write({"at": now, "job": job.id, "kind": "end", "state": state,
-                           "exit_code": code, "reason": reason})
-        self.waiting_since.pop(job.id, None)
-        if state == "done":
-            self.jct_s.append(now - job.submitted_at)
-        self.decide_now = True
+    # ---- adoption -----------------------------------------------------------------------------
 
     def _adopt(self) -> None:
         """Re-adopt the runs an earlier service started (module docstring)."""
@@ -577,7 +534,7 @@ class Service:
             if what == "alive":
                 self.runs[job.id] = run
                 self.written[job.id] = hosts
-                self._set_occupied(job.id, hosts)
+                self.set_occupied(job.id, hosts)
                 self.events.note(job.id, "adopt", f"run {job.run} re-adopted (wrapper pid "
                                  f"{run.pid()}, launcher pid {run.launcher_pid()})", hosts=hosts)
                 if job.stopping == "cancel":
@@ -593,7 +550,7 @@ class Service:
                 else:
                     self.store.update(job.id, state="queued" if job.run <= 1 else "suspended")
             else:
-                self._run_ended(job, what, code)
+                ends.run_ended(self, job, what, code)
 
     # ---- background: telemetry and pool -------------------------------------------------------
 

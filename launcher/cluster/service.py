@@ -39,9 +39,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import filelock
 
-from launcher.cluster import ends
+from launcher.cluster import ends, handlers
 from launcher.cluster import speed as speed_
 from launcher.cluster.events import EventLog
+from launcher.cluster.handlers import RequestError  # noqa: F401 - importable here as before
 from launcher.cluster.policy import (AllocationError, JobView, Policy, Snapshot,
                                      check_allocation)
 from launcher.cluster.runs import JobFiles, Run, RunSpec, live_slots
@@ -65,14 +66,6 @@ RESTART_COST_S = 10.0
 
 class ServiceError(RuntimeError):
     """The service cannot start (state directory taken, unusable store): one line, exit 2."""
-
-
-class RequestError(ValueError):
-    """A client request refused (bad input: 400; ``status`` 404 for an unknown job)."""
-
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
 
 
 class Service:
@@ -119,7 +112,7 @@ class Service:
         self.last_attained = time.monotonic()
         self.decisions: Dict[str, int] = {}      # kind -> count (metrics)
         self.jct_s: List[float] = []             # completion times of jobs ended here
-        self._lock = threading.Lock()            # guards pool, telemetry for readers
+        self.lock = threading.Lock()             # guards pool, occupied for status's readers
         self._flock: Optional[filelock.FileLock] = None
         self.store: Optional[Store] = None
         self.events_path = self.state_dir / "events.jsonl"
@@ -195,91 +188,19 @@ class Service:
         return fut.result(timeout=REQUEST_TIMEOUT_S)
 
     def submit(self, req: dict) -> dict:
-        """A ``submit`` request (validated here; the loop's thread only)."""
-        argv = req.get("argv")
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            raise RequestError("no training command given (e.g. -- python train.py)")
-        nums = {}
-        for key in ("np", "min_np", "max_np", "priority"):
-            v = req.get(key)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-                raise RequestError(f"{key} must be an integer, got {v!r}")
-            nums[key] = v
-        np_, lo, hi = nums["np"], nums["min_np"], nums["max_np"]
-        np_ = np_ or lo or 1
-        lo = lo or np_
-        hi = hi or max(np_, lo)
-        if min(np_, lo, hi) < 1:
-            raise RequestError("--np, --min-np and --max-np must be at least 1")
-        if lo > hi:
-            raise RequestError(f"--min-np {lo} is larger than --max-np {hi}")
-        if not lo <= np_ <= hi:
-            raise RequestError(f"--np {np_} must lie within [--min-np {lo}, --max-np {hi}]")
-        capacity = sum(self.pool.values())
-        if self.fixed_pool and lo > capacity:
-            raise RequestError(f"--min-np {lo} can never fit: the pool has {capacity} slots")
-        cwd = req.get("cwd") or os.getcwd()
-        env = req.get("env") or {}
-        if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                for k, v in env.items()):
-            raise RequestError("env must map names to strings")
-        script = next((a for a in argv if a.endswith(".py")), argv[0])
-        name = req.get("name") or os.path.basename(script)
-        ckpt = req.get("checkpoint_dir") or ""
-        job = JobRecord(id="", name=str(name)[:64], argv=argv, cwd=str(cwd), env=env, np=np_,
-                        min_np=lo, max_np=hi, priority=nums["priority"] or 0,
-                        checkpoint_dir=str(ckpt), state="queued", submitted_at=time.time())
-        job = self.store.add_job(job, event={"kind": "submit", "reason": "submitted",
-                                             "np": np_, "min_np": lo, "max_np": hi})
-        if not ckpt:
-            files = JobFiles(self.state_dir, job.id).make()
-            self.store.update(job.id, checkpoint_dir=str(files.checkpoints))
-        else:
-            JobFiles(self.state_dir, job.id).make()
-        self.events.write({"at": job.submitted_at, "job": job.id, "kind": "submit",
-                           "reason": "submitted", "np": np_, "min_np": lo, "max_np": hi})
-        self.decide_now = True
-        return {"id": job.id, "state": "queued"}
+        """A ``submit`` request (:func:`launcher.cluster.handlers.submit`; the loop's thread
+        only)."""
+        return handlers.submit(self, req)
 
     def cancel(self, job_id: str) -> dict:
-        """A ``cancel`` request (the loop's thread only)."""
-        job = self._known(job_id)
-        if job.ended:
-            raise RequestError(f"job {job_id} already ended ({job.state})")
-        if job_id in self.runs:
-            self.store.update(job_id, stopping="cancel",
-                              event={"kind": "cancel", "reason": "cancel requested: SIGTERM"})
-            self.events.write({"job": job_id, "kind": "cancel", "reason": "cancel requested"})
-            self.runs[job_id].stop(signal.SIGTERM)
-            return {"id": job_id, "state": "running", "cancelling": True}
-        ends.end(self, job, "cancelled", None, "cancelled before it ran again")
-        return {"id": job_id, "state": "cancelled"}
-
-    def _known(self, job_id) -> JobRecord:
-        job = self.store.job(job_id) if isinstance(job_id, str) else None
-        if job is None:
-            raise RequestError(f"no job {job_id!r} in this cluster (hvd-edl-cluster queue "
-                               f"lists them)", status=404)
-        return job
+        """A ``cancel`` request (:func:`launcher.cluster.handlers.cancel`; the loop's thread
+        only)."""
+        return handlers.cancel(self, job_id)
 
     def status(self, job_id: Optional[str] = None) -> dict:
-        """What ``status``/``queue``/``top`` show (any thread: reads only)."""
-        store = self.store
-        allocs = store.allocations()
-        jobs = [self._known(job_id)] if job_id else store.jobs()
-        with self._lock:
-            pool = dict(self.pool)
-            occupied = {k: dict(v) for k, v in self.occupied.items()}
-        used = sum(sum(v.values()) for v in occupied.values())
-        running = [j for j in jobs if j.state == "running"]
-        out = [j.public(allocs.get(j.id)) for j in jobs]
-        return {"jobs": out, "pool": pool, "policy": getattr(self.policy, "name", "?"),
-                "slots": {"total": sum(pool.values()), "used": used,
-                          "free": max(0, sum(pool.values()) - used),
-                          "lent": sum(max(0, j.world_size - j.np) for j in running)},
-                "queue": [j.id for j in jobs if j.state in ("queued", "suspended")],
-                "holders": {h: [[jid, n] for jid, hosts in occupied.items()
-                                for hh, n in hosts.items() if hh == h] for h in pool}}
+        """What ``status``/``queue``/``top`` show (:func:`launcher.cluster.handlers.status`;
+        any thread: reads only)."""
+        return handlers.status(self, job_id)
 
     # ---- the loop ------------------------------------------------------------------------------
 
@@ -463,7 +384,7 @@ class Service:
     def set_occupied(self, job_id: str, hosts: Dict[str, int]) -> None:
         """The slots ``job_id`` still uses ({} none): the one write of ``occupied``, under the
         lock (:meth:`status` reads it from the HTTP threads)."""
-        with self._lock:
+        with self.lock:
             if hosts:
                 self.occupied[job_id] = {h: k for h, k in hosts.items() if k > 0}
             else:
@@ -617,7 +538,7 @@ class Service:
             if hosts != self.pool:
                 def change(hosts=hosts):
                     before = self.pool
-                    with self._lock:
+                    with self.lock:
                         self.pool = hosts
                     gone = sorted(set(before) - set(hosts))
                     self.events.note(None, "pool", "the pool changed" + (

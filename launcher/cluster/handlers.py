@@ -1,0 +1,148 @@
+"""The requests of the cluster service's HTTP API (:func:`launcher.cluster.server.routes`):
+``submit`` and ``cancel`` change the store, so the server runs them on the service's loop thread
+(:meth:`launcher.cluster.service.Service.call`: the store has one writer); ``status`` only reads
+(the store, and the pool and the slots in use under the service's lock), so any thread may call
+it (the server's, ``/metrics``'s collector).  A bad request raises :class:`RequestError`
+(HTTP 400; 404 for an unknown job).
+
+Each function takes the service explicitly (:class:`launcher.cluster.service.Service`, whose
+``submit``/``cancel``/``status`` methods call them): ``submit`` reads ``pool``, ``fixed_pool``
+and ``state_dir``, adds the job to ``store``, makes its folder and sets ``decide_now``;
+``cancel`` stops the job's run in ``runs`` or ends the job (:func:`launcher.cluster.ends.end`).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import TYPE_CHECKING, Optional
+
+from launcher.cluster import ends
+from launcher.cluster.runs import JobFiles
+from launcher.cluster.store import JobRecord, Store
+
+if TYPE_CHECKING:
+    from launcher.cluster.service import Service
+
+
+class RequestError(ValueError):
+    """A client request refused (bad input: 400; ``status`` 404 for an unknown job)."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def submit(svc: "Service", req: dict) -> dict:
+    """A ``submit`` request (validated here; the loop's thread only): the job is queued, in
+    the store with its folder, and a round is asked for.
+
+    Returns:
+        ``{"id": ..., "state": "queued"}``.
+    Raises:
+        RequestError: no command, a bad size or environment, or (a fixed pool) a ``min_np``
+            that can never fit.
+    """
+    argv = req.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise RequestError("no training command given (e.g. -- python train.py)")
+    nums = {}
+    for key in ("np", "min_np", "max_np", "priority"):
+        v = req.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise RequestError(f"{key} must be an integer, got {v!r}")
+        nums[key] = v
+    np_, lo, hi = nums["np"], nums["min_np"], nums["max_np"]
+    np_ = np_ or lo or 1
+    lo = lo or np_
+    hi = hi or max(np_, lo)
+    if min(np_, lo, hi) < 1:
+        raise RequestError("--np, --min-np and --max-np must be at least 1")
+    if lo > hi:
+        raise RequestError(f"--min-np {lo} is larger than --max-np {hi}")
+    if not lo <= np_ <= hi:
+        raise RequestError(f"--np {np_} must lie within [--min-np {lo}, --max-np {hi}]")
+    capacity = sum(svc.pool.values())
+    if svc.fixed_pool and lo > capacity:
+        raise RequestError(f"--min-np {lo} can never fit: the pool has {capacity} slots")
+    cwd = req.get("cwd") or os.getcwd()
+    env = req.get("env") or {}
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                            for k, v in env.items()):
+        raise RequestError("env must map names to strings")
+    script = next((a for a in argv if a.endswith(".py")), argv[0])
+    name = req.get("name") or os.path.basename(script)
+    ckpt = req.get("checkpoint_dir") or ""
+    job = JobRecord(id="", name=str(name)[:64], argv=argv, cwd=str(cwd), env=env, np=np_,
+                    min_np=lo, max_np=hi, priority=nums["priority"] or 0,
+                    checkpoint_dir=str(ckpt), state="queued", submitted_at=time.time())
+    job = svc.store.add_job(job, event={"kind": "submit", "reason": "submitted",
+                                        "np": np_, "min_np": lo, "max_np": hi})
+    if not ckpt:
+        files = JobFiles(svc.state_dir, job.id).make()
+        svc.store.update(job.id, checkpoint_dir=str(files.checkpoints))
+    else:
+        JobFiles(svc.state_dir, job.id).make()
+    svc.events.write({"at": job.submitted_at, "job": job.id, "kind": "submit",
+                      "reason": "submitted", "np": np_, "min_np": lo, "max_np": hi})
+    svc.decide_now = True
+    return {"id": job.id, "state": "queued"}
+
+
+def cancel(svc: "Service", job_id: str) -> dict:
+    """A ``cancel`` request (the loop's thread only): a running job's run gets SIGTERM (it ends
+    ``cancelled`` when the run exits), any other job ends ``cancelled`` now.
+
+    Raises:
+        RequestError: an unknown job (404) or one already ended.
+    """
+    job = known(svc.store, job_id)
+    if job.ended:
+        raise RequestError(f"job {job_id} already ended ({job.state})")
+    if job_id in svc.runs:
+        svc.store.update(job_id, stopping="cancel",
+                         event={"kind": "cancel", "reason": "cancel requested: SIGTERM"})
+        svc.events.write({"job": job_id, "kind": "cancel", "reason": "cancel requested"})
+        svc.runs[job_id].stop(signal.SIGTERM)
+        return {"id": job_id, "state": "running", "cancelling": True}
+    ends.end(svc, job, "cancelled", None, "cancelled before it ran again")
+    return {"id": job_id, "state": "cancelled"}
+
+
+def known(store: Store, job_id) -> JobRecord:
+    """The record of ``job_id``.
+
+    Raises:
+        RequestError: no such job (404).
+    """
+    job = store.job(job_id) if isinstance(job_id, str) else None
+    if job is None:
+        raise RequestError(f"no job {job_id!r} in this cluster (hvd-edl-cluster queue "
+                           f"lists them)", status=404)
+    return job
+
+
+def status(svc: "Service", job_id: Optional[str] = None) -> dict:
+    """What ``status``/``queue``/``top`` show (any thread: reads only): every job (or only
+    ``job_id``), the pool, the policy, slots total/used/free/lent, the queue and which jobs
+    hold each host's slots.
+
+    Raises:
+        RequestError: an unknown ``job_id`` (404).
+    """
+    store = svc.store
+    allocs = store.allocations()
+    jobs = [known(svc.store, job_id)] if job_id else store.jobs()
+    with svc.lock:
+        pool = dict(svc.pool)
+        occupied = {k: dict(v) for k, v in svc.occupied.items()}
+    used = sum(sum(v.values()) for v in occupied.values())
+    running = [j for j in jobs if j.state == "running"]
+    out = [j.public(allocs.get(j.id)) for j in jobs]
+    return {"jobs": out, "pool": pool, "policy": getattr(svc.policy, "name", "?"),
+            "slots": {"total": sum(pool.values()), "used": used,
+                      "free": max(0, sum(pool.values()) - used),
+                      "lent": sum(max(0, j.world_size - j.np) for j in running)},
+            "queue": [j.id for j in jobs if j.state in ("queued", "suspended")],
+            "holders": {h: [[jid, n] for jid, hosts in occupied.items()
+                            for hh, n in hosts.items() if hh == h] for h in pool}}

@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from hvd_edl.runtime import idle_wait_ms  # noqa: E402
 from launcher.job.rendezvous import GenerationRendezvous  # noqa: E402
-from ring_env import kill_leftovers, rank_env  # noqa: E402
+from benchmarks.common.ring_env import kill_leftovers, rank_env  # noqa: E402
 
 RANK = r"""
 import json, os, sys, time

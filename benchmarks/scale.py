@@ -48,7 +48,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import RESULTS, Job, change_stall, kill_outcome, machine_info  # noqa: E402
-from ring_env import CountingRendezvous, rank_env  # noqa: E402
+from benchmarks.common.ring_env import CountingRendezvous, rank_env  # noqa: E402
 
 OUT = RESULTS / "scale.json"
 KINDS = ("scale_out", "scale_in", "failure")

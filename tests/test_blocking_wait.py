@@ -15,8 +15,8 @@ from pathlib import Path
 from launcher.job.rendezvous import GenerationRendezvous
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT / "benchmarks"))
-from ring_env import kill_leftovers, rank_env  # noqa: E402  (benchmarks/ring_env.py)
+sys.path.append(str(ROOT))
+from benchmarks.common.ring_env import kill_leftovers, rank_env  # noqa: E402
 
 LATE_S = 1.5
 

@@ -21,8 +21,8 @@ import pytest
 from hvd_edl.runtime import IDLE_WAIT_MS, idle_wait_ms
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT / "benchmarks"))
-from ring_env import kill_leftovers, rank_env  # noqa: E402  (benchmarks/ring_env.py)
+sys.path.append(str(ROOT))
+from benchmarks.common.ring_env import kill_leftovers, rank_env  # noqa: E402
 
 WAIT_MS = 150
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT / "benchmarks"))
-from ring_env import CountingRendezvous, kill_leftovers, rank_env  # noqa: E402  (benchmarks/)
+sys.path.append(str(ROOT))
+from benchmarks.common.ring_env import CountingRendezvous, kill_leftovers, rank_env  # noqa: E402
 
 N = 4
 

@@ -18,8 +18,8 @@ import pytest
 from launcher.job.rendezvous import GenerationRendezvous
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.append(str(ROOT / "benchmarks"))
-from ring_env import kill_leftovers, rank_env  # noqa: E402  (benchmarks/ring_env.py)
+sys.path.append(str(ROOT))
+from benchmarks.common.ring_env import kill_leftovers, rank_env  # noqa: E402
 
 # commit periods (s) before each commit, and the commit before which the request arrives
 SCHEDULE = [0.6, 0.6, 0.6, 0.01, 0.6, 0.6, 0.6]

@@ -3,9 +3,9 @@ rendezvous server that counts requests.  The unit-level tests of our Horovod pat
 (tests/test_idle_loop.py, test_scale.py, test_blocking_wait.py) and the benchmarks that time
 Horovod alone (collectives.py, scale.py) start their ranks this way.
 
-It lives in benchmarks/ because benchmarks run as scripts with only benchmarks/ and the project
-root on their path, and tests already import benchmarks/ modules (bench, chaos).  Tests add
-benchmarks/ at the end of ``sys.path``, so tests/cluster.py stays the ``cluster`` they import.
+Part of the benchmarks' library (``benchmarks.common``), imported with the repository root on
+``sys.path``: ``from benchmarks.common.ring_env import rank_env``.  Tests append the root at the
+end of ``sys.path``, so tests/cluster.py stays the ``cluster`` they import.
 """
 from __future__ import annotations
 

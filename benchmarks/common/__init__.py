@@ -1,0 +1,15 @@
+"""The benchmarks' library, not a benchmark: what the scripts in ``benchmarks/<room>/`` share.
+Nothing in this package measures anything or writes results, and no benchmark script is
+imported by another: what two of them need lives here.
+
+* ``ring_env``: Horovod ranks started by hand, without a launcher (each rank's environment, a
+  rendezvous server that counts requests); also imported by the tests of our Horovod patches.
+
+A script puts the repository root first on ``sys.path`` and imports from here::
+
+    ROOT = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.common.ring_env import rank_env  # noqa: E402
+
+(tests append the root instead: ``sys.path.append(str(ROOT))``).
+"""

@@ -39,14 +39,14 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import filelock
 
-from launcher.cluster import ends, handlers
+from launcher.cluster import apply, ends, handlers
 from launcher.cluster import speed as speed_
 from launcher.cluster.events import EventLog
 from launcher.cluster.handlers import RequestError  # noqa: F401 - importable here as before
 from launcher.cluster.policy import (AllocationError, JobView, Policy, Snapshot,
                                      check_allocation)
-from launcher.cluster.runs import JobFiles, Run, RunSpec, live_slots
-from launcher.cluster.store import ENDED, JobRecord, Store, StoreError
+from launcher.cluster.runs import JobFiles, Run
+from launcher.cluster.store import ENDED, Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,6 @@ BUSY_TICK_S = 0.05       # the loop's period while a change is being applied
 IDLE_TICK_S = 0.5        # ... and while nothing is
 TELEMETRY_BUSY_S = 0.05  # a job releasing slots is asked this often whether they are free
 TELEMETRY_IDLE_S = 1.0   # ... the others this often (speed points, world size)
-CHECKPOINT_WAIT_S = 30.0 # a preemption waits this long for the checkpoint before SIGTERM
 REQUEST_TIMEOUT_S = 10.0 # an HTTP request's wait for the loop
 # a stop-free switch (the stall of a scale-in/out, make bench) and a (re)start from a
 # checkpoint (a launcher, its workers' imports and the restore, on 2 cores): what the policies
@@ -173,6 +172,18 @@ class Service:
         if self._flock is not None:
             self._flock.release()
 
+    # ---- the slots in use (shared with status's readers) --------------------------------------
+
+    def set_occupied(self, job_id: str, hosts: Dict[str, int]) -> None:
+        """The slots ``job_id`` still uses ({} none): the one write of ``occupied``, under the
+        lock (:meth:`status` reads it from the HTTP threads; :mod:`.apply`, :mod:`.ends` and
+        :mod:`.adoption` call it)."""
+        with self.lock:
+            if hosts:
+                self.occupied[job_id] = {h: k for h, k in hosts.items() if k > 0}
+            else:
+                self.occupied.pop(job_id, None)
+
     # ---- requests (HTTP threads hand them to the loop: one writer) ----------------------------
 
     def call(self, fn: Callable[[], object]) -> object:
@@ -233,7 +244,7 @@ class Service:
             self.decide_now = False
             self.last_round = now
             self._round()
-        self._apply()
+        apply.apply_allocations(self)
 
     def _account(self) -> None:
         """Add each running job's slots x seconds to its attained service (Tiresias's), about
@@ -302,147 +313,6 @@ class Service:
             if n_new and not n_old:
                 self.waiting_since.setdefault(view.id, time.monotonic())
 
-    # ---- applying --------------------------------------------------------------------------------
-
-    def _free(self) -> Dict[str, int]:
-        """host -> slots no job occupies (negative when a host shrank under its jobs)."""
-        free = dict(self.pool)
-        for hosts in self.occupied.values():
-            for h, k in hosts.items():
-                if h in free:
-                    free[h] -= k
-        return free
-
-    def _apply(self) -> None:
-        """Bring every job towards its allocation (module docstring)."""
-        allocs = self.store.allocations()
-        jobs = {j.id: j for j in self.store.jobs(("queued", "running", "suspended"))}
-        for job_id in list(self.releasing):  # what the jobs freed since the last pass
-            self._check_release(job_id)
-        free = self._free()
-        for job_id, job in jobs.items():
-            target = allocs.get(job_id, {})
-            if job.stopping:
-                continue
-            if job_id not in self.runs:
-                if target and job.state in ("queued", "suspended") \
-                        and all(free.get(h, 0) >= k for h, k in target.items()):
-                    for h, k in target.items():
-                        free[h] -= k
-                    self._start(job, target)
-                continue
-            if not target:
-                self._preempt(job)
-                continue
-            written = self.written.get(job_id, {})
-            if target == written:
-                continue
-            grow = {h: k - written.get(h, 0) for h, k in target.items()
-                    if k > written.get(h, 0)}
-            if all(free.get(h, 0) >= k for h, k in grow.items()):
-                for h, k in grow.items():
-                    free[h] -= k
-                self._write(job_id, target)  # grows, shrinks or moves in one edit
-                self.waiting_since.pop(job_id, None)
-                continue
-            # the growth waits for slots another job is releasing; shrink what is to go now
-            kept = {h: min(k, target.get(h, 0)) for h, k in written.items()
-                    if h in self.pool and min(k, target.get(h, 0)) > 0}
-            if kept != written and kept:
-                self._write(job_id, kept)
-
-    def _check_release(self, job_id: str) -> None:
-        """Slots a job was asked to give back count as free once a telemetry answer asked for
-        after the request shows its workers there gone (or its run ended)."""
-        asked = self.releasing[job_id]
-        written = self.written.get(job_id, {})
-        if job_id in self.runs:
-            fetched, answer = self.telemetry.get(job_id, (0.0, None))
-            if answer is None or fetched < asked:
-                return
-            live = live_slots(answer)
-            if any(live.get(h, 0) > written.get(h, 0) for h in live):
-                return
-        self.set_occupied(job_id, dict(written) if job_id in self.runs else {})
-        del self.releasing[job_id]
-        self.events.note(job_id, "released", "its workers on the slots taken back left",
-                         released_s=round(time.monotonic() - asked, 3), hosts=dict(written))
-        self.wake.set()
-
-    def _write(self, job_id: str, hosts: Dict[str, int]) -> None:
-        """Rewrite a job's allocation file; what it held beyond ``hosts`` stays occupied until
-        released (:meth:`_check_release`)."""
-        JobFiles(self.state_dir, job_id).write_hosts(hosts)
-        self.written[job_id] = dict(hosts)
-        self.store.update(job_id, world_size=sum(hosts.values()))
-        before = self.occupied.get(job_id, {})
-        occ = {h: max(before.get(h, 0), hosts.get(h, 0)) for h in set(before) | set(hosts)}
-        self.set_occupied(job_id, occ)
-        if any(occ.get(h, 0) > hosts.get(h, 0) for h in occ):
-            self.releasing.setdefault(job_id, time.monotonic())
-
-    def set_occupied(self, job_id: str, hosts: Dict[str, int]) -> None:
-        """The slots ``job_id`` still uses ({} none): the one write of ``occupied``, under the
-        lock (:meth:`status` reads it from the HTTP threads)."""
-        with self.lock:
-            if hosts:
-                self.occupied[job_id] = {h: k for h, k in hosts.items() if k > 0}
-            else:
-                self.occupied.pop(job_id, None)
-
-    def _start(self, job: JobRecord, hosts: Dict[str, int]) -> None:
-        """Start a new run of ``job`` on ``hosts``: recorded first (run number, state), then
-        started, so a service killed in between starts it on restart, never twice."""
-        number = job.run + 1
-        resumed = job.run > 0
-        now = time.time()
-        waited = time.monotonic() - self.waiting_since.pop(job.id, time.monotonic())
-        self.store.update(job.id, state="running", run=number, stopping=None,
-                          started_at=job.started_at or now, world_size=sum(hosts.values()),
-                          event={"kind": "run", "reason": f"run {number} started"
-                                 + (" from its checkpoint" if resumed else ""),
-                                 "hosts": hosts, "run": number,
-                                 "waited_s": round(waited, 3),
-                                 "since_submit_s": round(now - job.submitted_at, 3)})
-        self._launch(self.store.job(job.id), hosts, number)
-
-    def _launch(self, job: JobRecord, hosts: Dict[str, int], number: int) -> None:
-        files = JobFiles(self.state_dir, job.id).make()
-        self._write(job.id, hosts)
-        spec = RunSpec(argv=tuple(job.argv), cwd=job.cwd, env=tuple(sorted(job.env.items())),
-                       np=sum(hosts.values()), min_np=job.min_np, max_np=job.max_np,
-                       checkpoint_dir=job.checkpoint_dir, launcher_args=self.launcher_args)
-        try:
-            run = Run.start(files, number, spec)
-        except OSError as e:
-            ends.end(self, job, "failed", None, f"cannot start its run: {e}")
-            return
-        self.runs[job.id] = run
-        self.store.update(job.id, wrapper_pid=run.proc.pid, job_file=str(files.job_file))
-        self.events.write({"job": job.id, "kind": "run", "run": number, "hosts": hosts,
-                           "reason": f"run {number} started"})
-
-    def _preempt(self, job: JobRecord) -> None:
-        """Checkpoint (on a thread: it waits for rank 0's next commit) and SIGTERM the run."""
-        self.store.update(job.id, stopping="preempt",
-                          event={"kind": "suspend", "reason": "preempted: checkpoint, then "
-                                 "SIGTERM; resumes from its checkpoint"})
-        self.events.write({"job": job.id, "kind": "suspend", "reason": "preempted"})
-        run = self.runs[job.id]
-        files = run.files
-
-        def checkpoint_then_stop():
-            try:
-                from launcher.serve.control import ControlClient, ControlError
-                try:
-                    ControlClient(files.job_file, timeout_s=CHECKPOINT_WAIT_S + 5).call(
-                        "checkpoint", wait=CHECKPOINT_WAIT_S)
-                except ControlError as e:
-                    log.info("job %s: no checkpoint before the preemption: %s", job.id, e)
-            finally:
-                run.stop(signal.SIGTERM)
-        threading.Thread(target=checkpoint_then_stop, daemon=True).start()
-
     # ---- adoption -----------------------------------------------------------------------------
 
     def _adopt(self) -> None:
@@ -467,7 +337,7 @@ class Service:
                 self.events.note(job.id, "adopt", f"run {job.run} was recorded but never started: "
                                  f"starting it now", hosts=allocs)
                 if allocs:
-                    self._launch(job, allocs, job.run)
+                    apply.launch(self, job, allocs, job.run)
                 else:
                     self.store.update(job.id, state="queued" if job.run <= 1 else "suspended")
             else:

@@ -1,0 +1,176 @@
+"""Applying an allocation, in the cluster service: each pass of its loop brings every job's run
+towards what the store says the job is to hold (the policy's last word, or a host leaving the
+pool), the way the service's module docstring tells:
+
+* a smaller allocation is written to the job's allocation file at once (its workers there
+  leave stop-free at their next commit); the slots stay *occupied* until the job's telemetry
+  shows those workers gone (:func:`check_release`), so no slot is ever used by two jobs;
+* a larger one (or a move) is written, or a job not running is started (:func:`start`), only
+  on slots free by that measure (:func:`free_slots`); a growth that must wait still shrinks
+  what is to go;
+* a running job allocated nothing is preempted (:func:`preempt`: checkpoint, then SIGTERM).
+
+All of it runs on the service's loop thread.  Each function takes the service explicitly
+(:class:`launcher.cluster.service.Service`): it reads ``store``, ``pool``, ``state_dir``,
+``launcher_args`` and ``telemetry``, and keeps the slot state: ``runs`` (job id -> live run),
+``written`` (job id -> its allocation file now), ``occupied`` (through
+:meth:`Service.set_occupied`), ``releasing`` and ``waiting_since``.
+"""
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING, Dict
+
+from launcher.cluster import ends
+from launcher.cluster.runs import JobFiles, Run, RunSpec, live_slots
+from launcher.cluster.store import JobRecord
+
+if TYPE_CHECKING:
+    from launcher.cluster.service import Service
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_WAIT_S = 30.0  # a preemption waits this long for the checkpoint before SIGTERM
+
+
+def free_slots(svc: "Service") -> Dict[str, int]:
+    """host -> slots no job occupies (negative when a host shrank under its jobs)."""
+    free = dict(svc.pool)
+    for hosts in svc.occupied.values():
+        for h, k in hosts.items():
+            if h in free:
+                free[h] -= k
+    return free
+
+
+def apply_allocations(svc: "Service") -> None:
+    """Bring every job towards its allocation (the service's module docstring)."""
+    allocs = svc.store.allocations()
+    jobs = {j.id: j for j in svc.store.jobs(("queued", "running", "suspended"))}
+    for job_id in list(svc.releasing):  # what the jobs freed since the last pass
+        check_release(svc, job_id)
+    free = free_slots(svc)
+    for job_id, job in jobs.items():
+        target = allocs.get(job_id, {})
+        if job.stopping:
+            continue
+        if job_id not in svc.runs:
+            if target and job.state in ("queued", "suspended") \
+                    and all(free.get(h, 0) >= k for h, k in target.items()):
+                for h, k in target.items():
+                    free[h] -= k
+                start(svc, job, target)
+            continue
+        if not target:
+            preempt(svc, job)
+            continue
+        written = svc.written.get(job_id, {})
+        if target == written:
+            continue
+        grow = {h: k - written.get(h, 0) for h, k in target.items()
+                if k > written.get(h, 0)}
+        if all(free.get(h, 0) >= k for h, k in grow.items()):
+            for h, k in grow.items():
+                free[h] -= k
+            write(svc, job_id, target)  # grows, shrinks or moves in one edit
+            svc.waiting_since.pop(job_id, None)
+            continue
+        # the growth waits for slots another job is releasing; shrink what is to go now
+        kept = {h: min(k, target.get(h, 0)) for h, k in written.items()
+                if h in svc.pool and min(k, target.get(h, 0)) > 0}
+        if kept != written and kept:
+            write(svc, job_id, kept)
+
+
+def check_release(svc: "Service", job_id: str) -> None:
+    """Slots a job was asked to give back count as free once a telemetry answer asked for
+    after the request shows its workers there gone (or its run ended)."""
+    asked = svc.releasing[job_id]
+    written = svc.written.get(job_id, {})
+    if job_id in svc.runs:
+        fetched, answer = svc.telemetry.get(job_id, (0.0, None))
+        if answer is None or fetched < asked:
+            return
+        live = live_slots(answer)
+        if any(live.get(h, 0) > written.get(h, 0) for h in live):
+            return
+    svc.set_occupied(job_id, dict(written) if job_id in svc.runs else {})
+    del svc.releasing[job_id]
+    svc.events.note(job_id, "released", "its workers on the slots taken back left",
+                    released_s=round(time.monotonic() - asked, 3), hosts=dict(written))
+    svc.wake.set()
+
+
+def write(svc: "Service", job_id: str, hosts: Dict[str, int]) -> None:
+    """Rewrite a job's allocation file; what it held beyond ``hosts`` stays occupied until
+    released (:func:`check_release`)."""
+    JobFiles(svc.state_dir, job_id).write_hosts(hosts)
+    svc.written[job_id] = dict(hosts)
+    svc.store.update(job_id, world_size=sum(hosts.values()))
+    before = svc.occupied.get(job_id, {})
+    occ = {h: max(before.get(h, 0), hosts.get(h, 0)) for h in set(before) | set(hosts)}
+    svc.set_occupied(job_id, occ)
+    if any(occ.get(h, 0) > hosts.get(h, 0) for h in occ):
+        svc.releasing.setdefault(job_id, time.monotonic())
+
+
+def start(svc: "Service", job: JobRecord, hosts: Dict[str, int]) -> None:
+    """Start a new run of ``job`` on ``hosts``: recorded first (run number, state), then
+    started, so a service killed in between starts it on restart, never twice."""
+    number = job.run + 1
+    resumed = job.run > 0
+    now = time.time()
+    waited = time.monotonic() - svc.waiting_since.pop(job.id, time.monotonic())
+    svc.store.update(job.id, state="running", run=number, stopping=None,
+                     started_at=job.started_at or now, world_size=sum(hosts.values()),
+                     event={"kind": "run", "reason": f"run {number} started"
+                            + (" from its checkpoint" if resumed else ""),
+                            "hosts": hosts, "run": number,
+                            "waited_s": round(waited, 3),
+                            "since_submit_s": round(now - job.submitted_at, 3)})
+    launch(svc, svc.store.job(job.id), hosts, number)
+
+
+def launch(svc: "Service", job: JobRecord, hosts: Dict[str, int], number: int) -> None:
+    """Start run ``number`` of ``job`` on ``hosts``, as the store already records it (by
+    :func:`start`, or a run recorded but never started that a restarted service adopts): its
+    allocation file first, then the run; a run that cannot start fails the job."""
+    files = JobFiles(svc.state_dir, job.id).make()
+    write(svc, job.id, hosts)
+    spec = RunSpec(argv=tuple(job.argv), cwd=job.cwd, env=tuple(sorted(job.env.items())),
+                   np=sum(hosts.values()), min_np=job.min_np, max_np=job.max_np,
+                   checkpoint_dir=job.checkpoint_dir, launcher_args=svc.launcher_args)
+    try:
+        run = Run.start(files, number, spec)
+    except OSError as e:
+        ends.end(svc, job, "failed", None, f"cannot start its run: {e}")
+        return
+    svc.runs[job.id] = run
+    svc.store.update(job.id, wrapper_pid=run.proc.pid, job_file=str(files.job_file))
+    svc.events.write({"job": job.id, "kind": "run", "run": number, "hosts": hosts,
+                      "reason": f"run {number} started"})
+
+
+def preempt(svc: "Service", job: JobRecord) -> None:
+    """Checkpoint (on a thread: it waits for rank 0's next commit) and SIGTERM the run."""
+    svc.store.update(job.id, stopping="preempt",
+                     event={"kind": "suspend", "reason": "preempted: checkpoint, then "
+                            "SIGTERM; resumes from its checkpoint"})
+    svc.events.write({"job": job.id, "kind": "suspend", "reason": "preempted"})
+    run = svc.runs[job.id]
+    files = run.files
+
+    def checkpoint_then_stop():
+        try:
+            from launcher.serve.control import ControlClient, ControlError
+            try:
+                ControlClient(files.job_file, timeout_s=CHECKPOINT_WAIT_S + 5).call(
+                    "checkpoint", wait=CHECKPOINT_WAIT_S)
+            except ControlError as e:
+                log.info("job %s: no checkpoint before the preemption: %s", job.id, e)
+        finally:
+            run.stop(signal.SIGTERM)
+    threading.Thread(target=checkpoint_then_stop, daemon=True).start()

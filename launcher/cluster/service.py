@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import signal
 import sys
 import threading
 import time
@@ -39,13 +38,13 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import filelock
 
-from launcher.cluster import apply, ends, handlers
+from launcher.cluster import adoption, apply, ends, handlers
 from launcher.cluster import speed as speed_
 from launcher.cluster.events import EventLog
 from launcher.cluster.handlers import RequestError  # noqa: F401 - importable here as before
 from launcher.cluster.policy import (AllocationError, JobView, Policy, Snapshot,
                                      check_allocation)
-from launcher.cluster.runs import JobFiles, Run
+from launcher.cluster.runs import Run
 from launcher.cluster.store import ENDED, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -153,7 +152,7 @@ class Service:
             raise ServiceError(f"first pool discovery failed: {e}") from None
         self.events.note(None, "pool", "the service started", pool=self.pool,
                          policy=getattr(self.policy, "name", "?"))
-        self._adopt()
+        adoption.adopt(self)
 
     def secret(self) -> str:
         """The per-cluster secret (kept in the store so clients survive a restart)."""
@@ -312,36 +311,6 @@ class Service:
             self.events.count(kind)
             if n_new and not n_old:
                 self.waiting_since.setdefault(view.id, time.monotonic())
-
-    # ---- adoption -----------------------------------------------------------------------------
-
-    def _adopt(self) -> None:
-        """Re-adopt the runs an earlier service started (module docstring)."""
-        for job in self.store.jobs(("running",)):
-            files = JobFiles(self.state_dir, job.id).make()
-            run = Run(files, job.run)
-            what, code = run.probe()
-            hosts = files.read_hosts()
-            if what == "alive":
-                self.runs[job.id] = run
-                self.written[job.id] = hosts
-                self.set_occupied(job.id, hosts)
-                self.events.note(job.id, "adopt", f"run {job.run} re-adopted (wrapper pid "
-                                 f"{run.pid()}, launcher pid {run.launcher_pid()})", hosts=hosts)
-                if job.stopping == "cancel":
-                    run.stop(signal.SIGTERM)
-                elif job.stopping == "preempt":
-                    threading.Thread(target=run.stop, daemon=True).start()
-            elif what == "never":
-                allocs = self.store.allocations().get(job.id) or hosts
-                self.events.note(job.id, "adopt", f"run {job.run} was recorded but never started: "
-                                 f"starting it now", hosts=allocs)
-                if allocs:
-                    apply.launch(self, job, allocs, job.run)
-                else:
-                    self.store.update(job.id, state="queued" if job.run <= 1 else "suspended")
-            else:
-                ends.run_ended(self, job, what, code)
 
     # ---- background: telemetry and pool -------------------------------------------------------
 

@@ -38,7 +38,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import filelock
 
-from launcher.cluster import adoption, apply, ends, handlers
+from launcher.cluster import adoption, apply, ends, handlers, telemetry
 from launcher.cluster import speed as speed_
 from launcher.cluster.events import EventLog
 from launcher.cluster.handlers import RequestError  # noqa: F401 - importable here as before
@@ -52,8 +52,6 @@ log = logging.getLogger(__name__)
 ROUND_S = 5.0            # a scheduling round at least this often
 BUSY_TICK_S = 0.05       # the loop's period while a change is being applied
 IDLE_TICK_S = 0.5        # ... and while nothing is
-TELEMETRY_BUSY_S = 0.05  # a job releasing slots is asked this often whether they are free
-TELEMETRY_IDLE_S = 1.0   # ... the others this often (speed points, world size)
 REQUEST_TIMEOUT_S = 10.0 # an HTTP request's wait for the loop
 # a stop-free switch (the stall of a scale-in/out, make bench) and a (re)start from a
 # checkpoint (a launcher, its workers' imports and the restore, on 2 cores): what the policies
@@ -99,7 +97,6 @@ class Service:
         self.written: Dict[str, Dict[str, int]] = {}  # job id -> its allocation file now
         self.occupied: Dict[str, Dict[str, int]] = {}  # job id -> slots it still uses
         self.telemetry: Dict[str, Tuple[float, dict]] = {}  # job id -> (monotonic, answer)
-        self.steady: Dict[str, Tuple[int, float]] = {}  # job id -> (generation, since)
         self.releasing: Dict[str, float] = {}    # job id -> when its shrink was written
         self.waiting_since: Dict[str, float] = {}  # job id -> when it was first allocated
         self.requests: "queue.Queue[Tuple[Callable[[], object], Future]]" = queue.Queue()
@@ -197,6 +194,11 @@ class Service:
         self.wake.set()
         return fut.result(timeout=REQUEST_TIMEOUT_S)
 
+    def post(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the loop's thread at its next pass, not waiting (the background
+        threads' way to change the store: it has one writer)."""
+        self.requests.put((fn, Future()))
+
     def submit(self, req: dict) -> dict:
         """A ``submit`` request (:func:`launcher.cluster.handlers.submit`; the loop's thread
         only)."""
@@ -216,7 +218,8 @@ class Service:
 
     def run(self) -> None:
         """The loop (module docstring) until :meth:`close`."""
-        threading.Thread(target=self._telemetry_loop, name="telemetry", daemon=True).start()
+        threading.Thread(target=telemetry.poll, args=(self,), name="telemetry",
+                         daemon=True).start()
         if not hasattr(self.discovery, "hosts"):  # a script: hosts come and go
             threading.Thread(target=self._discovery_loop, name="discovery", daemon=True).start()
         while not self.stopping:
@@ -312,55 +315,7 @@ class Service:
             if n_new and not n_old:
                 self.waiting_since.setdefault(view.id, time.monotonic())
 
-    # ---- background: telemetry and pool -------------------------------------------------------
-
-    def _telemetry_loop(self) -> None:
-        """Ask each running job for ``/ctl/telemetry`` (every 1 s; every 0.05 s while it
-        releases slots): its world size, live workers per host, and speed points."""
-        from launcher.serve.control import ControlClient, ControlError
-        last: Dict[str, float] = {}
-        clients: Dict[Tuple[str, int], ControlClient] = {}
-        while not self.stopping:
-            now = time.monotonic()
-            for job_id, run in list(self.runs.items()):
-                period = TELEMETRY_BUSY_S if job_id in self.releasing else TELEMETRY_IDLE_S
-                if now - last.get(job_id, 0.0) < period:
-                    continue
-                last[job_id] = now
-                key = (job_id, run.number)
-                asked = time.monotonic()
-                try:
-                    if key not in clients:
-                        clients[key] = ControlClient(run.files.job_file, timeout_s=2.0)
-                    answer = clients[key].call("telemetry")
-                except ControlError:
-                    clients.pop(key, None)
-                    continue
-                self.telemetry[job_id] = (asked, answer)
-                self._speed_point(job_id, answer.get("job", {}))
-                if job_id in self.releasing:
-                    self.wake.set()
-            time.sleep(TELEMETRY_BUSY_S if self.releasing else 0.2)
-
-    def _speed_point(self, job_id: str, tel_job: dict) -> None:
-        gen = tel_job.get("generation", 0)
-        since = self.steady.get(job_id)
-        if since is None or since[0] != gen:
-            self.steady[job_id] = (gen, time.monotonic())
-            return
-        if time.monotonic() - since[1] < speed_.STEADY_S:
-            return
-        p = speed_.point(tel_job)
-        if p is None:
-            return
-
-        def record():
-            job = self.store.job(job_id)
-            if job is not None and not job.ended:
-                sp = dict(job.speed)
-                sp[str(p["world_size"])] = p
-                self.store.update(job_id, speed=sp)
-        self.requests.put((record, Future()))
+    # ---- background: the pool --------------------------------------------------------------------
 
     def _discovery_loop(self) -> None:
         while not self.stopping:
@@ -385,7 +340,7 @@ class Service:
                         before=before)
                     self._hosts_left(gone)
                     self.decide_now = True
-                self.requests.put((change, Future()))
+                self.post(change)
                 self.wake.set()
 
     def _hosts_left(self, gone: List[str]) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import queue
-import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -39,6 +38,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import filelock
 
 from launcher.cluster import adoption, apply, ends, handlers, telemetry
+from launcher.cluster import pool as pool_
 from launcher.cluster import speed as speed_
 from launcher.cluster.events import EventLog
 from launcher.cluster.handlers import RequestError  # noqa: F401 - importable here as before
@@ -112,7 +112,6 @@ class Service:
         self.store: Optional[Store] = None
         self.events_path = self.state_dir / "events.jsonl"
         self.events: Optional[EventLog] = None   # the event log (once the store is open)
-        self._pool_problem: Optional[str] = None
 
     # ---- start and stop ------------------------------------------------------------------------
 
@@ -221,7 +220,8 @@ class Service:
         threading.Thread(target=telemetry.poll, args=(self,), name="telemetry",
                          daemon=True).start()
         if not hasattr(self.discovery, "hosts"):  # a script: hosts come and go
-            threading.Thread(target=self._discovery_loop, name="discovery", daemon=True).start()
+            threading.Thread(target=pool_.watch, args=(self,), name="discovery",
+                             daemon=True).start()
         while not self.stopping:
             self._step()
             busy = bool(self.releasing or self.waiting_since or self.decide_now)
@@ -314,55 +314,6 @@ class Service:
             self.events.count(kind)
             if n_new and not n_old:
                 self.waiting_since.setdefault(view.id, time.monotonic())
-
-    # ---- background: the pool --------------------------------------------------------------------
-
-    def _discovery_loop(self) -> None:
-        while not self.stopping:
-            time.sleep(self.discovery_interval_s)
-            try:
-                hosts = dict(self.discovery.find_available_hosts_and_slots())
-            except Exception as e:  # noqa: BLE001 - keep the last good pool, say it once
-                if str(e) != self._pool_problem:
-                    self._pool_problem = str(e)
-                    print(f"hvd-edl-cluster: pool discovery failed, keeping the last pool: "
-                          f"{e}", file=sys.stderr)
-                continue
-            self._pool_problem = None
-            if hosts != self.pool:
-                def change(hosts=hosts):
-                    before = self.pool
-                    with self.lock:
-                        self.pool = hosts
-                    gone = sorted(set(before) - set(hosts))
-                    self.events.note(None, "pool", "the pool changed" + (
-                        f": {', '.join(gone)} left" if gone else ""), pool=hosts,
-                        before=before)
-                    self._hosts_left(gone)
-                    self.decide_now = True
-                self.post(change)
-                self.wake.set()
-
-    def _hosts_left(self, gone: List[str]) -> None:
-        """Hosts that left the pool take their slots from the jobs that held them: each such
-        job's allocation loses them at once (its workers there leave stop-free; a job left with
-        none is preempted), before the policy's next round redistributes."""
-        if not gone:
-            return
-        for job_id, hosts in self.store.allocations().items():
-            lost = {h: k for h, k in hosts.items() if h in gone}
-            if not lost:
-                continue
-            new = {h: k for h, k in hosts.items() if h not in gone}
-            kind = "shrink" if new else "preempt"
-            reason = (f"{', '.join(sorted(lost))} left the pool: "
-                      f"{sum(hosts.values())} -> {sum(new.values())} slots")
-            self.store.update(job_id, allocation=new, last_change_at=time.time(),
-                              reason=reason, event={"kind": kind, "reason": reason,
-                                                    "hosts": new, "from": hosts})
-            self.events.write({"job": job_id, "kind": kind, "reason": reason, "hosts": new,
-                               "from": hosts})
-            self.events.count(kind)
 
 
 def _default_reason(kind: str, n_old: int, n_new: int, policy) -> str:

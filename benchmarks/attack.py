@@ -1,8 +1,8 @@
 """Attacks on a running job from this machine (loopback only, bounded in count and time), and
 what they cost it.
 
-One ``hvd-edl-run`` job (``benchmarks/workload.py``, 2 workers, elastic up to 3) trains while
-four attacks run one after the other, each by a client without the job's secret:
+One ``hvd-edl-run`` job (``benchmarks/common/workload.py``, 2 workers, elastic up to 3) trains
+while four attacks run one after the other, each by a client without the job's secret:
 
 * ``none``: nothing for ``ROUND_S`` seconds (the control: how much the figures move anyway);
 * ``oversized_headers``: 40 connections each sending 6.4 MB of request headers (the issue's),
@@ -43,7 +43,7 @@ import requests
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench import stop_launcher  # noqa: E402
+from benchmarks.common.jobs import WORKLOAD, stop_launcher  # noqa: E402
 from hvd_edl import messages  # noqa: E402
 from launcher.observe.events import read as read_events  # noqa: E402
 
@@ -71,7 +71,7 @@ class Job:
              "--target-np", "2", "--discovery-interval", "0.5", "--job-file", str(self.job_file),
              "--event-log", str(self.events_path),
              "--host-discovery-script", f"cat {tmp / 'hosts.txt'}",
-             sys.executable, str(ROOT / "benchmarks" / "workload.py"), "--system", "hvd_edl",
+             sys.executable, WORKLOAD, "--system", "hvd_edl",
              "--timeline-dir", str(self.timelines), "--step-delay", "0.01",
              "--stop-file", str(tmp / "stop")],
             stdout=self.out, stderr=subprocess.STDOUT, cwd=str(ROOT))

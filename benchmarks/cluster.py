@@ -1,9 +1,9 @@
 """hvd_edl against Horovod Elastic on the namespace cluster (tests/cluster.py): 3 hosts with an
 sshd each, the launcher in its own namespace, real ssh, Gloo over the bridge.
 
-Both systems run ``benchmarks/workload.py`` (the digits CNN, batch 16 per rank, commit every 10
-steps) from a discovery script (``cat`` of a hosts file), one slot per host, and face the same
-faults, each in a fresh job:
+Both systems run ``benchmarks/common/workload.py`` (the digits CNN, batch 16 per rank, commit
+every 10 steps) from a discovery script (``cat`` of a hosts file), one slot per host, and face
+the same faults, each in a fresh job:
 
   scale_out    2 -> 3: host h3 added to discovery
   scale_in     3 -> 2: host h3 leaves discovery (graceful)
@@ -12,8 +12,8 @@ faults, each in a fresh job:
   freeze       3 workers, every process of h3 SIGSTOPped
 
 Per run: survived (the other workers train again), time from the fault to the start of their
-first step in the new ring (scale_out / scale_in: the stall, from bench.py's change_stall), steps
-lost (rolled back).  Every run is bounded (``--bound`` seconds after the fault, default 120).
+first step in the new ring (scale_out / scale_in: the stall, from common/jobs.py's
+change_stall), steps lost (rolled back).  Every run is bounded (``--bound`` seconds after the fault, default 120).
 Prints a table and writes benchmarks/results/cluster.json.
 
     sudo .venv/bin/python benchmarks/cluster.py                 # about 10 minutes on 2 cores
@@ -35,8 +35,9 @@ from typing import List, Optional
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench import WorkloadJob, change_stall, kill_outcome, machine_info  # noqa: E402
+sys.path.insert(0, str(ROOT))
+from benchmarks.common.jobs import (WorkloadJob, change_stall, kill_outcome,  # noqa: E402
+                                    machine_info)
 
 
 def _load_test_cluster():

@@ -1,11 +1,11 @@
 """Switch cost against world size: hvd_edl and Horovod Elastic at 2, 4, 8 and 16 real ranks on
 this machine, in the same run (``make scale``; issue 17, item 1).
 
-Each system runs one job of ``benchmarks/workload.py`` (the digits CNN, 38k parameters, batch 16,
-``torch.set_num_threads(1)``, commit every 10 steps) under its own launcher, with the harness of
-``benchmarks/bench.py`` (its ``Job``, ``change_stall`` and ``kill_outcome``: the same hosts file
-rewritten for discovery, the same per-step timelines, the same stall definition).  Each step
-computes for about 1.5 ms and then sleeps ``--step-delay`` seconds (0.1 by default), so that
+Each system runs one job of ``benchmarks/common/workload.py`` (the digits CNN, 38k parameters,
+batch 16, ``torch.set_num_threads(1)``, commit every 10 steps) under its own launcher, with the
+harness of ``benchmarks/common/jobs.py`` (its ``Job``, ``change_stall`` and ``kill_outcome``: the
+same hosts file rewritten for discovery, the same per-step timelines, the same stall
+definition).  Each step computes for about 1.5 ms and then sleeps ``--step-delay`` seconds (0.1 by default), so that
 16 workers keep the 2 cores mostly idle: what is measured is the switch, not a queue for the
 CPUs.  The harness checks it: at every size it samples the job's CPU time (launcher and every
 process under it, psutil) over a steady window and the workers' median step time, and records
@@ -45,14 +45,15 @@ from typing import Dict, List, Optional
 import filelock
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import RESULTS, Job, change_stall, kill_outcome, machine_info  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.common.jobs import (RESULTS, Job, change_stall, kill_outcome,  # noqa: E402
+                                    machine_info)
 from benchmarks.common.ring_env import CountingRendezvous, rank_env  # noqa: E402
 
 OUT = RESULTS / "scale.json"
 KINDS = ("scale_out", "scale_in", "failure")
-VARIANTS = {  # name in the results: (bench.Job's system, environment for the launcher)
+VARIANTS = {  # name in the results: (jobs.Job's system, environment for the launcher)
     "hvd_edl": ("hvd_edl", {}),
     # hvd_edl on Horovod's own Gloo set-up: our patches 0004, 0006 and 0007 off (six rendezvous per
     # init, a 10 ms loop tick per connect)
@@ -480,9 +481,9 @@ def main() -> int:
                                          for k, v in steadies.items()}}, "machine": machine,
             "method": {"sizes": a.sizes, "step_delay_s": a.step_delay,
                        "settle_steps": a.settle_steps, "reps": a.reps,
-                       "workload": "benchmarks/workload.py (digits CNN, batch 16, 1 thread, "
+                       "workload": "benchmarks/common/workload.py (digits CNN, batch 16, 1 thread, "
                                    "commit every 10 steps)",
-                       "stall": "bench.change_stall / bench.kill_outcome (recovery_s) from "
+                       "stall": "jobs.change_stall / jobs.kill_outcome (recovery_s) from "
                                 "the workers' step timelines"}}, out)
     for rep in range(a.reps):
         for system in systems:

@@ -27,10 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import stop_launcher
-from launcher.observe.events import read as read_events
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.common.jobs import stop_launcher  # noqa: E402
+from launcher.observe.events import read as read_events  # noqa: E402
+
 BIN = Path(sys.executable).parent
 RESULTS = ROOT / "benchmarks" / "results"
 SIZES = "1,2,3,4"

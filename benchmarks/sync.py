@@ -21,8 +21,8 @@ largest over repetitions; it counts what the sync allocates, including a joiner'
 optimizer state.
 
 Part 2 (``--switch``, default on): the switch in real scale-outs 2 -> 3 (``--switch-changes``,
-default 3,2,3,2,3: three of them) of ``benchmarks/workload.py`` with ``--model-mb`` (default
-100) MB of frozen parameters, in three modes in the same run: the old broadcast
+default 3,2,3,2,3: three of them) of ``benchmarks/common/workload.py`` with ``--model-mb``
+(default 100) MB of frozen parameters, in three modes in the same run: the old broadcast
 (``HVD_EDL_SYNC_STREAM=0``), the stream with its header in a broadcast
 (``HVD_EDL_SYNC_HEADER_BROADCAST=1``) and the stream with its header over the stream; one table
 of the medians of the pause measured from outside (``pause_s``: the survivors' longest gap from
@@ -157,13 +157,13 @@ def worker(sizes, reps: int, horovod_reps: int) -> None:
 
 
 def switch_phases(model_mb: float, changes, settle_steps: int, timeout_s: float) -> dict:
-    """A real elastic job (benchmarks/bench.py's Job: the workload with ``model_mb`` MB of frozen
+    """A real elastic job (benchmarks/common/jobs.py's Job: the workload with ``model_mb`` MB of frozen
     parameters) started at 2 workers and taken through ``changes`` (world sizes, e.g. 3 or
     3, 2, 3), with the old broadcast and with the stream: the scale-outs' ``phases.sync_s``,
     ``init_s`` and ``stall_s`` from the event log (what was measured before an error is kept,
     with the error)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench import Job, change_stall
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.common.jobs import Job, change_stall
     out = {}
     # a script's folder is not put first on sys.path: a benchmarks/ module named like one of
     # the standard library's could not shadow it in the workers

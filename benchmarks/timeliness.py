@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench import stop_launcher  # noqa: E402
+from benchmarks.common.jobs import stop_launcher  # noqa: E402
 from launcher.observe.events import read as read_events  # noqa: E402
 from launcher.serve.control import ControlClient  # noqa: E402
 BIN = Path(sys.executable).parent

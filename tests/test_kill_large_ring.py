@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import bench  # noqa: E402  (benchmarks/bench.py: the Job harness of make bench and make scale)
+sys.path.append(str(ROOT))
+from benchmarks.common import jobs  # noqa: E402  (the Job harness of make bench and make scale)
 
 N = 16
 KILLS = 6
@@ -29,8 +29,8 @@ KILLS = 6
 @pytest.mark.long
 def test_each_kill_of_one_of_16_workers_costs_that_worker_only(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONSAFEPATH", "1")
-    job = bench.Job("hvd_edl", tmp_path, N, step_delay=0.1, max_np=N,
-                    launcher_args=("--blacklist-cooldown-range", "1", "1"))
+    job = jobs.Job("hvd_edl", tmp_path, N, step_delay=0.1, max_np=N,
+                   launcher_args=("--blacklist-cooldown-range", "1", "1"))
     try:
         assert job.wait_settled(N, 12, 0, 300), job.output_tail()
         for k in range(KILLS):

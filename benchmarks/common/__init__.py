@@ -2,6 +2,10 @@
 Nothing in this package measures anything or writes results, and no benchmark script is
 imported by another: what two of them need lives here.
 
+* ``jobs``: the job harness (``WorkloadJob``, ``Job``, ``stop_launcher``) and what is measured
+  from the workers' timelines (``change_stall``, ``kill_outcome``), ``machine_info``;
+* ``workload.py``: the training script the harness starts (the digits CNN writing per-step
+  timelines); run by launchers, never imported;
 * ``ring_env``: Horovod ranks started by hand, without a launcher (each rank's environment, a
   rendezvous server that counts requests); also imported by the tests of our Horovod patches.
 

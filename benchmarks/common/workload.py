@@ -1,4 +1,9 @@
 """The benchmark workload: the digits CNN of ``examples/train_digits.py`` under three systems.
+Part of the benchmarks' library: not a benchmark, the training script that the job harness
+(``benchmarks/common/jobs.py``, ``WorkloadJob``) starts under each launcher, e.g.::
+
+    hvd-edl-run -np 2 --host-discovery-script D .venv/bin/python benchmarks/common/workload.py \
+        --system hvd_edl --timeline-dir T --stop-file S
 
     --system hvd_edl           import hvd_edl.torch as hvd     (run by hvd-edl-run)
     --system horovod_elastic   import horovod.torch as hvd     (horovodrun --host-discovery-script)
@@ -30,7 +35,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from train_digits import DigitsCNN, load_data  # noqa: E402  - the main job's model and data
 
 

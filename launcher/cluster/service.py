@@ -23,10 +23,25 @@ and their allocation files.  Every decision is an event in the store and in
 ``STATE_DIR/events.jsonl`` with its reason.  ``kill -9`` of the service loses nothing: the jobs
 run in sessions of their own, every state change is in the store before it is acted on, and a
 restarted service re-adopts the runs from their files (:meth:`launcher.cluster.runs.Run.probe`).
+
+This module keeps :class:`Service`, the owner: its state, start and stop, and the loop (one pass:
+requests, ends, a round when due: snapshot -> policy -> allocation, then apply).  The rest lives
+beside it, as functions that take the service explicitly (the event log: a small class):
+
+=================================  ==============================================================
+:mod:`launcher.cluster.handlers`   the API's requests: submit, cancel, status
+:mod:`launcher.cluster.apply`      applying an allocation: start, grow/shrink/move, release,
+                                   preempt
+:mod:`launcher.cluster.ends`       a run's end -> the job's state (done, failed, cancelled,
+                                   suspended) and reason
+:mod:`launcher.cluster.adoption`   re-adopting the runs after a restart
+:mod:`launcher.cluster.pool`       the pool's discovery thread, hosts leaving the pool
+:mod:`launcher.cluster.telemetry`  the jobs' telemetry thread, speed points
+:mod:`launcher.cluster.events`     the event log (store + ``events.jsonl``), decision counts
+=================================  ==============================================================
 """
 from __future__ import annotations
 
-import logging
 import os
 import queue
 import threading
@@ -45,9 +60,7 @@ from launcher.cluster.handlers import RequestError  # noqa: F401 - importable he
 from launcher.cluster.policy import (AllocationError, JobView, Policy, Snapshot,
                                      check_allocation)
 from launcher.cluster.runs import Run
-from launcher.cluster.store import ENDED, Store, StoreError
-
-log = logging.getLogger(__name__)
+from launcher.cluster.store import Store, StoreError
 
 ROUND_S = 5.0            # a scheduling round at least this often
 BUSY_TICK_S = 0.05       # the loop's period while a change is being applied
@@ -66,6 +79,15 @@ class ServiceError(RuntimeError):
 
 class Service:
     """The cluster service (module docstring).
+
+    Its state, which the modules beside it read and change (on the loop's thread unless said):
+    ``store``; ``pool`` (host -> slots; written under ``lock``); ``runs`` (job id -> its live
+    :class:`Run`); ``written`` (job id -> its allocation file now); ``occupied`` (job id -> the
+    slots it still uses, :meth:`set_occupied`); ``releasing`` (job id -> when a shrink was
+    written); ``waiting_since`` (job id -> when it was first allocated slots it has not got);
+    ``telemetry`` (job id -> its last answer, from the telemetry thread); ``decide_now`` (a
+    round at the next pass); ``events`` (:class:`EventLog`); ``decisions`` and ``jct_s``
+    (metrics).
 
     Args:
         state_dir: its 0700 folder (database, job folders, event log, lock).
@@ -160,6 +182,8 @@ class Service:
         return value
 
     def close(self) -> None:
+        """Stop the loop and its threads, close the store, release the state directory; the
+        jobs keep running (the next service re-adopts them)."""
         self.stopping = True
         self.wake.set()
         if self.store is not None:
@@ -287,6 +311,9 @@ class Service:
                         change_cost_s=self.change_cost_s, restart_cost_s=self.restart_cost_s)
 
     def _round(self) -> None:
+        """Ask the policy for an allocation of :meth:`snapshot` and record each job's change
+        (kind, reason: the policy's ``explain`` or a default) in the store, for
+        :func:`launcher.cluster.apply.apply_allocations` to act on."""
         snap = self.snapshot()
         try:
             alloc = self.policy.allocate(snap)

@@ -35,8 +35,10 @@ from typing import Iterator, List, Optional
 
 import psutil
 
-import chaos_harness as harness
-from chaos_harness import RESULTS, Fault
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import chaos_harness as harness  # noqa: E402
+from benchmarks.common.chaos_harness import RESULTS, Fault  # noqa: E402
 
 BAD_OUTPUTS = harness.bad_outputs("localhost", 2)
 KINDS = ("kill", "term", "hosts", "bad")

@@ -49,9 +49,8 @@ from typing import Dict, Iterator, List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import chaos_harness as harness  # noqa: E402
-from chaos_harness import DIGITS, RESULTS  # noqa: E402
+from benchmarks.common import chaos_harness as harness  # noqa: E402
+from benchmarks.common.chaos_harness import DIGITS, RESULTS  # noqa: E402
 
 
 def _load(name: str, path: Path):

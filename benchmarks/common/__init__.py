@@ -6,6 +6,8 @@ imported by another: what two of them need lives here.
   from the workers' timelines (``change_stall``, ``kill_outcome``), ``machine_info``;
 * ``workload.py``: the training script the harness starts (the digits CNN writing per-step
   timelines); run by launchers, never imported;
+* ``chaos_harness``: what the two chaos runners share (the digits job in audit mode, the run,
+  the bad-discovery fault, the checks, the report);
 * ``ring_env``: Horovod ranks started by hand, without a launcher (each rank's environment, a
   rendezvous server that counts requests); also imported by the tests of our Horovod patches.
 

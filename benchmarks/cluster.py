@@ -38,21 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks.common.jobs import (WorkloadJob, change_stall, kill_outcome,  # noqa: E402
                                     machine_info)
-
-
-def _load_test_cluster():
-    """tests/cluster.py, loaded by path (this file's own name would shadow it)."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("hvd_edl_tests_cluster",
-                                                  ROOT / "tests" / "cluster.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_cluster = _load_test_cluster()
-Cluster, ClusterUnavailable = _cluster.Cluster, _cluster.ClusterUnavailable
+from benchmarks.common.namespace_cluster import (Cluster, ClusterUnavailable,  # noqa: E402
+                                                 reset_hosts)
 
 BIN = Path(sys.executable).parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -102,23 +89,6 @@ class ClusterJob(WorkloadJob):
 
 def _lines(hosts: List[str]) -> str:
     return "".join(f"{h}:1\n" for h in hosts)
-
-
-def reset_hosts(c: Cluster) -> None:
-    """Every host back on the bridge, running, with nothing but its sshd."""
-    for name, h in c.hosts.items():
-        c.thaw(name)
-        try:
-            c.reconnect(name)
-        except RuntimeError:
-            pass
-        sshd = c._sshd[name].pid
-        for pid in c.pids(name):
-            if pid != sshd:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
 
 
 def run_one(c: Cluster, system: str, fault: str, bound_s: float) -> dict:

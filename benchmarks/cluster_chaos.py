@@ -35,7 +35,6 @@ commit interval (10 steps).  Every run is bounded (``--run-bound`` s).  A surviv
 from __future__ import annotations
 
 import functools
-import importlib.util
 import json
 import os
 import random
@@ -51,20 +50,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import chaos_harness as harness  # noqa: E402
 from benchmarks.common.chaos_harness import DIGITS, RESULTS  # noqa: E402
-
-
-def _load(name: str, path: Path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-# benchmarks/cluster.py loads tests/cluster.py; both are named "cluster": load by path
-_bench_cluster = _load("hvd_edl_bench_cluster", ROOT / "benchmarks" / "cluster.py")
-Cluster, ClusterUnavailable = _bench_cluster.Cluster, _bench_cluster.ClusterUnavailable
-reset_hosts = _bench_cluster.reset_hosts
+from benchmarks.common.namespace_cluster import (Cluster, ClusterUnavailable,  # noqa: E402
+                                                 reset_hosts)
 
 KINDS = ("kill", "term", "vanish", "freeze", "partition", "hosts", "bad")
 SILENT = ("vanish", "freeze", "partition")

@@ -11,7 +11,7 @@ cluster, tests/cluster.py, give one slot each, reached over ssh).  A long job A
 ``--min-np 1 --max-np SLOTS``) is lent the whole pool; then ``--rounds`` times: a one-slot job B
 is submitted, edl takes a slot back from A by stop-free scale-in, B runs a few steps and ends,
 and A is lent the slot again.  Per round, from the service's and A's own event logs
-(``scheduler_real.reclaim_parts``): the reclaim (B's submission to A's leaver out of the ring,
+(``cluster_service.reclaim_parts``): the reclaim (B's submission to A's leaver out of the ring,
 the slot free for B) = ``decide`` (submission to A's allocation file rewritten) +
 ``to_switch`` (that to A's scale-in generation: A's discovery poll, 0.2 s, the wait for A's
 script's next ``state.commit()``, at most its commit period, and the agreement there) +
@@ -35,9 +35,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-import scheduler_real  # noqa: E402  (Serve, reclaim_parts, argv_of)
+from benchmarks.common import cluster_service  # noqa: E402  (Serve, reclaim_parts, argv_of)
 
 RESULTS = ROOT / "benchmarks" / "results"
 COMPUTE_S = 0.08
@@ -69,8 +67,8 @@ def job(svc, job_id):
 
 def commit_period_s(tmp: Path, job_id: str, commit_every: int) -> float:
     """A's commit period (seconds): ``commit_every`` x its step time at its full size, from the
-    speed points the service's telemetry recorded (``scheduler_real.speed_points``)."""
-    steps = scheduler_real.speed_points(tmp).get(job_id, {})
+    speed points the service's telemetry recorded (``cluster_service.speed_points``)."""
+    steps = cluster_service.speed_points(tmp).get(job_id, {})
     if not steps:
         return float("nan")
     return commit_every * steps[max(steps)]
@@ -81,7 +79,7 @@ def run_one(commit_every: int, rounds: int, pool: dict, tmp: Path, env: dict = N
     """A's ``commit_every`` (and ``env`` in A's environment, e.g. the agreement's
     ``HVD_EDL_SYNC_AGREE_S``); ``rounds`` reclaims; returns the parts per round."""
     slots = sum(pool["hosts"].values())
-    svc = scheduler_real.Serve(tmp, "edl", pool)
+    svc = cluster_service.Serve(tmp, "edl", pool)
     svc.extra = ["--hold", "2"]
     svc.start()
     stop = tmp / "stop-A"
@@ -114,7 +112,7 @@ def run_one(commit_every: int, rounds: int, pool: dict, tmp: Path, env: dict = N
             if j["state"] in ("queued", "running", "suspended"):
                 svc.call("cancel", job=j["id"])
         svc.stop()
-    parts = [p for p in scheduler_real.reclaim_parts(tmp, events) if p["job"] in bs]
+    parts = [p for p in cluster_service.reclaim_parts(tmp, events) if p["job"] in bs]
     states = {j["id"]: j["state"] for j in svc_status_safe(events)}
     return {"commit_every": commit_every, "env": dict(env or {}),
             "commit_period_s": round(commit_period_s(tmp, a, commit_every), 3),
@@ -163,7 +161,7 @@ def main() -> int:
     p.add_argument("--pool-json", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.cluster_hosts and not a.pool_json:
-        return scheduler_real.in_cluster(a.cluster_hosts, a.slots, __file__)
+        return cluster_service.in_cluster(a.cluster_hosts, a.slots, __file__)
     pool = json.loads(a.pool_json) if a.pool_json else {"hosts": {"localhost": a.slots}}
     base = Path(tempfile.mkdtemp(prefix="reclaim-"))
     out = []
@@ -184,7 +182,7 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "reclaim" + ("_cluster" if a.pool_json else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps(
-        {"command": " ".join(["benchmarks/reclaim.py"] + scheduler_real.argv_of(sys.argv[1:])),
+        {"command": " ".join(["benchmarks/reclaim.py"] + cluster_service.argv_of(sys.argv[1:])),
          "pool": pool["hosts"], "runs": out,
          "summary": {f"commit_every={r['commit_every']} {r['env'] or 'defaults'}": {
                          "commit_period_s": r["commit_period_s"],

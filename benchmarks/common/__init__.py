@@ -8,6 +8,8 @@ imported by another: what two of them need lives here.
   timelines); run by launchers, never imported;
 * ``chaos_harness``: what the two chaos runners share (the digits job in audit mode, the run,
   the bad-discovery fault, the checks, the report);
+* ``cluster_service``: the cluster service driven from a benchmark (``Serve``), the reclaim's
+  parts, ``in_cluster`` (a benchmark run inside the namespace test cluster);
 * ``namespace_cluster``: the namespace test cluster (tests/cluster.py, loaded by path) and
   ``reset_hosts``, for the benchmarks that run on it;
 * ``ring_env``: Horovod ranks started by hand, without a launcher (each rank's environment, a

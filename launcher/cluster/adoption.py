@@ -13,22 +13,19 @@ say what became of each run:
 * ``ended`` or ``lost``: the run ended while no service watched; the job ends or is suspended
   as for any run's end (:func:`launcher.cluster.ends.run_ended`).
 
-Runs once, from :meth:`launcher.cluster.service.Service.open`, before the loop starts.
+:func:`adopt` runs once, from :meth:`launcher.cluster.service.Service.open` (the service given
+explicitly), before the loop starts.
 """
 from __future__ import annotations
 
 import signal
 import threading
-from typing import TYPE_CHECKING
 
 from launcher.cluster import apply, ends
 from launcher.cluster.runs import JobFiles, Run
 
-if TYPE_CHECKING:
-    from launcher.cluster.service import Service
 
-
-def adopt(svc: "Service") -> None:
+def adopt(svc) -> None:
     """Re-adopt the runs an earlier service started on ``svc.state_dir`` (module docstring):
     fills ``svc.runs``, ``written`` and ``occupied`` for the live ones, starts the ones recorded
     but never started, ends the others; an ``adopt`` event for each of the first two."""

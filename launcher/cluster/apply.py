@@ -22,21 +22,18 @@ import logging
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING, Dict
+from typing import Dict
 
 from launcher.cluster import ends
 from launcher.cluster.runs import JobFiles, Run, RunSpec, live_slots
 from launcher.cluster.store import JobRecord
-
-if TYPE_CHECKING:
-    from launcher.cluster.service import Service
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_WAIT_S = 30.0  # a preemption waits this long for the checkpoint before SIGTERM
 
 
-def free_slots(svc: "Service") -> Dict[str, int]:
+def free_slots(svc) -> Dict[str, int]:
     """host -> slots no job occupies (negative when a host shrank under its jobs)."""
     free = dict(svc.pool)
     for hosts in svc.occupied.values():
@@ -46,7 +43,7 @@ def free_slots(svc: "Service") -> Dict[str, int]:
     return free
 
 
-def apply_allocations(svc: "Service") -> None:
+def apply_allocations(svc) -> None:
     """Bring every job towards its allocation (the service's module docstring)."""
     allocs = svc.store.allocations()
     jobs = {j.id: j for j in svc.store.jobs(("queued", "running", "suspended"))}
@@ -85,7 +82,7 @@ def apply_allocations(svc: "Service") -> None:
             write(svc, job_id, kept)
 
 
-def check_release(svc: "Service", job_id: str) -> None:
+def check_release(svc, job_id: str) -> None:
     """Slots a job was asked to give back count as free once a telemetry answer asked for
     after the request shows its workers there gone (or its run ended)."""
     asked = svc.releasing[job_id]
@@ -104,7 +101,7 @@ def check_release(svc: "Service", job_id: str) -> None:
     svc.wake.set()
 
 
-def write(svc: "Service", job_id: str, hosts: Dict[str, int]) -> None:
+def write(svc, job_id: str, hosts: Dict[str, int]) -> None:
     """Rewrite a job's allocation file; what it held beyond ``hosts`` stays occupied until
     released (:func:`check_release`)."""
     JobFiles(svc.state_dir, job_id).write_hosts(hosts)
@@ -117,7 +114,7 @@ def write(svc: "Service", job_id: str, hosts: Dict[str, int]) -> None:
         svc.releasing.setdefault(job_id, time.monotonic())
 
 
-def start(svc: "Service", job: JobRecord, hosts: Dict[str, int]) -> None:
+def start(svc, job: JobRecord, hosts: Dict[str, int]) -> None:
     """Start a new run of ``job`` on ``hosts``: recorded first (run number, state), then
     started, so a service killed in between starts it on restart, never twice."""
     number = job.run + 1
@@ -134,7 +131,7 @@ def start(svc: "Service", job: JobRecord, hosts: Dict[str, int]) -> None:
     launch(svc, svc.store.job(job.id), hosts, number)
 
 
-def launch(svc: "Service", job: JobRecord, hosts: Dict[str, int], number: int) -> None:
+def launch(svc, job: JobRecord, hosts: Dict[str, int], number: int) -> None:
     """Start run ``number`` of ``job`` on ``hosts``, as the store already records it (by
     :func:`start`, or a run recorded but never started that a restarted service adopts): its
     allocation file first, then the run; a run that cannot start fails the job."""
@@ -154,7 +151,7 @@ def launch(svc: "Service", job: JobRecord, hosts: Dict[str, int], number: int) -
                       "reason": f"run {number} started"})
 
 
-def preempt(svc: "Service", job: JobRecord) -> None:
+def preempt(svc, job: JobRecord) -> None:
     """Checkpoint (on a thread: it waits for rank 0's next commit) and SIGTERM the run."""
     svc.store.update(job.id, stopping="preempt",
                      event={"kind": "suspend", "reason": "preempted: checkpoint, then "

@@ -22,15 +22,12 @@ the ended run's slot state (``written``, ``releasing``, ``occupied``, ``telemetr
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from launcher.cluster.store import JobRecord
 
-if TYPE_CHECKING:
-    from launcher.cluster.service import Service
 
-
-def check_runs(svc: "Service") -> None:
+def check_runs(svc) -> None:
     """Probe every live run; each that ended leaves ``svc.runs`` and goes to
     :func:`run_ended`."""
     for job_id, run in list(svc.runs.items()):
@@ -42,7 +39,7 @@ def check_runs(svc: "Service") -> None:
         run_ended(svc, job, what, code)
 
 
-def run_ended(svc: "Service", job: JobRecord, what: str, code: Optional[int]) -> None:
+def run_ended(svc, job: JobRecord, what: str, code: Optional[int]) -> None:
     """The run of ``job`` ended (``what``, ``code``: :meth:`Run.probe`'s answer): free its
     slots, then end the job or suspend it (module docstring) and ask for a round."""
     svc.written.pop(job.id, None)
@@ -68,7 +65,7 @@ def run_ended(svc: "Service", job: JobRecord, what: str, code: Optional[int]) ->
     svc.decide_now = True
 
 
-def end(svc: "Service", job: JobRecord, state: str, code: Optional[int], reason: str) -> None:
+def end(svc, job: JobRecord, state: str, code: Optional[int], reason: str) -> None:
     """The one place a job ends (``state`` one of ``done``, ``failed``, ``cancelled``): state,
     exit code and time in one transaction, with ``reason``; its allocation goes."""
     now = time.time()

@@ -1,7 +1,7 @@
 """The requests of the cluster service's HTTP API (:func:`launcher.cluster.server.routes`):
 ``submit`` and ``cancel`` change the store, so the server runs them on the service's loop thread
 (:meth:`launcher.cluster.service.Service.call`: the store has one writer); ``status`` only reads
-(the store, and the pool and the slots in use under the service's lock), so any thread may call
+(the store, and the pool and the slots in use: ``Service.slots_in_use``), so any thread may call
 it (the server's, ``/metrics``'s collector).  A bad request raises :class:`RequestError`
 (HTTP 400; 404 for an unknown job).
 
@@ -15,14 +15,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from launcher.cluster import ends
 from launcher.cluster.runs import JobFiles
 from launcher.cluster.store import JobRecord, Store
-
-if TYPE_CHECKING:
-    from launcher.cluster.service import Service
 
 
 class RequestError(ValueError):
@@ -33,7 +30,7 @@ class RequestError(ValueError):
         self.status = status
 
 
-def submit(svc: "Service", req: dict) -> dict:
+def submit(svc, req: dict) -> dict:
     """A ``submit`` request (validated here; the loop's thread only): the job is queued, in
     the store with its folder, and a round is asked for.
 
@@ -89,7 +86,7 @@ def submit(svc: "Service", req: dict) -> dict:
     return {"id": job.id, "state": "queued"}
 
 
-def cancel(svc: "Service", job_id: str) -> dict:
+def cancel(svc, job_id: str) -> dict:
     """A ``cancel`` request (the loop's thread only): a running job's run gets SIGTERM (it ends
     ``cancelled`` when the run exits), any other job ends ``cancelled`` now.
 
@@ -122,7 +119,7 @@ def known(store: Store, job_id) -> JobRecord:
     return job
 
 
-def status(svc: "Service", job_id: Optional[str] = None) -> dict:
+def status(svc, job_id: Optional[str] = None) -> dict:
     """What ``status``/``queue``/``top`` show (any thread: reads only): every job (or only
     ``job_id``), the pool, the policy, slots total/used/free/lent, the queue and which jobs
     hold each host's slots.
@@ -133,9 +130,7 @@ def status(svc: "Service", job_id: Optional[str] = None) -> dict:
     store = svc.store
     allocs = store.allocations()
     jobs = [known(svc.store, job_id)] if job_id else store.jobs()
-    with svc.lock:
-        pool = dict(svc.pool)
-        occupied = {k: dict(v) for k, v in svc.occupied.items()}
+    pool, occupied = svc.slots_in_use()
     used = sum(sum(v.values()) for v in occupied.values())
     running = [j for j in jobs if j.state == "running"]
     out = [j.public(allocs.get(j.id)) for j in jobs]

@@ -2,22 +2,22 @@
 (``-H`` / ``--hostfile``: fixed; ``--discovery-script``: asked again every
 ``--discovery-interval`` seconds on a thread of its own, :func:`watch`).
 
-A change is applied on the loop's thread (:func:`changed`): the new pool (under the service's
-lock: ``status`` reads it), a ``pool`` event, and the hosts that left take their slots from the
-jobs that held them at once (:func:`hosts_left`), before the policy's next round (asked for
-now) redistributes.  A discovery that fails keeps the last good pool and says so once on stderr.
+A change is applied on the loop's thread (:func:`changed`): the new pool (``Service.set_pool``,
+under the service's lock: ``status`` reads it from other threads), a ``pool`` event, and the
+hosts that left take their slots from the jobs that held them at once (:func:`hosts_left`),
+before the policy's next round (asked for now) redistributes.  A discovery that fails keeps the
+last good pool and says so once on stderr.
+
+Each function takes the service explicitly (:class:`launcher.cluster.service.Service`).
 """
 from __future__ import annotations
 
 import sys
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional
-
-if TYPE_CHECKING:
-    from launcher.cluster.service import Service
+from typing import Dict, List, Optional
 
 
-def watch(svc: "Service") -> None:
+def watch(svc) -> None:
     """The discovery thread's body until ``svc.stopping``: every ``svc.discovery_interval_s``
     ask ``svc.discovery`` for the pool; a different one goes to the loop (:func:`changed`)."""
     problem: Optional[str] = None
@@ -37,12 +37,11 @@ def watch(svc: "Service") -> None:
             svc.wake.set()
 
 
-def changed(svc: "Service", hosts: Dict[str, int]) -> None:
+def changed(svc, hosts: Dict[str, int]) -> None:
     """The pool is now ``hosts`` (the loop's thread): a ``pool`` event, the hosts that left
     taken from their jobs (:func:`hosts_left`), a round asked for."""
     before = svc.pool
-    with svc.lock:
-        svc.pool = hosts
+    svc.set_pool(hosts)
     gone = sorted(set(before) - set(hosts))
     svc.events.note(None, "pool", "the pool changed" + (
         f": {', '.join(gone)} left" if gone else ""), pool=hosts,
@@ -51,7 +50,7 @@ def changed(svc: "Service", hosts: Dict[str, int]) -> None:
     svc.decide_now = True
 
 
-def hosts_left(svc: "Service", gone: List[str]) -> None:
+def hosts_left(svc, gone: List[str]) -> None:
     """Hosts that left the pool take their slots from the jobs that held them: each such
     job's allocation loses them at once (its workers there leave stop-free; a job left with
     none is preempted), before the policy's next round redistributes."""

@@ -81,7 +81,7 @@ class Service:
     """The cluster service (module docstring).
 
     Its state, which the modules beside it read and change (on the loop's thread unless said):
-    ``store``; ``pool`` (host -> slots; written under ``lock``); ``runs`` (job id -> its live
+    ``store``; ``pool`` (host -> slots; :meth:`set_pool`); ``runs`` (job id -> its live
     :class:`Run`); ``written`` (job id -> its allocation file now); ``occupied`` (job id -> the
     slots it still uses, :meth:`set_occupied`); ``releasing`` (job id -> when a shrink was
     written); ``waiting_since`` (job id -> when it was first allocated slots it has not got);
@@ -129,7 +129,7 @@ class Service:
         self.last_attained = time.monotonic()
         self.decisions: Dict[str, int] = {}      # kind -> count (metrics)
         self.jct_s: List[float] = []             # completion times of jobs ended here
-        self.lock = threading.Lock()             # guards pool, occupied for status's readers
+        self._lock = threading.Lock()            # guards pool, occupied for status's readers
         self._flock: Optional[filelock.FileLock] = None
         self.store: Optional[Store] = None
         self.events_path = self.state_dir / "events.jsonl"
@@ -191,17 +191,28 @@ class Service:
         if self._flock is not None:
             self._flock.release()
 
-    # ---- the slots in use (shared with status's readers) --------------------------------------
+    # ---- the pool and the slots in use (shared with status's readers) -------------------------
+
+    def set_pool(self, hosts: Dict[str, int]) -> None:
+        """The pool is now ``hosts`` (host -> slots): the one write of ``pool`` after
+        :meth:`open`, under the lock (:mod:`.pool` calls it)."""
+        with self._lock:
+            self.pool = hosts
 
     def set_occupied(self, job_id: str, hosts: Dict[str, int]) -> None:
         """The slots ``job_id`` still uses ({} none): the one write of ``occupied``, under the
-        lock (:meth:`status` reads it from the HTTP threads; :mod:`.apply`, :mod:`.ends` and
-        :mod:`.adoption` call it)."""
-        with self.lock:
+        lock (:mod:`.apply`, :mod:`.ends` and :mod:`.adoption` call it)."""
+        with self._lock:
             if hosts:
                 self.occupied[job_id] = {h: k for h, k in hosts.items() if k > 0}
             else:
                 self.occupied.pop(job_id, None)
+
+    def slots_in_use(self) -> Tuple[Dict[str, int], Dict[str, Dict[str, int]]]:
+        """Copies of ``pool`` and ``occupied`` (job id -> host -> slots) taken together under
+        the lock: what a thread other than the loop's reads (:func:`.handlers.status`)."""
+        with self._lock:
+            return dict(self.pool), {k: dict(v) for k, v in self.occupied.items()}
 
     # ---- requests (HTTP threads hand them to the loop: one writer) ----------------------------
 

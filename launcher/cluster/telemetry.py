@@ -10,23 +10,21 @@ The answers give
   one generation (:mod:`launcher.cluster.speed`), recorded in the job's ``speed`` (the
   throughput the policies see) by the loop's thread (the store has one writer).
 
-It reads ``svc.runs`` and ``svc.releasing`` (the loop's), and writes only ``svc.telemetry``.
+Its functions take the service explicitly (``svc``, :class:`launcher.cluster.service.Service`):
+they read ``svc.runs`` and ``svc.releasing`` (the loop's), and write only ``svc.telemetry``.
 """
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Dict, Tuple
+from typing import Dict, Tuple
 
 from launcher.cluster import speed as speed_
-
-if TYPE_CHECKING:
-    from launcher.cluster.service import Service
 
 TELEMETRY_BUSY_S = 0.05  # a job releasing slots is asked this often whether they are free
 TELEMETRY_IDLE_S = 1.0   # ... the others this often (speed points, world size)
 
 
-def poll(svc: "Service") -> None:
+def poll(svc) -> None:
     """The thread's body until ``svc.stopping``: ask each running job for ``/ctl/telemetry``
     (every 1 s; every 0.05 s while it releases slots): its world size, live workers per host,
     and speed points."""
@@ -57,7 +55,7 @@ def poll(svc: "Service") -> None:
         time.sleep(TELEMETRY_BUSY_S if svc.releasing else 0.2)
 
 
-def speed_point(svc: "Service", steady: Dict[str, Tuple[int, float]], job_id: str,
+def speed_point(svc, steady: Dict[str, Tuple[int, float]], job_id: str,
                 tel_job: dict) -> None:
     """Record the job's speed at its world size (``tel_job``: the telemetry answer's ``job``)
     once it has been at one generation for ``speed.STEADY_S`` (``steady``: job id ->

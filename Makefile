@@ -49,14 +49,14 @@ test-long: setup
 
 # hvd_edl vs Horovod Elastic vs static Horovod (about 15 minutes on 2 cores): benchmarks/results/
 bench: setup
-	$(VENV)/bin/python benchmarks/bench.py
+	$(VENV)/bin/python benchmarks/job/bench.py
 
 # Switch cost at 2, 4, 8, 16 workers, hvd_edl vs Horovod Elastic, then the simulated control
 # plane when present (about 10 minutes): benchmarks/results/scale.json and scale.png
 scale: setup
-	$(VENV)/bin/python benchmarks/scale.py
-	@if [ -f benchmarks/control_plane.py ]; then $(VENV)/bin/python benchmarks/control_plane.py; fi
-	$(VENV)/bin/python benchmarks/scale.py --plot-only
+	$(VENV)/bin/python benchmarks/job/scale.py
+	@if [ -f benchmarks/job/control_plane.py ]; then $(VENV)/bin/python benchmarks/job/control_plane.py; fi
+	$(VENV)/bin/python benchmarks/job/scale.py --plot-only
 
 # Seeded random faults over the digits job (3 runs x 10 faults, about 2 minutes).
 chaos: setup

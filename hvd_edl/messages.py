@@ -90,7 +90,7 @@ def verify(secret: str, method: str, path: str, body: bytes, signature: Optional
 def _fields(cls) -> tuple:
     """(name, type hint) of each field of a message class: ``typing.get_type_hints`` resolves
     the string annotations anew at every call, a tenth of the launcher's CPU per request
-    (benchmarks/control_plane.py), so once per class."""
+    (benchmarks/job/control_plane.py), so once per class."""
     hints = typing.get_type_hints(cls)
     return tuple((f.name, hints[f.name]) for f in dataclasses.fields(cls))
 

@@ -1,4 +1,4 @@
-"""The control plane at 64 simulated workers (benchmarks/control_plane.py): the real launcher
+"""The control plane at 64 simulated workers (benchmarks/job/control_plane.py): the real launcher
 (driver, coordinator, HTTP server, rendezvous, event log) forms a generation of all 64, then a
 scale-in and a scale-out, with every simulated worker speaking the protocol over HTTP from a
 separate load-generator process.  Speed goals are the benchmark's, not asserted here."""
@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_64_simulated_workers_form_scale_in_and_out(tmp_path):
     out = tmp_path / "scale.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "control_plane.py"), "--workers", "64",
+        [sys.executable, str(ROOT / "benchmarks" / "job" / "control_plane.py"), "--workers", "64",
          "--steady-s", "1", "--flood-s", "0.5", "--build-s", "0.2", "--timeout-s", "20",
          "--no-mesh", "--output", str(out)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60)

@@ -5,9 +5,9 @@ Before our patch 0008 (``cmake/patches/0008-gloo-pair-errors-not-aborts.patch``)
 collective the kill aborted could receive a peer's next message into a receive it had posted
 for the aborted one, and Gloo's loop thread ended the process (SIGABRT, "op.preamble.length <=
 op.nbytes. 4188 vs 8"): one kill took the ring from 16 to 13 workers (1 in 2 kills with
-``benchmarks/scale.py``'s walk); and a message for a receive whose operation had been abandoned
-left Gloo's loop thread spinning on it, so one survivor waited for Gloo's 30 s timeout and the
-whole ring with it (2 kills in 10).  Real launcher, real Horovod over Gloo, real kills; marked
+``benchmarks/job/scale.py``'s walk); and a message for a receive whose operation had been
+abandoned left Gloo's loop thread spinning on it, so one survivor waited for Gloo's 30 s timeout
+and the whole ring with it (2 kills in 10).  Real launcher, real Horovod over Gloo, real kills; marked
 ``long`` (about 3 minutes: 16 processes on 2 cores).
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Horovod ranks started by hand, without a launcher: the environment each rank gets and a
 rendezvous server that counts requests.  The unit-level tests of our Horovod patches
 (tests/test_idle_loop.py, test_scale.py, test_blocking_wait.py) and the benchmarks that time
-Horovod alone (collectives.py, scale.py) start their ranks this way.
+Horovod alone (job/collectives.py, job/scale.py) start their ranks this way.
 
 Part of the benchmarks' library (``benchmarks.common``), imported with the repository root on
 ``sys.path``: ``from benchmarks.common.ring_env import rank_env``.  Tests append the root at the

@@ -28,7 +28,7 @@ Bounds, and how detection time trades against false alarms (defaults):
   beats (15 s); Horovod Elastic has no liveness of its own and waits for Gloo's 30 s timeout.
 
 * Large jobs: one Python process answers about a thousand beats per second with a tenth of a
-  core (benchmarks/control_plane.py), so the beat period grows with the generation's size,
+  core (benchmarks/job/control_plane.py), so the beat period grows with the generation's size,
   ``max(BEAT_S, size / MAX_BEATS_PER_S)`` (1.02 s at 1,024 members), and each worker learns it
   from its beats' answers (``BeatReply.beat_s``); silence is then declared after
   ``max(SILENT_AFTER_S, SILENT_BEATS x period)`` (5.1 s at 1,024: detection in 4.1-6.1 s), so the

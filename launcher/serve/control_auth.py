@@ -76,7 +76,7 @@ class RequestAuthenticator:
         now = time.monotonic()
         # remembered while its timestamp is inside the window (later, verify refuses it
         # anyway): about window_s, not 2 x window_s, so a job answering 1,000 requests per
-        # second (1,024 workers) stays under MAX_NONCES (benchmarks/control_plane.py)
+        # second (1,024 workers) stays under MAX_NONCES (benchmarks/job/control_plane.py)
         stamp_s = int(header.split(":")[1]) / 1000.0
         forget_at = now + max(0.0, stamp_s + self.window_s - time.time()) + 1.0
         with self._lock:

@@ -1,6 +1,6 @@
 """Exactly-once data under one membership schedule, Horovod Elastic's sampler against ours.
 
-The same training script (benchmarks/exactly_once_worker.py, Horovod's ``ElasticSampler``
+The same training script (benchmarks/job/exactly_once_worker.py, Horovod's ``ElasticSampler``
 signature, one long epoch) runs under ``horovodrun --gloo`` with Horovod 0.28.1's sampler and
 under ``hvd-edl-run`` with hvd_edl's; both follow the same schedule inside the epoch, driven by
 the steps seen in the ledger:
@@ -11,7 +11,7 @@ and are audited by the same checker (hvd_edl.audit): repeated and missing indice
 committed progress of the epoch.  Both launchers get ``--blacklist-cooldown-range 1 2`` so a
 killed worker's host (the only one here) may come back.
 
-    python benchmarks/exactly_once.py             # writes benchmarks/results/exactly_once.json
+    python benchmarks/job/exactly_once.py             # writes benchmarks/results/exactly_once.json
 """
 from __future__ import annotations
 
@@ -27,13 +27,13 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from hvd_edl import audit  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 BIN = Path(sys.executable).parent
-WORKER = ROOT / "benchmarks" / "exactly_once_worker.py"
+WORKER = ROOT / "benchmarks" / "job" / "exactly_once_worker.py"
 DIGITS_TRAIN = 1347
 
 

@@ -21,13 +21,13 @@ carries the event log's ``phases`` of the slowest continuing worker: boundary, s
 init (Horovod's Gloo set-up in ``hvd.init()``), sync, rest.
 
 Writes the key "switch" of ``benchmarks/results/scale.json`` (read-modify-write under a file
-lock: benchmarks/control_plane.py writes "control_plane" of the same file) and redraws
+lock: benchmarks/job/control_plane.py writes "control_plane" of the same file) and redraws
 ``benchmarks/results/scale.png`` (switch cost per kind against world size for both systems; a
 second panel with the control plane's rows when that key is there).
 
-    .venv/bin/python benchmarks/scale.py                      # both systems, 2 4 8 16
-    .venv/bin/python benchmarks/scale.py --systems hvd_edl --sizes 2,8,16
-    .venv/bin/python benchmarks/scale.py --plot-only          # redraw scale.png from scale.json
+    .venv/bin/python benchmarks/job/scale.py                      # both systems, 2 4 8 16
+    .venv/bin/python benchmarks/job/scale.py --systems hvd_edl --sizes 2,8,16
+    .venv/bin/python benchmarks/job/scale.py --plot-only          # redraw scale.png from scale.json
 """
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ from typing import Dict, List, Optional
 import filelock
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common.jobs import (RESULTS, Job, change_stall, kill_outcome,  # noqa: E402
                                     machine_info)
@@ -208,7 +208,7 @@ class Walk:
 # ---- Gloo set-up alone, patches 0004 + 0006 + 0007 on and off ---------------------------------
 
 def init_ab(n: int, rounds: int) -> List[dict]:
-    """``n`` ranks of ``benchmarks/scale_worker.py`` on this host initialise Horovod ``2 *
+    """``n`` ranks of ``benchmarks/job/scale_worker.py`` on this host initialise Horovod ``2 *
     rounds`` times (after one unrecorded warm-up), each against a fresh generation of our rendezvous server, patches 0004 + 0006 + 0007 on and
     off in turn (ABAB...: both see the same load).  Per init: the slowest rank's ``hvd.init()``
     (seconds), the requests the rendezvous answered, this process's CPU seconds (the
@@ -450,7 +450,7 @@ def main() -> int:
             "table": init_table(ab), "rows": ab,
             "machine": {**machine, "load_average_at_end": [round(x, 2) for x in
                                                            os.getloadavg()]},
-            "method": "benchmarks/scale_worker.py: N ranks on this host, hvd.init() against "
+            "method": "benchmarks/job/scale_worker.py: N ranks on this host, hvd.init() against "
                       "a fresh generation of launcher.job.rendezvous, one allreduce, "
                       "hvd.shutdown(); HVD_EDL_GLOO_FAST_INIT=1/0 alternated per init; "
                       "init_s is the slowest rank's"}}, out)

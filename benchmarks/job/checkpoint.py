@@ -14,7 +14,7 @@ same load from anything else on the machine, so the difference is the checkpoint
 * time from a resumed job's launch (``hvd-edl-run`` on the directory) to the end of its first
   step, against the same for a fresh job without checkpoints.
 
-    python benchmarks/checkpoint.py            # writes benchmarks/results/checkpoint.json
+    python benchmarks/job/checkpoint.py            # writes benchmarks/results/checkpoint.json
 
 ``--worker`` is the training script the jobs run (one JSON line ``BENCH {...}`` at its end).
 """
@@ -32,7 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 LAUNCHER = str(Path(sys.executable).parent / "hvd-edl-run")
 DEFAULT_INTERVAL_S = 60.0

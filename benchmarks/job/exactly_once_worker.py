@@ -1,5 +1,8 @@
-"""Training script for benchmarks/exactly_once.py: the digits CNN with Horovod's elastic API and
-Horovod's ``ElasticSampler`` signature, under either system (only the import differs).
+"""Training script for benchmarks/job/exactly_once.py (not a benchmark of its own): the digits
+CNN with Horovod's elastic API and Horovod's ``ElasticSampler`` signature, under either system
+(only the import differs); exactly_once.py runs it as ``horovodrun --gloo ... python
+benchmarks/job/exactly_once_worker.py --system horovod --ledger DIR`` and ``hvd-edl-run ...
+--system hvd_edl``.
 
 It writes its own ledger (hvd_edl.audit's format) from the indices that reach the model, so both
 systems are audited by the same code: every batch carries its dataset indices.  A generation is
@@ -17,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from train_digits import DigitsCNN, load_data  # noqa: E402
 
 from hvd_edl.audit import Ledger  # noqa: E402

@@ -1,5 +1,7 @@
-"""One rank of ``benchmarks/scale.py --init-ab``: Horovod's Gloo set-up timed in a loop, the way a
-switch does it (``hvd.init()`` against a fresh rendezvous, one allreduce, ``hvd.shutdown()``).
+"""One rank of ``benchmarks/job/scale.py --parts init``: Horovod's Gloo set-up timed in a loop, the
+way a switch does it (``hvd.init()`` against a fresh rendezvous, one allreduce,
+``hvd.shutdown()``).  Not a benchmark of its own: scale.py starts N of them (``python
+benchmarks/job/scale_worker.py`` in each rank's environment, ``benchmarks.common.ring_env``).
 
 The harness sends one JSON line per round on stdin: ``{"port", "token", "fast"}`` (the
 generation's rendezvous port and token, and ``HVD_EDL_GLOO_FAST_INIT`` for this init: our patch

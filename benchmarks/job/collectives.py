@@ -13,7 +13,7 @@ Horovod's background loops run).  ``HOROVOD_CYCLE_TIME`` and the other Horovod v
 through from the environment; ``HVD_EDL_IDLE_WAIT_MS=0`` runs upstream's idle loop (patch 0009
 off), ``=200`` the patched one (by default the workers' rule: patched with a core per rank).
 
-    .venv/bin/python benchmarks/collectives.py [--ranks 16] [--rounds 3] [--idle-s 2]
+    .venv/bin/python benchmarks/job/collectives.py [--ranks 16] [--rounds 3] [--idle-s 2]
 """
 from __future__ import annotations
 
@@ -25,7 +25,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 from hvd_edl.runtime import idle_wait_ms  # noqa: E402
 from launcher.job.rendezvous import GenerationRendezvous  # noqa: E402
 from benchmarks.common.ring_env import kill_leftovers, rank_env  # noqa: E402

@@ -2,7 +2,7 @@
 ``hvd-edl-ctl scale``) the ring agrees on a step boundary and the coordinator forms the next
 generation, for three rhythms of commits.
 
-    .venv/bin/python benchmarks/timeliness.py [--requests 4] [--out FILE]
+    .venv/bin/python benchmarks/job/timeliness.py [--requests 4] [--out FILE]
 
 Patterns (Horovod's integration script, ``tests/horovod_style/elastic_main.py``, 2 workers):
 
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common.jobs import stop_launcher  # noqa: E402
 from launcher.observe.events import read as read_events  # noqa: E402

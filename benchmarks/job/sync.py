@@ -31,8 +31,8 @@ the end of their last step at 2 to the start of their first at 3, from the steps
 re-init, sync, rest) and the sync's parts (header, skeleton, transfer, load), as the slowest
 continuing member reported them.
 
-    .venv/bin/python benchmarks/sync.py            # writes benchmarks/results/sync.json
-    .venv/bin/python benchmarks/sync.py --no-switch --sizes 100 --reps 1
+    .venv/bin/python benchmarks/job/sync.py            # writes benchmarks/results/sync.json
+    .venv/bin/python benchmarks/job/sync.py --no-switch --sizes 100 --reps 1
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 RESULTS = ROOT / "benchmarks" / "results"
 LAYERS = 8
@@ -157,8 +157,8 @@ def worker(sizes, reps: int, horovod_reps: int) -> None:
 
 
 def switch_phases(model_mb: float, changes, settle_steps: int, timeout_s: float) -> dict:
-    """A real elastic job (benchmarks/common/jobs.py's Job: the workload with ``model_mb`` MB of frozen
-    parameters) started at 2 workers and taken through ``changes`` (world sizes, e.g. 3 or
+    """A real elastic job (benchmarks/common/jobs.py's Job: the workload with ``model_mb`` MB of
+    frozen parameters) started at 2 workers and taken through ``changes`` (world sizes, e.g. 3 or
     3, 2, 3), with the old broadcast and with the stream: the scale-outs' ``phases.sync_s``,
     ``init_s`` and ``stall_s`` from the event log (what was measured before an error is kept,
     with the error)."""

@@ -1,6 +1,8 @@
-"""Simulated workers for the control-plane benchmark (``benchmarks/control_plane.py``): asyncio
-tasks in one load-generator process that speak the worker side of the membership protocol to a
-real launcher, with no torch and no Horovod.
+"""Simulated workers for the control-plane benchmark (``benchmarks/job/control_plane.py``):
+asyncio tasks in one load-generator process that speak the worker side of the membership
+protocol to a real launcher, with no torch and no Horovod.  Not a benchmark of its own:
+control_plane.py starts it from the repository root as ``python -m benchmarks.job.sim_worker
+--build-s S --step-s S`` and drives it over stdin (the protocol below).
 
 Each simulated worker does what ``hvd_edl.runtime`` / ``hvd_edl.heartbeat`` do, with the same
 messages (``hvd_edl.messages``), signed the same way (``hvd_edl.client``), on keep-alive

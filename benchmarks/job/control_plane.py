@@ -4,7 +4,7 @@ The launcher is real: ``launcher.job.driver.Driver`` (its loop, discovery, spawn
 control API), the ``Coordinator`` and its HTTP server, the per-generation Gloo rendezvous
 servers and the event log, in one process of their own.  Only the creation of worker processes
 is replaced: ``launcher.job.driver.spawn`` is hooked to ask a load-generator process
-(``benchmarks/sim_worker.py``) to start a simulated worker, an asyncio task that speaks the
+(``benchmarks/job/sim_worker.py``) to start a simulated worker, an asyncio task that speaks the
 protocol over HTTP with the real messages and signatures, beats, long-polls and reaches step
 boundaries like ``hvd_edl.runtime`` (no torch, no Horovod).  Its exit is reported back to the
 driver like a process's.
@@ -25,8 +25,8 @@ the flood), the steady state's CPU share and thread count, and the rendezvous tr
 
 Usage::
 
-    .venv/bin/python benchmarks/control_plane.py                 # 64, 256, 1024
-    .venv/bin/python benchmarks/control_plane.py --workers 64 --no-mesh
+    .venv/bin/python benchmarks/job/control_plane.py                 # 64, 256, 1024
+    .venv/bin/python benchmarks/job/control_plane.py --workers 64 --no-mesh
 
 Writes ``benchmarks/results/scale.json`` key ``"control_plane"`` (read-modify-write under a
 file lock) and prints a table.
@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 RESULTS = ROOT / "benchmarks" / "results" / "scale.json"
@@ -88,7 +88,7 @@ class SimSpawner:
 
     def __init__(self, build_s: float, step_s: float, stderr):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.sim_worker", "--build-s", str(build_s),
+            [sys.executable, "-m", "benchmarks.job.sim_worker", "--build-s", str(build_s),
              "--step-s", str(step_s)], cwd=ROOT, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=stderr)
         self.procs: Dict[str, SimProcess] = {}
@@ -362,7 +362,7 @@ def _write(rows: List[dict], args) -> None:
         data["control_plane"] = {
             "rows": rows,
             "command": " ".join(sys.argv),
-            "what": "simulated workers (benchmarks/sim_worker.py) against the real launcher "
+            "what": "simulated workers (benchmarks/job/sim_worker.py) against the real launcher "
                     "(driver, coordinator, HTTP server, rendezvous, event log); formation_s: "
                     "last report at the boundary to every worker holding its assignment; "
                     "launcher_cpu_s_per_switch: launcher CPU from the change request to every "

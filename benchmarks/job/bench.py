@@ -35,8 +35,8 @@ of frozen parameters.
 Writes benchmarks/results/latest.json and benchmarks/results/timeline.png (``--quick`` and
 ``--only``: quick.json and quick.png unless ``--out`` says otherwise).
 
-    .venv/bin/python benchmarks/bench.py            # full: 3 repetitions (about 15 minutes)
-    .venv/bin/python benchmarks/bench.py --quick    # 1 repetition, short windows
+    .venv/bin/python benchmarks/job/bench.py            # full: 3 repetitions (about 15 minutes)
+    .venv/bin/python benchmarks/job/bench.py --quick    # 1 repetition, short windows
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ from typing import Dict, List, Optional
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common.jobs import (BATCH, RESULTS, Job, change_stall,  # noqa: E402
                                     kill_outcome, machine_info)

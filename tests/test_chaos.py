@@ -1,11 +1,12 @@
 """Chaos (``pytest -m chaos``, or ``make chaos``; not part of ``make test``): seeded random kill -9,
-SIGTERM, discovery changes and bad discovery output over the digits job (benchmarks/chaos.py)."""
+SIGTERM, discovery changes and bad discovery output over the digits job
+(benchmarks/faults/chaos.py)."""
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "faults"))
 import chaos  # noqa: E402
 
 

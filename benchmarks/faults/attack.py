@@ -22,7 +22,7 @@ rolled-back steps); and a probe sending signed ``/ctl/status`` every 0.5 s throu
 failures, slowest).  Prints one line per attack
 and writes ``benchmarks/results/attack.json``.
 
-    .venv/bin/python benchmarks/attack.py [--out FILE]
+    .venv/bin/python benchmarks/faults/attack.py [--out FILE]
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ from typing import Callable, Dict, List
 import psutil
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common.jobs import WORKLOAD, stop_launcher  # noqa: E402
 from hvd_edl import messages  # noqa: E402

@@ -18,8 +18,9 @@ that happens and the job is still running.  At the end the job is asked to finis
 0 repeated and 0 missing indices in every complete epoch, no fault cost more than the steps since
 the last commit (10), every rank ends with the same parameters, and test accuracy is >= 0.95.
 
-    python benchmarks/chaos.py --runs 3 --faults 10 --seed 1  # results/chaos.json
-    make chaos                                                 # the same, via pytest -m chaos
+    .venv/bin/python benchmarks/faults/chaos.py --runs 3 --faults 10 --seed 1
+        # writes benchmarks/results/chaos.json
+    make chaos      # the same, via pytest -m chaos (tests/test_chaos.py)
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from typing import Iterator, List, Optional
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import chaos_harness as harness  # noqa: E402
 from benchmarks.common.chaos_harness import RESULTS, Fault  # noqa: E402

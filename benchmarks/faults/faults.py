@@ -14,8 +14,8 @@ asks for a random size every 2-4 s; then the job is asked to stop at an epoch's 
 the longest window without a training step anywhere in the job (from the script's step log),
 the generations by kind, the audit.
 
-    .venv/bin/python benchmarks/faults.py end --runs 20
-    .venv/bin/python benchmarks/faults.py flapping --seconds 60
+    .venv/bin/python benchmarks/faults/faults.py end --runs 20
+    .venv/bin/python benchmarks/faults/faults.py flapping --seconds 60
     # results: benchmarks/results/faults.json (one key per mode)
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from hvd_edl import audit  # noqa: E402
 from launcher.observe.events import read as read_events  # noqa: E402

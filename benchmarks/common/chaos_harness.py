@@ -1,9 +1,9 @@
 """What the two chaos runners share (library, not a benchmark: benchmarks/faults/chaos.py on
-this host, benchmarks/cluster_chaos.py on the namespace cluster): the digits job in audit mode
-with a discovery script that prints a hosts file, the run from the first ring to the job's exit
-with the faults a runner strikes in between, the bad-discovery fault, the checks every run
-passes (exit 0, every fault survived, exactly-once data, no more lost than a commit interval)
-and the report.
+this host, benchmarks/multihost/cluster_chaos.py on the namespace cluster): the digits job in
+audit mode with a discovery script that prints a hosts file, the run from the first ring to the
+job's exit with the faults a runner strikes in between, the bad-discovery fault, the checks
+every run passes (exit 0, every fault survived, exactly-once data, no more lost than a commit
+interval) and the report.
 """
 from __future__ import annotations
 

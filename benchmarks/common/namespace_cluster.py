@@ -1,7 +1,7 @@
 """The namespace test cluster (tests/cluster.py) for the benchmarks that run on it (library, not
 a benchmark): ``Cluster`` and ``ClusterUnavailable``, loaded by path (the benchmark
-benchmarks/cluster.py is also named ``cluster``), and :func:`reset_hosts` between runs.  Used by
-benchmarks/cluster.py and benchmarks/cluster_chaos.py.
+benchmarks/multihost/cluster.py is also named ``cluster``), and :func:`reset_hosts` between
+runs.  Used by benchmarks/multihost/cluster.py and benchmarks/multihost/cluster_chaos.py.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_test_cluster():
-    """tests/cluster.py, loaded by path (benchmarks/cluster.py's own name would shadow it)."""
+    """tests/cluster.py, loaded by path (multihost/cluster.py's own name would shadow it)."""
     spec = importlib.util.spec_from_file_location("hvd_edl_tests_cluster",
                                                   ROOT / "tests" / "cluster.py")
     module = importlib.util.module_from_spec(spec)

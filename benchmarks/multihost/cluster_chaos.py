@@ -29,8 +29,8 @@ its epoch (``--stop-file``); a run passes when it exits 0, every fault was survi
 commit interval (10 steps).  Every run is bounded (``--run-bound`` s).  A survivors' stall above
 5 s is noted ``SLOW`` (the goal is 3 s; not a failure here: the bench measures it).
 
-    sudo .venv/bin/python benchmarks/cluster_chaos.py --runs 3 --faults 7 --seed 1
-        # results/cluster_chaos.json; about 10 minutes on 2 cores
+    sudo .venv/bin/python benchmarks/multihost/cluster_chaos.py --runs 3 --faults 7 --seed 1
+        # benchmarks/results/cluster_chaos.json; about 10 minutes on 2 cores
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import chaos_harness as harness  # noqa: E402
 from benchmarks.common.chaos_harness import DIGITS, RESULTS  # noqa: E402

@@ -16,8 +16,8 @@ first step in the new ring (scale_out / scale_in: the stall, from common/jobs.py
 change_stall), steps lost (rolled back).  Every run is bounded (``--bound`` seconds after the fault, default 120).
 Prints a table and writes benchmarks/results/cluster.json.
 
-    sudo .venv/bin/python benchmarks/cluster.py                 # about 10 minutes on 2 cores
-    .venv/bin/python benchmarks/cluster.py --only hvd_edl --faults vanish --bound 60
+    sudo .venv/bin/python benchmarks/multihost/cluster.py       # about 10 minutes on 2 cores
+    .venv/bin/python benchmarks/multihost/cluster.py --only hvd_edl --faults vanish --bound 60
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from typing import List, Optional
 
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common.jobs import (WorkloadJob, change_stall, kill_outcome,  # noqa: E402
                                     machine_info)

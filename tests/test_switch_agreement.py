@@ -5,8 +5,8 @@ after a periodic one, as Horovod's examples commit) and in a generation's first 
 rendezvous server; the commit periods are set on the ranks' own runtime record (its
 ``last_commit_at``), not slept.
 
-The benchmark behind it (benchmarks/reclaim.py): under the earlier rule (one period decided
-"slow") a reclaim at 0.9 s commits took up to 1.7 s, two periods.
+The benchmark behind it (benchmarks/cluster/reclaim.py): under the earlier rule (one period
+decided "slow") a reclaim at 0.9 s commits took up to 1.7 s, two periods.
 """
 import json
 import subprocess

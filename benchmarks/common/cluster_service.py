@@ -1,5 +1,5 @@
 """The cluster service driven from a benchmark (library, not a benchmark): what
-benchmarks/scheduler_real.py and benchmarks/reclaim.py share.
+benchmarks/cluster/scheduler_real.py and benchmarks/cluster/reclaim.py share.
 
 * :class:`Serve`: one ``hvd-edl-cluster serve`` on a pool (its state directory, cluster file,
   restart, calls that ride over a restart);

@@ -1,7 +1,7 @@
 """The cluster service on a real stream (issue 28): ``fifo``, ``tiresias`` and ``edl`` one after
 another on the same 8 real jobs, on a pool of localhost slots (and namespace hosts: see below).
 
-    .venv/bin/python benchmarks/scheduler_real.py [--jobs 8] [--slots 6] [--span 40]
+    .venv/bin/python benchmarks/cluster/scheduler_real.py [--jobs 8] [--slots 6] [--span 40]
 
 The stream: the first ``--jobs`` jobs of Pollux's workload-1
 (``/work/shared/traces/pollux-osdi21/workloads/workload-1.csv``), their arrivals compressed to
@@ -42,7 +42,7 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common.cluster_service import (QUEUE_THRESHOLD_GPU_S, Serve,  # noqa: E402
@@ -336,7 +336,7 @@ def main() -> int:
     for r in results.values():
         r["timeline"] = r["timeline"][::2]
     (RESULTS / f"{stem}.json").write_text(json.dumps(
-        {"command": " ".join(["benchmarks/scheduler_real.py"] + argv_of(sys.argv[1:])),
+        {"command": " ".join(["benchmarks/cluster/scheduler_real.py"] + argv_of(sys.argv[1:])),
          "slots": a.slots, "pool": pool["hosts"], "stream": jobs, "results": results},
         indent=1))
     if all(r["all_done_once"] for r in results.values()) and not a.keep:

@@ -1,6 +1,6 @@
 """Simulated scheduling on Pollux's published workloads: fidelity, JCT per policy, round time.
 
-    .venv/bin/python benchmarks/scheduler_sim.py [--workloads 1-8] [--loads 0.5,1.0,1.5,2.0]
+    .venv/bin/python benchmarks/cluster/scheduler_sim.py [--workloads 1-8] [--loads 0.5,1.0,1.5,2.0]
 
 Needs ``../shared/traces/pollux-osdi21`` (or ``$HVD_EDL_POLLUX_TRACES``).  Prints three tables and
 writes ``benchmarks/results/scheduler_sim.json`` and ``scheduler_sim.png``:
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from launcher.cluster.policies import make_policy                      # noqa: E402

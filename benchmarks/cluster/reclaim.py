@@ -1,8 +1,8 @@
 """How fast the cluster service takes lent slots back (issue 28's "lending idle slots" goal), and
 where the time goes, against the leaving job's commit period.
 
-    .venv/bin/python benchmarks/reclaim.py [--slots 3] [--rounds 5] [--commit-every 1,5,10]
-    .venv/bin/python benchmarks/reclaim.py --cluster-hosts 2      # as root: h1, h2 over ssh
+    .venv/bin/python benchmarks/cluster/reclaim.py [--slots 3] [--rounds 5] [--commit-every 1,5,10]
+    .venv/bin/python benchmarks/cluster/reclaim.py --cluster-hosts 2      # as root: h1, h2 over ssh
 
 One ``hvd-edl-cluster serve --policy edl --hold 2`` on a pool of ``--slots`` slots (with
 ``--cluster-hosts K``: ``localhost`` keeps ``--slots`` minus K, and K hosts of the namespace test
@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import cluster_service  # noqa: E402  (Serve, reclaim_parts, argv_of)
 
@@ -182,7 +182,7 @@ def main() -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stem = "reclaim" + ("_cluster" if a.pool_json else "")
     (RESULTS / f"{stem}.json").write_text(json.dumps(
-        {"command": " ".join(["benchmarks/reclaim.py"] + cluster_service.argv_of(sys.argv[1:])),
+        {"command": " ".join(["benchmarks/cluster/reclaim.py"] + cluster_service.argv_of(sys.argv[1:])),
          "pool": pool["hosts"], "runs": out,
          "summary": {f"commit_every={r['commit_every']} {r['env'] or 'defaults'}": {
                          "commit_period_s": r["commit_period_s"],

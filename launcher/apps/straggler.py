@@ -23,7 +23,7 @@ median there is); a ring of one has no straggler.  Guards against false positive
 
 Defaults (``--straggler-ratio 2 --straggler-window 5``): a worker slowed 3x is found about
 8-11 s after it slowed down (its 5 s mean crosses 2x after about 3.75 s of slow steps, then 5 s
-in a row; measured 9.9 and 10.9 s by ``benchmarks/straggler.py`` at load 15-34).  Why 2 and not 1.5: on the 2-core test host shared by other jobs (load 20-35),
+in a row; measured 9.9 and 10.9 s by ``benchmarks/apps/straggler.py`` at load 15-34).  Why 2 and not 1.5: on the 2-core test host shared by other jobs (load 20-35),
 healthy 2-worker jobs showed one member at 1.8-2.9x the other's compute for 5 s and more
 (preemption of its threads counts as compute), while a worker slowed 3x measured 1.6-2.9x:
 no threshold separates them at such a load, 2 leaves more room than 1.5 at ordinary ones.

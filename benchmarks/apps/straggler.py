@@ -22,8 +22,8 @@ wall-clock time in the worker's "slow-worker: ... from now (T)" line to the time
 launcher's "straggler" note in the event log.  Goal (issue 16): detection <= 10 s, after >= 0.9
 x the clean job.
 
-    .venv/bin/python benchmarks/straggler.py            # about 2-3 minutes
-    .venv/bin/python benchmarks/straggler.py --only replace
+    .venv/bin/python benchmarks/apps/straggler.py            # about 2-3 minutes
+    .venv/bin/python benchmarks/apps/straggler.py --only replace
 
 Writes benchmarks/results/straggler.json.
 """
@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 BIN = Path(sys.executable).parent
 DIGITS = str(ROOT / "examples" / "train_digits.py")

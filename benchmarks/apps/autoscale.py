@@ -12,7 +12,7 @@ formed) and before the next decision or host change.
 
 Writes benchmarks/results/autoscale.json.
 
-    .venv/bin/python benchmarks/autoscale.py [--objective efficiency:0.5] [--seconds 200]
+    .venv/bin/python benchmarks/apps/autoscale.py [--objective efficiency:0.5] [--seconds 200]
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common.jobs import stop_launcher  # noqa: E402
 from launcher.observe.events import read as read_events  # noqa: E402

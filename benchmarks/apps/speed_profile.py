@@ -13,7 +13,7 @@ Jobs, each started at 2 workers (``-np 2 --min-np 1 --max-np 4 --target-np 2``, 
 Writes benchmarks/results/profile_digits.{json,png}, profile_synthetic.{json,png} and
 profile_mape.json (the table it prints), with the load average before and after.
 
-    .venv/bin/python benchmarks/speed_profile.py [--seconds 8] [--only digits|synthetic]
+    .venv/bin/python benchmarks/apps/speed_profile.py [--seconds 8] [--only digits|synthetic]
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common.jobs import stop_launcher  # noqa: E402
 from launcher.observe.events import read as read_events  # noqa: E402

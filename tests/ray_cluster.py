@@ -1,6 +1,6 @@
 """A multi-node Ray cluster on the namespace cluster (:mod:`cluster`): a Ray head in one host's
 namespace, a Ray node per other host, each bound to its namespace's address only (never the
-machine's own interfaces).  Shared by tests/test_ray.py and benchmarks/ray_vs_raytrain.py.
+machine's own interfaces).  Shared by tests/test_ray.py and benchmarks/ray/ray_vs_raytrain.py.
 
     with Cluster(hosts=3) as c:
         ray = RayCluster(c)                       # nothing started yet

@@ -1,4 +1,4 @@
-"""The training that benchmarks/ray_vs_raytrain.py runs under both systems: the same model (an
+"""The training that benchmarks/ray/ray_vs_raytrain.py runs under both systems: the same model (an
 MLP, 64 -> 512 -> 512 -> 10, 0.3 M parameters), the same batch (64 samples per worker, drawn from
 a seeded generator by global step and rank), SGD, a state commit / checkpoint every
 ``COMMIT_EVERY`` steps; every step appends one JSON line ``{"t", "pid", "step", "size"}`` (unix
@@ -7,7 +7,7 @@ seconds, the process, the global step reached, the world size) to the step log.
 Run as a script it is the hvd_edl side: a Horovod elastic script with one import changed
 (``import hvd_edl.torch as hvd``), under ``hvd-edl-run --ray``:
 
-    hvd-edl-run --ray HEAD:6379 --min-np 2 --max-np 3 python benchmarks/ray_bench_train.py \\
+    hvd-edl-run --ray HEAD:6379 --min-np 2 --max-np 3 python benchmarks/ray/ray_bench_train.py \\
         --step-log steps.jsonl --stop-file stop
 
 The Ray Train side imports :func:`make_model`, :func:`batch` and :class:`StepLog` from here."""

@@ -1,10 +1,10 @@
 """hvd_edl on Ray against Ray Train v2's elastic training, side by side on one Ray cluster of
 the namespace cluster (tests/ray_cluster.py: a head in h1's namespace, a node in h2's, a third in
-h3's that comes and goes; 1 CPU each), the same model and batch (benchmarks/ray_bench_train.py:
+h3's that comes and goes; 1 CPU each), the same model and batch (benchmarks/ray/ray_bench_train.py:
 an MLP of 0.3 M parameters, 64 samples per worker, a commit / checkpoint every 10 steps), Gloo.
 
-    sudo .venv/bin/python benchmarks/ray_vs_raytrain.py            # about 10 minutes on 2 cores
-    .venv/bin/python benchmarks/ray_vs_raytrain.py --only hvd_edl --window 10
+    sudo .venv/bin/python benchmarks/ray/ray_vs_raytrain.py            # about 10 minutes on 2 cores
+    .venv/bin/python benchmarks/ray/ray_vs_raytrain.py --only hvd_edl --window 10
 
 Per system, two runs, each a fresh job:
 
@@ -43,13 +43,13 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-ROOT = Path(__file__).resolve().parent.parent
-BENCH = ROOT / "benchmarks"
+ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent  # benchmarks/ray: ray_bench_train (Ray Train's side too)
 sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(BENCH))
-RESULTS = BENCH / "results" / "ray_vs_raytrain.json"
+sys.path.insert(0, str(HERE))
+RESULTS = ROOT / "benchmarks" / "results" / "ray_vs_raytrain.json"
 LAUNCHER = str(Path(sys.executable).parent / "hvd-edl-run")
-TRAIN = str(BENCH / "ray_bench_train.py")
+TRAIN = str(HERE / "ray_bench_train.py")
 
 
 # ---- the step log ------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ def raytrain_driver(a) -> int:
     from ray.train.torch import TorchConfig, TorchTrainer
 
     ray.init(address=a.address, logging_level="ERROR",
-             runtime_env={"env_vars": {"PYTHONPATH": str(BENCH), "GLOO_SOCKET_IFNAME": "edl0"}})
+             runtime_env={"env_vars": {"PYTHONPATH": str(HERE), "GLOO_SOCKET_IFNAME": "edl0"}})
 
     def train_func(config):
         import tempfile
@@ -415,7 +415,7 @@ def main() -> int:
     tr = res.get("hvd_edl", {}).get("ratio", {}).get("throughput_vs_static")
     goals["throughput_goal_met"] = tr is not None and tr >= 0.95
     res["goals"] = goals
-    res["command"] = "sudo .venv/bin/python benchmarks/ray_vs_raytrain.py " + " ".join(
+    res["command"] = "sudo .venv/bin/python benchmarks/ray/ray_vs_raytrain.py " + " ".join(
         sys.argv[1:])
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(res, indent=2) + "\n")

@@ -140,7 +140,7 @@ def _device(kind: str) -> torch.device:
 def _device_check(model, first_step_s: float) -> None:
     """One line (``--device cuda``) at a generation's first step: slot, current CUDA device,
     the model's device, and that first step's seconds (it creates the ring's NCCL
-    communicators), for benchmarks/gpu_check.sh."""
+    communicators), for benchmarks/gpu/gpu_check.sh."""
     print(f"device-check rank={hvd.rank()} size={hvd.size()} local_rank={hvd.local_rank()} "
           f"current_device={torch.cuda.current_device()} "
           f"param_device={next(model.parameters()).device} "

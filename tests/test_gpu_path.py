@@ -1,9 +1,9 @@
 """The GPU path where no GPU is (issue 17, item 4): the set-up's NCCL detection says why it builds
 without NCCL, its build environment and stamp follow the choice, the NCCL-only Horovod patch
-applies on top of the others, and benchmarks/gpu_check.sh fails clearly (exit 3, one line).
+applies on top of the others, and benchmarks/gpu/gpu_check.sh fails clearly (exit 3, one line).
 
 What only a GPU machine can check (NCCL communicators across a switch, device pinning, stall with
-NCCL) is benchmarks/gpu_check.sh itself."""
+NCCL) is benchmarks/gpu/gpu_check.sh itself."""
 from __future__ import annotations
 
 import glob
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT / "cmake"))
 import detect_gpu  # noqa: E402
 import horovod_matches  # noqa: E402
 
-GPU_CHECK = str(ROOT / "benchmarks" / "gpu_check.sh")
+GPU_CHECK = str(ROOT / "benchmarks" / "gpu" / "gpu_check.sh")
 
 
 def _fake_nccl(home: Path, version=(2, 21, 5)) -> None:

@@ -73,7 +73,7 @@ def _prebuild_cuda_context(local_rank: int) -> None:
     the same in every generation; Horovod's GPU operations run on the tensors' device.  Nothing
     on a machine without CUDA.  More processes than GPUs on a host share devices: NCCL refuses two
     ranks of one communicator on one device ("Duplicate GPU detected") unless each process has
-    its own ``NCCL_HOSTID`` (benchmarks/gpu_check.sh does that on a 1-GPU machine)."""
+    its own ``NCCL_HOSTID`` (benchmarks/gpu/gpu_check.sh does that on a 1-GPU machine)."""
     import torch
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
         count = torch.cuda.device_count()

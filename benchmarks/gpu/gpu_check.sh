@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU path, checked on the GPUs of this machine (issue 17, item 4), in at most ~5 minutes:
 #
-#   benchmarks/gpu_check.sh            # writes benchmarks/results/gpu.json
+#   benchmarks/gpu/gpu_check.sh            # writes benchmarks/results/gpu.json
 #
 # 1. Exits 3 with one line naming what is missing where no usable GPU is: no nvidia-smi, no GPU,
 #    torch without CUDA, Horovod without NCCL (cmake/detect_gpu.py says why it was not built).
@@ -21,7 +21,7 @@
 # Environment: PY (default .venv/bin/python), GPU_CHECK_OUT (default benchmarks/results/gpu.json),
 # GPU_CHECK_PHASE_S (seconds each size is held, default 10).
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 OUT=${GPU_CHECK_OUT:-benchmarks/results/gpu.json}
 

@@ -1,6 +1,6 @@
 """The elastic core through hvd-edl-run: stop-free scale-out, graceful scale-in, failures, and
 host discovery changes.  Membership and step continuity are asserted, not timings (the stall
-figures live in benchmarks/switch.py)."""
+figures live in benchmarks/job/bench.py and benchmarks/job/scale.py)."""
 import pytest
 import signal
 import sys

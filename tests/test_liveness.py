@@ -2,7 +2,7 @@
 dead from its missing heartbeats and fenced, the others are released and train on from the last
 commit; the same while a new ring is being set up (Horovod's set-up would otherwise wait for
 Gloo's 30 s timeout, then end every survivor with std::terminate).  Timings are printed, not
-asserted (benchmarks/liveness.py measures them)."""
+asserted (benchmarks/multihost/cluster.py measures them: its vanish and freeze faults)."""
 from __future__ import annotations
 
 import os

@@ -123,7 +123,7 @@ class Coordinator(Formation, Polls, MemberLiveness):
         self._reported_upto = 0  # members of the current generation [0, this) need no report
         self._wanted_cache = (None, 0.0, False)  # (key, when, _change_wanted()) for the replies
         # workers in state READY (kept by _move): a scan of every worker per _ready() call grew
-        # as N^2 per switch (1,024 workers: benchmarks/control_plane.py)
+        # as N^2 per switch (1,024 workers: benchmarks/job/control_plane.py)
         self._ready_ids: set = set()
         self.finishing = False
         self.ended = False  # a worker's exit ended the job (finishing can no longer be undone)

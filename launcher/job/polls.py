@@ -169,7 +169,7 @@ class Polls:
         state change (every change notifies the condition; adding or reserving a worker does
         not, hence their counts in the key) and per ``WANTED_CACHE_S`` (the join batch's wait
         ends with time alone).  Each ``/started``, ``/ready`` and new ``/watch`` poll asked it
-        anew: O(N) each, O(N^2) per switch (benchmarks/control_plane.py)."""
+        anew: O(N) each, O(N^2) per switch (benchmarks/job/control_plane.py)."""
         key = (self.cond.notifies, len(self.workers), len(self.reserved))
         now = time.monotonic()
         cached_key, at, wanted = self._wanted_cache

@@ -49,7 +49,7 @@ With our patch 0007 (``HVD_EDL_GLOO_FAST_INIT=1``) Gloo's ``connectFullMesh`` as
 it needs in one ``POST /<scope>/multi_get`` (the keys one per line; the answer, each value behind
 its 4-byte big-endian length, about a megabyte an answer), held the same way until every key
 exists: three requests per rank and rendezvous (its two PUTs and the multi_get) instead of one per
-key and peer, 48 instead of 456 for a 16-rank ``hvd.init()`` (``benchmarks/scale.py --parts
+key and peer, 48 instead of 456 for a 16-rank ``hvd.init()`` (``benchmarks/job/scale.py --parts
 init``).
 
 Residual risk: the token travels in clear text, like the rest of the rendezvous; whoever can
@@ -90,7 +90,7 @@ GLOO_ADDRESS_BYTES = 136     # one pair address in Gloo's full-mesh key (tcp::Ad
 MAX_CONNECTIONS = 4096       # concurrent connections per server (a rank holds one at a time,
                              # but a closed one is counted until the loop sees it end: at 1,024
                              # ranks a cap of 1,024 turned PUTs away, and Horovod's store gives
-                             # up after 3 tries: benchmarks/control_plane.py)
+                             # up after 3 tries: benchmarks/job/control_plane.py)
 MAX_HEADER_BYTES = 16 << 10  # request line and headers (Horovod sends about 150 bytes)
 MAX_HEADERS = 32
 BACKLOG = 1024               # every rank of a large job connects at once

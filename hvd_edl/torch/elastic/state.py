@@ -259,7 +259,7 @@ class TorchState(ObjectState):
         samplers, steps, rank 0's held step, the skeleton) in one small ``broadcast_object``.
         Each rank decides itself what it lacks and asks rank 0's stream for that (nothing, the
         buffers or everything): no collective gathers who holds what (at 16 ranks on 2 cores
-        one Horovod collective costs 22-50 ms of the switch: benchmarks/collectives.py)."""
+        one Horovod collective costs 22-50 ms of the switch: benchmarks/job/collectives.py)."""
         rank, size = _hvd.rank(), _hvd.size()
         t_start = time.monotonic()
         error = checkpoint.restore_into(self) if rank == 0 else None

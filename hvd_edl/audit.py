@@ -73,22 +73,6 @@ def ledger() -> Optional[Ledger]:
         return _ledger
 
 
-def position(step_done: bool = False) -> Dict[str, int]:
-    """``{"gen", "step"}`` of this worker: its generation and optimizer-step count under
-    ``hvd-edl-run``.  Outside it: generation 0 and a count of recorded steps
-    (``step_done=True`` counts one more)."""
-    from hvd_edl import runtime
-    rt = runtime.get()
-    if rt is None:
-        if step_done:
-            _local_steps[0] += 1
-        return {"gen": 0, "step": _local_steps[0]}
-    return {"gen": rt.generation, "step": rt.steps}
-
-
-_local_steps = [0]
-
-
 # ---- the checker -------------------------------------------------------------------------------
 
 @dataclass

@@ -11,7 +11,7 @@ Life of a worker (see ../shared/DESIGN.md, "The membership protocol"):
 * A watcher thread long-polls the coordinator (``POST /watch``, blocked in a receive: no CPU
   while nothing changes) and raises a local flag when a switch is wanted.  At
   ``state.commit()`` the members agree through one small allreduce of that flag (pipelined:
-  see ``hvd_edl.elastic_state._agree``) whether to switch; :meth:`rejoin` then shuts Horovod
+  see ``hvd_edl.switch_agreement.agree``) whether to switch; :meth:`rejoin` then shuts Horovod
   down and initialises it for the next generation, or exits 0 when this worker is scaled in.
 
 Outside ``hvd-edl-run`` (no coordinator in the environment) everything falls back to plain Horovod.
@@ -33,7 +33,7 @@ from hvd_edl import messages
 from hvd_edl.client import CoordinatorClient, CoordinatorUnreachable
 from hvd_edl.heartbeat import Heartbeat
 from hvd_edl.process_exit import die, die_fenced
-from hvd_edl import step_timer
+from hvd_edl import step_timer, switch_agreement
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ def idle_wait_ms(local_size: int, cores: Optional[int] = None) -> str:
     rank, "0" (upstream's busy loop) with fewer.  Measured here (2 cores, cmake/patches/0009):
     2 and 8 ranks kept their step time (103 and 123-128 ms) with the idle loops' CPU down from
     0.36 to 0.05 and from 1.1-1.2 to 0.30-0.35 cores; 16 ranks (8 a core) stepped slower (0.22-0.23
-    -> 0.26 s in benchmarks/scale.py), their wake-ups costing more than the busy loops' CPU."""
+    -> 0.26 s in benchmarks/job/scale.py), their wake-ups costing more than the busy loops' CPU."""
     if cores is None:
         try:
             cores = len(os.sched_getaffinity(0))
@@ -100,7 +100,7 @@ class WorkerRuntime:
         self.secret = env[messages.ENV_SECRET]  # the state sync's keys derive from it
         stream = None
         # HVD_EDL_SYNC_HEADER_BROADCAST=1: no listener, the sync's header goes in a Horovod
-        # broadcast as before (benchmarks/sync.py compares the two)
+        # broadcast as before (benchmarks/job/sync.py compares the two)
         if env.get("HVD_EDL_SYNC_STREAM", "1") != "0" \
                 and env.get("HVD_EDL_SYNC_HEADER_BROADCAST", "0") != "1":
             from hvd_edl import state_stream
@@ -130,7 +130,7 @@ class WorkerRuntime:
         self._phases: Dict[str, float] = {}
         self._init_done: Optional[float] = None
         self._removal_only = False
-        # the switch agreement (hvd_edl.elastic_state._agree): the in-flight Horovod handle,
+        # the switch agreement (hvd_edl.switch_agreement.agree): the in-flight Horovod handle,
         # whether the next commit waits for its own agreement, the last commit's monotonic time,
         # the last few commit periods (seconds; kept across generations)
         self.pending_agreement = None
@@ -438,8 +438,7 @@ class WorkerRuntime:
             self._watcher = threading.Thread(target=self._watch, name="hvd_edl-watch",
                                              daemon=True)
             self._watcher.start()
-        from hvd_edl.elastic_state import new_ring_agreement
-        new_ring_agreement(self)
+        switch_agreement.new_ring_agreement(self)
 
     # ---- the script's own error: exit at once ------------------------------------------------
 
@@ -679,6 +678,21 @@ def under_launcher() -> bool:
 def get() -> Optional[WorkerRuntime]:
     """The process's runtime, or None outside ``hvd-edl-run`` / before ``init()``."""
     return _runtime
+
+
+def position(step_done: bool = False) -> Dict[str, int]:
+    """``{"gen", "step"}`` of this worker: its generation and optimizer-step count under
+    ``hvd-edl-run``, as the audit ledger records it (:mod:`hvd_edl.audit`).  Outside it:
+    generation 0 and a count of recorded steps (``step_done=True`` counts one more)."""
+    rt = _runtime
+    if rt is None:
+        if step_done:
+            _local_steps[0] += 1
+        return {"gen": 0, "step": _local_steps[0]}
+    return {"gen": rt.generation, "step": rt.steps}
+
+
+_local_steps = [0]
 
 
 def start() -> Optional[WorkerRuntime]:

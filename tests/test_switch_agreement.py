@@ -1,4 +1,4 @@
-"""The switch agreement at ``state.commit()`` (``hvd_edl.elastic_state._agree``): when commits are
+"""The switch agreement at ``state.commit()`` (``hvd_edl.switch_agreement.agree``): when commits are
 slow, a switch requested between two commits happens at the first commit after the request, on
 every rank the same, also when the commit before was fast (the epoch's closing commit, right
 after a periodic one, as Horovod's examples commit) and in a generation's first period.  Two real ranks, real Horovod over Gloo, our
@@ -29,18 +29,18 @@ RANK_SCRIPT = r"""
 import collections, json, sys, time, types
 import torch
 import horovod.torch as hvd
-from hvd_edl import elastic_state
+from hvd_edl import switch_agreement
 hvd.init()
 schedule, request_before = json.loads(sys.argv[1]), int(sys.argv[2])
 rt = types.SimpleNamespace(commit_periods=collections.deque(maxlen=8),
                            training_finished_elsewhere=lambda: False)
-elastic_state.new_ring_agreement(rt)  # what the runtime sets when a ring forms
+switch_agreement.new_ring_agreement(rt)  # what the runtime sets when a ring forms
 switched_at = None
 for i, period in enumerate(schedule):
     rt.last_commit_at = time.monotonic() - period
     # rank 1 alone sees the request (the coordinator's flag reaches ranks at different times)
     pending = i >= request_before and hvd.rank() == 1
-    if elastic_state._agree(rt, lambda: pending):
+    if switch_agreement.agree(rt, lambda: pending):
         switched_at = i
         break
 print(json.dumps({"rank": hvd.rank(), "switched_at": switched_at}), flush=True)

@@ -32,7 +32,7 @@ from typing import Deque, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 import torch.utils.data
 
-from hvd_edl import audit
+from hvd_edl import audit, runtime
 from hvd_edl.permutation import FeistelPermutation
 from hvd_edl.step_timer import note_samples
 from hvd_edl.torch import ops as _ops
@@ -94,7 +94,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         ledger = audit.ledger()
         if ledger is not None:
             ledger.write("epoch", epoch=int(epoch), sampler=self.name,
-                         skipped=self.num_samples_total - self._end(), **audit.position())
+                         skipped=self.num_samples_total - self._end(), **runtime.position())
         self.epoch = int(epoch)
         self.consumed = 0
         self.reset()
@@ -271,7 +271,7 @@ class ElasticSampler(torch.utils.data.Sampler):
             return
         ledger.write("step", epoch=self.epoch, rank=self.rank, size=self.world_size,
                      sampler=self.name, indices=[i for s in steps for i in s[1]],
-                     repeats=[i for s in steps for i in s[2]], **audit.position(True))
+                     repeats=[i for s in steps for i in s[2]], **runtime.position(True))
 
     # ---- iteration ----------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import torch
 
 import horovod.torch as _hvd
 
-from hvd_edl import audit, checkpoint, state_stream
+from hvd_edl import audit, checkpoint, runtime, state_stream
 from hvd_edl.elastic_state import ObjectState
 from hvd_edl.torch import broadcasts as _broadcasts
 from hvd_edl.torch.elastic.sampler import ElasticSampler
@@ -509,7 +509,7 @@ class TorchState(ObjectState):
             super().audit_resume()
         for k, s in self._samplers.items():
             ledger.write("sync", sampler=k, epoch=s.epoch, consumed=s.consumed,
-                         **audit.position())
+                         **runtime.position())
 
     def reset(self) -> None:
         for s in self._samplers.values():

@@ -26,13 +26,12 @@ import difflib
 import logging
 import os
 import shutil
-import socket
 import sys
 from typing import List, Optional
 
-import psutil
 
 from launcher import horovodrun_flags
+from launcher.network_interface import interface_address
 from launcher.discovery import FixedHosts, HostDiscoveryScript
 from launcher.job.driver import Driver, JobSpec
 from launcher.discovery.hosts import HostSpecError, parse_host_lines, parse_hosts_arg
@@ -67,16 +66,6 @@ class _Parser(argparse.ArgumentParser):
             if hints:
                 message += " (" + "; ".join(hints) + ")"
         super().error(message)
-
-
-def interface_address(nic: str) -> Optional[str]:
-    """The first IPv4 address of network interface ``nic`` (the first listed when a comma
-    separated list is given, as horovodrun accepts), or None when it has none."""
-    name = nic.split(",")[0].strip()
-    for entry in psutil.net_if_addrs().get(name, []):
-        if entry.family == socket.AF_INET:
-            return entry.address
-    return None
 
 
 def build_parser() -> argparse.ArgumentParser:

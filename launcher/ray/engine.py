@@ -33,6 +33,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from launcher.discovery import DiscoveryError
 from launcher.job.rendezvous import know_host
+from launcher.network_interface import interface_address
 from launcher.ray.link import LinkServer
 
 log = logging.getLogger(__name__)
@@ -62,14 +63,14 @@ class _Agent:
     within their timeout or fail with :class:`RayError`."""
 
     def __init__(self, address: str, timeout_s: float = CONNECT_TIMEOUT_S):
-        from launcher.spawn.process import _die_with_parent
+        from launcher.spawn.process import die_with_parent
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
         self.address = address
         self.proc = subprocess.Popen([sys.executable, "-m", "launcher.ray.agent", address],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, env=env, cwd=_ROOT,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         self._lock = threading.Lock()
         self._answers: Dict[int, dict] = {}
         self._waiting: Dict[int, threading.Event] = {}
@@ -182,7 +183,6 @@ def connect(address: str, cpus_per_worker: float, gpus_per_worker: float,
                        auto_iface=nic is None)
     bind = bind_address
     if bind is None and nic is not None:
-        from launcher.cli import interface_address
         bind = interface_address(nic)
         if bind is None:
             engine.close()

@@ -423,6 +423,13 @@ class Coordinator(Formation, Polls, MemberLiveness):
             return sum(1 for w in self.workers.values() if w.state in (
                 WorkerState.PENDING, WorkerState.READY, WorkerState.MEMBER))
 
+    def worker_states(self) -> Tuple[Dict[str, str], bool]:
+        """Every known worker's state (worker id -> :class:`WorkerState` value) and whether the
+        job is finishing, read together (one hold of the lock)."""
+        with self.lock:
+            return ({w.worker_id: w.state.value for w in self.workers.values()},
+                    self.finishing)
+
     def snapshot(self) -> dict:
         """What ``hvd-edl-ctl status`` shows, as a JSON-ready dict: the current generation
         (number, world size, the step it formed at), the last switch's stall (seconds, None

@@ -452,9 +452,7 @@ class Driver:
         tel = self.coord.telemetry
         job = tel.job()
         job["target_world_size"] = self._capacity()  # usable slots up to the target
-        with self.coord.lock:
-            states = {w.worker_id: w.state.value for w in self.coord.workers.values()}
-            job["finishing"] = self.coord.finishing
+        states, job["finishing"] = self.coord.worker_states()
         return {"job": job, "counters": tel.counters(), "window_s": tel.window_s,
                 "workers": [dict(w.as_dict(), state=states.get(w.worker_id, "unknown"))
                             for w in tel.workers()]}

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from hvd_edl import messages
 
@@ -94,6 +94,33 @@ class Polls:
         held): the assignments written, the job's end, departures."""
         return (self.assignments.serial, self.finishing, self.failure is not None,
                 self.stopping, self.departures)
+
+    def expire_poll(self, poll: Poll):
+        """The reply of ``poll`` at its deadline (for a caller that waited without the lock,
+        ``CoordinatorServer``): its answer if it has one by now, else its timeout reply."""
+        with self.cond:
+            return poll.check() or poll.timeout()
+
+    def answer_polls(self, signature: Optional[tuple], switch_polls: Iterable[Poll],
+                     group_polls: Iterable[Poll]) -> Tuple[tuple, Dict[Poll, object]]:
+        """One pass over the polls a caller keeps waiting without a thread each
+        (``CoordinatorServer``), in one hold of the lock: the ``/switch`` polls are checked only
+        when :meth:`poll_signature` differs from ``signature`` (the caller's last), and one
+        poll of each group stands for its group (``group_polls``: one per group).  Returns the
+        current signature and the replies of the polls answered now (poll -> reply)."""
+        replies: Dict[Poll, object] = {}
+        with self.cond:
+            now = self.poll_signature()
+            if now != signature:
+                for poll in switch_polls:
+                    reply = poll.check()
+                    if reply is not None:
+                        replies[poll] = reply
+            for poll in group_polls:
+                reply = poll.check()
+                if reply is not None:
+                    replies[poll] = reply
+        return now, replies
 
     def wait_poll(self, poll: Poll):
         """Block (on the condition) until ``poll`` answers or its deadline passes."""

@@ -18,7 +18,7 @@ The workers' routes run on the event loop's thread: the short ones (``/beat``, `
 that are checked again when the coordinator's condition is notified: once per group of polls
 with the same answer, and the ``/switch`` polls only when an assignment was written.  1,024
 workers' open polls are 2,048 futures, not 2,048 threads (a thread per request cost the launcher
-a thread start per heartbeat and woke every waiting thread at every report: benchmarks/
+a thread start per heartbeat and woke every waiting thread at every report: benchmarks/job/
 control_plane.py).  The control API's routes (which may wait for the workers) run on a daemon
 thread each.  Unauthenticated clients never get a thread.  Connections that authenticated stay
 open between requests (the workers' keep-alive sessions) for ``IDLE_CONNECTION_TIMEOUT_S``.
@@ -36,7 +36,7 @@ from hvd_edl import messages
 from launcher.serve.bounded_http import (ServingThread, BodyReader, BoundedHTTPServer, HttpError, Limits, Request,
                                    Response, connection_cap, listen_socket)
 from launcher.serve.control_auth import Refused, RequestAuthenticator
-from launcher.job.rendezvous import _local_addresses
+from launcher.job.rendezvous import local_addresses
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ class CoordinatorServer:
         self.port = self._sock.getsockname()[1]
         self.http = BoundedHTTPServer(self._handle, self.limits, name="coordinator",
                                       keep_alive=True, same_user_only=True,
-                                      local_addresses=_local_addresses())
+                                      local_addresses=local_addresses())
         self._stopping = False
         # long polls waiting on the loop: /switch ones, and /watch ones by group (same answer)
         self._switch_polls: Dict[Any, asyncio.Future] = {}
@@ -176,8 +176,7 @@ class CoordinatorServer:
             try:
                 reply = await asyncio.wait_for(future, max(0.0, poll.deadline - time.monotonic()))
             except asyncio.TimeoutError:
-                with self.coord.lock:
-                    reply = poll.check() or poll.timeout()
+                reply = self.coord.expire_poll(poll)
             finally:
                 waiting.pop(poll, None)
                 if poll.group is not None and not waiting:
@@ -198,19 +197,15 @@ class CoordinatorServer:
         self._recheck_pending = False
         if not self._switch_polls and not self._groups:
             return
-        answered = []
-        with self.coord.lock:
-            signature = self.coord.poll_signature()
-            if signature != self._signature:
-                self._signature = signature
-                for poll, future in self._switch_polls.items():
-                    reply = poll.check()
-                    if reply is not None:
-                        answered.append((future, reply))
-            for polls in self._groups.values():
-                reply = next(iter(polls)).check() if polls else None
-                if reply is not None:
-                    answered.extend((future, reply) for future in polls.values())
+        groups = [polls for polls in self._groups.values() if polls]
+        self._signature, replies = self.coord.answer_polls(
+            self._signature, list(self._switch_polls), [next(iter(polls)) for polls in groups])
+        answered = [(future, replies[poll]) for poll, future in self._switch_polls.items()
+                    if poll in replies]
+        for polls in groups:
+            reply = replies.get(next(iter(polls)))
+            if reply is not None:
+                answered.extend((future, reply) for future in polls.values())
         for future, reply in answered:
             if not future.done():
                 future.set_result(reply)

@@ -697,14 +697,11 @@ class CheckpointWriter:
         now = time.monotonic()
         if request <= self._done_request and now - self._last_start < self.every_s:
             return False
-        snapshot = {"format": FORMAT, "model": state._saved_model,
-                    "optimizer": state._saved_optimizer,
-                    "samplers": dict(state._saved_samplers),
-                    "scalars": dict(state._saved_state), "steps": state._saved_steps,
-                    "generation": rt.generation, "world_size": rt.assignment.size,
-                    "time": time.time()}
+        committed = state.committed_snapshot()
+        snapshot = dict(committed, format=FORMAT, generation=rt.generation,
+                        world_size=rt.assignment.size, time=time.time())
         with self._lock:
-            self._held = (id(state._saved_model), id(state._saved_optimizer))
+            self._held = (id(committed["model"]), id(committed["optimizer"]))
             self._busy.set()
             self._last_start = now
             self._done_request = max(self._done_request, request)
@@ -882,18 +879,14 @@ def _apply(state, data: Dict[str, Any], path) -> None:
             state.model.load_state_dict(data["model"])
         if state.optimizer is not None and data.get("optimizer") is not None:
             state.optimizer.load_state_dict(data["optimizer"])
-        for k, s in state._samplers.items():
+        for k, s in state.elastic_samplers().items():
             if k in data.get("samplers", {}):
                 s.load_state_dict(data["samplers"][k])
     except (RuntimeError, ValueError, KeyError, TypeError) as e:
         why = " ".join(str(e).split()).rstrip(".")  # torch's message, on one line
         raise CheckpointError(f"checkpoint {path} does not fit this job's model or optimizer "
                               f"(another model?): {why[:400]}") from None
-    scalars = data.get("scalars", {})
-    for k in state._saved_state:
-        if k in scalars:
-            state._saved_state[k] = scalars[k]
-    state._set_attrs()
+    state.load_committed_scalars(data.get("scalars", {}))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

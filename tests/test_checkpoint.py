@@ -430,9 +430,9 @@ def test_rotation_makes_room_first_and_says_when_checkpoints_stop_and_resume(
     caplog.set_level(logging.INFO, logger="hvd_edl.checkpoint")
 
     def commit(w, steps):
-        state = SimpleNamespace(_saved_model={"w": torch.zeros(MiB // 4)}, _saved_optimizer=None,
-                                _saved_samplers={}, _saved_state={"epoch": 0},
-                                _saved_steps=steps)
+        committed = {"model": {"w": torch.zeros(MiB // 4)}, "optimizer": None, "samplers": {},
+                     "scalars": {"epoch": 0}, "steps": steps}
+        state = SimpleNamespace(committed_snapshot=lambda: committed)
         rt.checkpoint_request += 1
         assert w.offer(state)
         assert w.wait(30)

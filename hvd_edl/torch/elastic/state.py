@@ -158,6 +158,30 @@ class TorchState(ObjectState):
         self._commit_seq = 0
         self.save()
 
+    def committed_snapshot(self) -> Dict[str, Any]:
+        """The last commit's host copies, as :meth:`save` took them, for a checkpoint writer
+        (:mod:`hvd_edl.checkpoint`): ``model`` and ``optimizer`` (state dicts on the host, or
+        None), ``samplers`` (name -> sampler state), ``scalars`` (name -> value), ``steps``
+        (optimizer steps counted at the commit).  The tensors are not copied again: a reader
+        must not change them, and the next commit may reuse them unless the writer holds them
+        (``checkpoint.writer().holds``)."""
+        return {"model": self._saved_model, "optimizer": self._saved_optimizer,
+                "samplers": dict(self._saved_samplers), "scalars": dict(self._saved_state),
+                "steps": self._saved_steps}
+
+    def elastic_samplers(self) -> Dict[str, ElasticSampler]:
+        """The :class:`ElasticSampler` objects this state carries (keyword name -> sampler)."""
+        return dict(self._samplers)
+
+    def load_committed_scalars(self, scalars: Dict[str, Any]) -> None:
+        """Set the committed values of this state's scalars named in ``scalars`` (a checkpoint's;
+        names this state does not carry are ignored, others keep their value) and the
+        attributes that show them."""
+        for k in self._saved_state:
+            if k in scalars:
+                self._saved_state[k] = scalars[k]
+        self._set_attrs()
+
     def save(self) -> None:
         super().save()
         self._commit_seq += 1

@@ -19,7 +19,7 @@ import logging
 import os
 import socket
 import struct
-from typing import FrozenSet, Iterator, Optional, Tuple
+from typing import FrozenSet, Iterator, Optional, Tuple, Union
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ def parse_ip(addr: str):
     return ip
 
 
-def _hex_endpoint(ip: ipaddress._BaseAddress, port: int) -> str:
+def _hex_endpoint(ip: Union[ipaddress.IPv4Address, ipaddress.IPv6Address], port: int) -> str:
     """``ip:port`` as the kernel prints it: each 32-bit word of the address in host byte order."""
     packed = ip.packed
     words = struct.unpack("=%dI" % (len(packed) // 4), packed)

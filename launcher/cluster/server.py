@@ -59,10 +59,10 @@ class ClusterServer:
         self.limits = Limits(max_connections=connection_cap(MAX_CONNECTIONS, share=8))
         self._sock = listen_socket(bind_addr, port, self.limits.backlog)
         self.port = self._sock.getsockname()[1]
-        from launcher.job.rendezvous import _local_addresses
+        from launcher.job.rendezvous import local_addresses
         self.http = BoundedHTTPServer(self._handle, self.limits, name="cluster",
                                       keep_alive=False, same_user_only=True,
-                                      local_addresses=_local_addresses())
+                                      local_addresses=local_addresses())
         self.serving = ServingThread(self.http, self._sock, "cluster-http")
 
     def start(self) -> int:

@@ -70,10 +70,10 @@ import socket
 import threading
 from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
-import psutil
 
 from launcher.serve.bounded_http import (BodyReader, BoundedHTTPServer, HttpError, Limits, Request,
                                    Response, connection_cap, listen_socket)
+from hvd_edl import peer_uid
 from launcher.discovery.hosts import is_local, parse_ip
 
 log = logging.getLogger(__name__)
@@ -109,20 +109,17 @@ def _normalise(addr: str) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _local_addresses() -> FrozenSet[str]:
-    addrs = {"127.0.0.1", "::1"}
-    for entries in psutil.net_if_addrs().values():
-        for e in entries:
-            if e.family in (socket.AF_INET, socket.AF_INET6):
-                addrs.add(_normalise(e.address))
-    return frozenset(addrs)
+def local_addresses() -> FrozenSet[str]:
+    """This machine's addresses (:func:`hvd_edl.peer_uid.local_addresses`), read once per
+    process: the same frozenset each call (:func:`know_host` tells local hosts by identity)."""
+    return peer_uid.local_addresses()
 
 
 @functools.lru_cache(maxsize=1024)
 def _host_addresses(host: str) -> FrozenSet[str]:
     name = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if is_local(host) or is_local(name):
-        return _local_addresses()
+        return local_addresses()
     try:
         return frozenset(_normalise(info[4][0]) for info in socket.getaddrinfo(name, None))
     except OSError as e:
@@ -148,7 +145,7 @@ def allowed_peers(hosts: Iterable[str]) -> FrozenSet[str]:
     for h in hosts:
         addrs = _KNOWN_HOSTS.get(h) or _host_addresses(h)
         out |= addrs
-        if addrs is _local_addresses():
+        if addrs is local_addresses():
             out.add(LOOPBACK)  # all of 127.0.0.0/8, not only the interface's 127.0.0.1
     return frozenset(out)
 
@@ -341,7 +338,7 @@ class GenerationRendezvous:
         store.port = sock.getsockname()[1]
         store.server = BoundedHTTPServer(
             functools.partial(self._answer, store), limits, name=f"rendezvous on port {store.port}",
-            keep_alive=False, same_user_only=True, local_addresses=_local_addresses())
+            keep_alive=False, same_user_only=True, local_addresses=local_addresses())
         await store.server.start(sock)
         return store
 

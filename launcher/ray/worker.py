@@ -20,8 +20,8 @@ from typing import Callable, Dict, Optional
 
 from hvd_edl.messages import ENV_SLOT, ENV_WORKER_ID
 from launcher.ray.link import ENV_LINK_TOKEN, NODE_BOOTSTRAP
-from launcher.spawn.process import WorkerProcess, WorkerSpec, _say
-from launcher.spawn.ssh import _SUPERVISOR_SOURCE, BOOTSTRAP, remote_environment
+from launcher.spawn.process import WorkerProcess, WorkerSpec, say
+from launcher.spawn.ssh import SUPERVISOR_SOURCE, BOOTSTRAP, remote_environment
 
 LINK_LOST = 255          # the exit code of a worker whose link ended without its exit code
 LINK_TIMEOUT_S = 30.0    # a started bootstrap must dial back within this
@@ -97,7 +97,7 @@ class _LinkedProcess(WorkerProcess):
     without the supervisor's exit code is named as such."""
 
     def signal(self, sig: int) -> None:
-        self._send(f"signal {int(sig)}\n")
+        self.send(f"signal {int(sig)}\n")
         if sig == signal_.SIGKILL:
             self.popen.shutdown()
 
@@ -105,10 +105,10 @@ class _LinkedProcess(WorkerProcess):
         if self._remote_code is not None:
             if self.remote_pid is None:
                 said = next((s for s in reversed(self._ssh_lines) if s.strip()), "no message")
-                _say(f"worker on ray node {self.host} did not start (exit {self._remote_code}): "
+                say(f"worker on ray node {self.host} did not start (exit {self._remote_code}): "
                      f"{said.strip()}")
             return self._remote_code
-        _say(f"link to {self._label()} on ray node {self.host} lost (the node died, was cut off "
+        say(f"link to {self._label()} on ray node {self.host} lost (the node died, was cut off "
              f"or was stopped); its last line: {self._last_line.strip() or '-'}")
         return link_code
 
@@ -196,7 +196,7 @@ class RayWorker:
             if self._cancel is None:
                 self._last_error = f"ray: node {self.host} refused worker {self.worker_id}'s " \
                                    f"actor: {answer.get('error')}"
-                _say(self._last_error)
+                say(self._last_error)
             return self._finish(LINK_LOST if self._cancel is None else -self._cancel)
         self.placed = True
         waited = 0.0
@@ -214,7 +214,7 @@ class RayWorker:
                                         f"not dial back to {engine.links.addr}:{engine.links.port}"
                                         f" within {LINK_TIMEOUT_S:g} s (can the node reach "
                                         f"this address? see --bind-address)")
-                    _say(self._last_error)
+                    say(self._last_error)
                 code = LINK_LOST if self._cancel is None else -self._cancel
                 self._proc = None
                 threading.Thread(target=self._finish, args=(code,), daemon=True).start()
@@ -227,7 +227,7 @@ class RayWorker:
             env.pop("HOROVOD_GLOO_IFACE", None)  # the actor set the node's own interface
         job = {"cwd": self.spec.cwd, "env": env, "command": list(self.spec.command),
                "label": f"{self.worker_id}@{self.host}"}
-        self._proc._send(json.dumps(_SUPERVISOR_SOURCE) + "\n" + json.dumps(job) + "\n")
+        self._proc.send(json.dumps(SUPERVISOR_SOURCE) + "\n" + json.dumps(job) + "\n")
 
     def _finish(self, code: int) -> None:
         if self._ended.is_set():

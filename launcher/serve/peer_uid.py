@@ -7,7 +7,6 @@ with the same check.
 from __future__ import annotations
 
 from hvd_edl.peer_uid import (INET_DIAG_NOCOOKIE, NETLINK_SOCK_DIAG, NLM_F_REQUEST,  # noqa: F401
-                              NLMSG_ERROR, PROC_TCP, SOCK_DIAG_BY_FAMILY, _NOT_FOUND,
-                              _candidates, _hex_endpoint, _sock_diag_uid, allowed_uid,
+                              NLMSG_ERROR, PROC_TCP, SOCK_DIAG_BY_FAMILY, allowed_uid,
                               is_local_peer, local_addresses, other_users_peer, parse_ip,
                               peer_of, peer_uid)

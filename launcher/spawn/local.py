@@ -6,7 +6,7 @@ import os
 import subprocess
 from typing import Callable, Dict, Optional
 
-from launcher.spawn.process import WorkerProcess, WorkerSpec, _die_with_parent
+from launcher.spawn.process import WorkerProcess, WorkerSpec, die_with_parent
 
 
 def start_local(spec: WorkerSpec, extra_env: Dict[str, str], label: Callable[[], str],
@@ -23,5 +23,5 @@ def start_local(spec: WorkerSpec, extra_env: Dict[str, str], label: Callable[[],
     env.update(extra_env)
     popen = subprocess.Popen(spec.command, env=env, cwd=spec.cwd, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                             start_new_session=True, preexec_fn=_die_with_parent)
+                             start_new_session=True, preexec_fn=die_with_parent)
     return WorkerProcess(popen, label, on_exit, files=files, timestamps=spec.timestamps)

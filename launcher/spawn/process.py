@@ -139,16 +139,16 @@ class WorkerProcess:
         said = next((s for s in reversed(self._ssh_lines) if s.strip()), "no message")
         if self._remote_code is not None:
             if self.remote_pid is None:  # the supervisor ran but could not start the command
-                _say(f"worker on host {self.host} did not start (exit {self._remote_code}): "
+                say(f"worker on host {self.host} did not start (exit {self._remote_code}): "
                      f"{said.strip()}")
             return self._remote_code
         if ssh_code == SSH_FAILED and self.remote_pid is None:
-            _say(f"ssh to host {self.host} failed (exit {ssh_code}): {said.strip()}")
+            say(f"ssh to host {self.host} failed (exit {ssh_code}): {said.strip()}")
         elif ssh_code == SSH_FAILED:
-            _say(f"ssh session to host {self.host} lost (exit {ssh_code}) while "
+            say(f"ssh session to host {self.host} lost (exit {ssh_code}) while "
                  f"{self._label()} ran; its last line: {self._last_line.strip() or '-'}")
         elif self.remote_pid is None and ssh_code != 0:  # e.g. 127: no python3 on that host
-            _say(f"worker on host {self.host} did not start (exit {ssh_code}): {said.strip()}")
+            say(f"worker on host {self.host} did not start (exit {ssh_code}): {said.strip()}")
         return ssh_code
 
     def signal(self, sig: int) -> None:
@@ -161,14 +161,16 @@ class WorkerProcess:
             except (ProcessLookupError, PermissionError):
                 pass
             return
-        self._send(f"signal {int(sig)}\n")
+        self.send(f"signal {int(sig)}\n")
         if sig == signal.SIGKILL:
             try:
                 os.killpg(self.popen.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def _send(self, text: str) -> None:
+    def send(self, text: str) -> None:
+        """Write ``text`` to the supervisor's stdin (its command channel: a signal to forward,
+        or over ssh the supervisor's source and the job); a session already gone is ignored."""
         with self._stdin_lock:
             try:
                 self.popen.stdin.write(text.encode())
@@ -209,12 +211,12 @@ class _NotStarted:
 _OUT_LOCK = threading.Lock()
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     with _OUT_LOCK:
         print(f"hvd-edl-run: {line}", file=sys.stderr, flush=True)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child before exec: SIGKILL it when the launcher dies (Linux ``PR_SET_PDEATHSIG``),
     so a ``kill -9`` of ``hvd-edl-run`` leaves no orphaned workers training.  The signal fires
     when the *thread* that forked exits: the driver spawns from its main thread only."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from hvd_edl.messages import ENV_SECRET, ENV_WORKER_ID
-from launcher.spawn.process import WorkerProcess, WorkerSpec, _NotStarted, _die_with_parent, _say
+from launcher.spawn.process import WorkerProcess, WorkerSpec, _NotStarted, die_with_parent, say
 
 # the launcher's environment carried to remote workers, less these (horovodrun's list and what
 # only makes sense on this host or in this shell)
@@ -25,7 +25,7 @@ NOT_CARRIED = re.compile(r"BASH_FUNC_.*|OLDPWD|PWD|_|SHLVL|HOSTNAME|SSH_.*|.*CUD
 # the remote command line: read the supervisor's source from stdin and run it (nothing secret)
 BOOTSTRAP = "import json,sys;exec(json.loads(sys.stdin.readline()))"
 REMOTE_PYTHON = "python3"
-_SUPERVISOR_SOURCE = (Path(__file__).with_name("remote_worker.py")).read_text()
+SUPERVISOR_SOURCE = (Path(__file__).with_name("remote_worker.py")).read_text()
 
 
 def ssh_command(host: str, port: Optional[int] = None,
@@ -58,7 +58,7 @@ def start_ssh(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Cal
     :class:`WorkerProcess` (or, when ``ssh`` is missing, a worker that exits at once with 255
     after one line saying so)."""
     if shutil.which("ssh") is None:
-        _say(f"ssh to host {host} failed: no 'ssh' command on PATH (install openssh-client)")
+        say(f"ssh to host {host} failed: no 'ssh' command on PATH (install openssh-client)")
         return _NotStarted(on_exit)
     remote = f"exec {REMOTE_PYTHON} -c {shlex.quote(BOOTSTRAP)} hvd-edl-worker " \
              f"{shlex.quote(extra_env.get(ENV_WORKER_ID, '?'))}"
@@ -67,10 +67,10 @@ def start_ssh(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Cal
     local_env = {k: v for k, v in {**os.environ, **extra_env}.items() if k != ENV_SECRET}
     popen = subprocess.Popen(cmd, env=local_env, cwd=spec.cwd, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, stdin=subprocess.PIPE,
-                             start_new_session=True, preexec_fn=_die_with_parent)
+                             start_new_session=True, preexec_fn=die_with_parent)
     proc = WorkerProcess(popen, label, on_exit, files=files, host=host,
                          timestamps=spec.timestamps)
     job = {"cwd": spec.cwd, "env": remote_environment(spec, extra_env),
            "command": list(spec.command), "label": f"{extra_env.get(ENV_WORKER_ID)}@{host}"}
-    proc._send(json.dumps(_SUPERVISOR_SOURCE) + "\n" + json.dumps(job) + "\n")
+    proc.send(json.dumps(SUPERVISOR_SOURCE) + "\n" + json.dumps(job) + "\n")
     return proc

@@ -1,8 +1,8 @@
 """The main job: a small CNN on scikit-learn's handwritten digits, elastic with Horovod's API.
 
 Real data shipped with scikit-learn (1,797 8x8 images, no download; read without importing
-scikit-learn); a fixed-seed, stratified 75/25
-train/test split.  It is a plain Horovod elastic script: only the import differs.
+scikit-learn); a fixed-seed, stratified 75/25 train/test split.  It is a plain Horovod elastic
+script: only the import differs.
 
     hvd-edl-run -np 2 python examples/train_digits.py --summary s.json
     hvd-edl-run -np 2 --min-np 1 --max-np 4 --host-discovery-script ./d.sh \\

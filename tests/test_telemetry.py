@@ -178,6 +178,10 @@ def test_metrics_status_and_top_of_a_running_elastic_job(tmp_path, job_factory):
     # top on a terminal: it redraws with new step counts; Ctrl-C ends it with status 0
     pid, fd = pty.fork()
     if pid == 0:  # the child: hvd-edl-ctl top on the pseudo-terminal
+        # as a shell starts it: Ctrl-C's default disposition (code run earlier in this pytest
+        # worker can leave SIGINT ignored; exec passes that on and Python then installs no
+        # Ctrl-C handler: top never ended in full make test runs)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.execv(ctl, [ctl, "--job", str(job_file), "top", "--interval", "0.5"])
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
     frame = re.compile(r"generation 1, world size 2 \(target 2\), step (\d+)")

@@ -34,7 +34,7 @@ from launcher import horovodrun_flags
 from launcher.network_interface import interface_address
 from launcher.discovery import FixedHosts, HostDiscoveryScript
 from launcher.job.driver import Driver, JobSpec
-from launcher.discovery.hosts import HostSpecError, parse_host_lines, parse_hosts_arg
+from launcher.discovery.hosts import HostSpecError, parse_hosts_arg
 
 
 from launcher.arg_types import positive_float as _positive_float
@@ -276,7 +276,7 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
             discovery = FixedHosts(parse_hosts_arg(a.hosts))
         elif a.hostfile:
             with open(a.hostfile) as f:
-                discovery = FixedHosts(parse_host_lines(f.read(), a.slots or 1))
+                discovery = FixedHosts.from_lines(f.read(), a.slots or 1)
         else:
             # like horovodrun without -H: this host with -np slots (--min-np if no -np)
             discovery = FixedHosts({"localhost": a.slots or a.np or a.min_np or 1})

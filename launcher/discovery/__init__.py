@@ -31,9 +31,9 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Dict, Hashable, Optional
+from typing import Dict, Hashable, Optional, Tuple
 
-from launcher.discovery.hosts import HostSpecError, check_host, format_host_entry, parse_host_lines
+from launcher.discovery.hosts import HostSpecError, check_host, format_host_entry, parse_host_specs
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +56,23 @@ class DiscoveryError(RuntimeError):
 
 
 class FixedHosts:
-    """Discovery that always answers the same hosts (``-H`` / ``--hostfile``)."""
+    """Discovery that always answers the same hosts (``-H`` / ``--hostfile``); ``gpus``: the
+    GPUs a hostfile names per host (``host gpus=0,1``: slot i is the i-th)."""
 
-    def __init__(self, hosts: Dict[str, int]):
+    def __init__(self, hosts: Dict[str, int],
+                 gpus: Optional[Dict[str, Tuple[str, ...]]] = None):
         self.hosts = dict(hosts)
+        self.gpus: Dict[str, Tuple[str, ...]] = dict(gpus or {})
+
+    @classmethod
+    def from_lines(cls, text: str, default_slots: int = 1) -> "FixedHosts":
+        """A hostfile's text (:func:`launcher.discovery.hosts.parse_host_specs`).
+
+        Raises:
+            HostSpecError: a malformed line."""
+        specs = parse_host_specs(text, default_slots)
+        return cls({h: e.slots for h, e in specs.items()},
+                   {h: e.gpus for h, e in specs.items() if e.gpus})
 
     def find_available_hosts_and_slots(self) -> Dict[str, int]:
         return dict(self.hosts)
@@ -85,6 +98,7 @@ class HostDiscoveryScript:
         self.slots = slots
         self.timeout_s = timeout_s
         self.reasons: Dict[str, str] = {}  # host -> why the last good call left it out
+        self.gpus: Dict[str, Tuple[str, ...]] = {}  # host -> its gpus= in the last good call
 
     def find_available_hosts_and_slots(self) -> Dict[str, int]:
         """Returns ``{host: slots}`` in the script's order.
@@ -110,13 +124,15 @@ class HostDiscoveryScript:
             raise DiscoveryError(f"{name} exited with code {rc}: {last}",
                                  key=("exit", rc, re.sub(r"[0-9]+", "#", last)))
         try:
-            hosts = parse_host_lines(out.decode(errors="replace"), self.slots)
+            specs = parse_host_specs(out.decode(errors="replace"), self.slots)
         except HostSpecError as e:
             raise DiscoveryError(f"{name}: output {e}") from None
+        hosts = {h: e.slots for h, e in specs.items()}
         if not hosts:
             raise DiscoveryError(f"{name} printed no hosts (empty output is taken as a broken "
                                  f"script, not as 'no hosts')")
         self.reasons = {}
+        self.gpus = {h: e.gpus for h, e in specs.items() if e.gpus}
         for m in filter(None, map(_LEFT_OUT_RE.match, lines)):
             host = _canonical(m.group("host").strip("[]"))
             if host is not None:  # in the form the hosts take (lower case, ...)

@@ -2,6 +2,20 @@
 (``--hostfile``, host discovery output).  IPv6 addresses are written in brackets, ``[::1]:2``
 (a bare ``::1`` is ambiguous with ``host:slots`` and rejected).
 
+A line (hostfile, discovery output, the cluster service's allocation files) may go on with
+attributes, ``key=value`` words after the host (:class:`HostLine`)::
+
+    node1:4                      # Horovod's form: 4 slots
+    node1 slots=4                # MPI hostfile form (Horovod's hostfile accepts it too)
+    node1 gpus=2,3               # 2 slots, on GPUs 2 and 3 (slot i is the i-th GPU)
+    node1:2 gpus=GPU-5c1b...,3   # nvidia-smi indices or UUIDs (GPU-..., MIG-...)
+
+``gpus=`` names *which* GPUs the job's workers on that host use: the worker in slot ``i``
+starts with ``CUDA_VISIBLE_DEVICES`` set to the whole list, so its own GPU sits at index ``i``
+(its local rank) and ``torch.cuda.set_device(hvd.local_rank())`` selects it (docs/gpus.md).
+Further attributes (a GPU type, a price, a revocation notice) take the same form; an unknown
+one is an error, so that a typo is never silently ignored.
+
 Every host is checked and put in one canonical form where it enters (:func:`check_host`):
 
 * a name follows RFC 1123: at most 253 characters, dot-separated labels of 1 to 63 letters,
@@ -26,7 +40,8 @@ import ipaddress
 import os
 import re
 import socket
-from typing import Dict, FrozenSet, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, FrozenSet, Optional, Tuple
 
 from hvd_edl.peer_uid import parse_ip  # one parser for both sides (rendezvous imports it here)
 
@@ -145,6 +160,108 @@ def format_host_entry(host: str, slots: Optional[int] = None) -> str:
     return text if slots is None else f"{text}:{slots}"
 
 
+GPU_ID_RE = re.compile(r"[0-9]{1,4}|(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z\-/]{0,95}")
+HOST_ATTRIBUTES = ("slots", "gpus")  # what a line may give after its host, in this order
+
+
+@dataclass(frozen=True)
+class HostLine:
+    """One host's entry: ``host`` (canonical, :func:`check_host`), ``slots`` (None: the line gave
+    none and no default applies) and ``gpus``, the GPU of each slot in slot order (nvidia-smi
+    indices or UUIDs; None: the line names no GPUs, the workers keep the launcher's view)."""
+    host: str
+    slots: Optional[int]
+    gpus: Optional[Tuple[str, ...]] = None
+
+    def format(self) -> str:
+        """The line again: ``node1:2 gpus=0,1`` (``node1`` alone without slots)."""
+        text = format_host_entry(self.host, self.slots)
+        return text + (f" gpus={','.join(self.gpus)}" if self.gpus else "")
+
+
+def parse_gpus(text: str, where: str = "") -> Tuple[str, ...]:
+    """``"0,1,3"`` -> ``("0", "1", "3")``: GPU indices (0-9999) or UUIDs (``GPU-...``,
+    ``MIG-...``), comma separated, none twice, at most :data:`MAX_SLOTS_PER_HOST`.
+
+    Raises:
+        HostSpecError: an empty list, an item of another form, or one listed twice."""
+    items = tuple(g.strip() for g in text.split(","))
+    if not text.strip() or len(items) > MAX_SLOTS_PER_HOST:
+        raise HostSpecError(f"{where}gpus= needs 1 to {MAX_SLOTS_PER_HOST} GPU indices or "
+                            f"UUIDs, comma separated, got {_show(text)}")
+    for g in items:
+        if not GPU_ID_RE.fullmatch(g):
+            raise HostSpecError(f"{where}gpus=: {_show(g)} is neither a GPU index (0, 1, ...) "
+                                f"nor a GPU UUID (GPU-..., MIG-...)")
+    seen = set()
+    for g in items:
+        if g in seen:
+            raise HostSpecError(f"{where}gpus=: GPU {g} is listed twice")
+        seen.add(g)
+    return items
+
+
+def parse_host_line(line: str, default_slots: Optional[int] = 1) -> HostLine:
+    """One line, ``host[:slots] [slots=N] [gpus=LIST]`` (see the module docstring).  With
+    ``gpus=`` and no slots, a slot per GPU; with both, as many slots as GPUs.
+
+    Raises:
+        HostSpecError: see :func:`parse_host_entry`, :func:`parse_gpus`; an unknown or
+            repeated attribute, ``slots`` given twice or disagreeing with ``gpus``."""
+    words = re.sub(r"\s*=\s*", "=", line.strip()).split()  # "slots = 4" as MPI writes it
+    if not words:
+        raise HostSpecError("empty host line")
+    host, slots = parse_host_entry(words[0], None)
+    attrs: Dict[str, str] = {}
+    for word in words[1:]:
+        key, eq, value = word.partition("=")
+        key = key.strip().lower()
+        known = ", ".join(k + "=" for k in HOST_ATTRIBUTES)
+        if not eq:
+            raise HostSpecError(f"unknown host syntax {_show(line)} (expected host[:slots], "
+                                f"then attributes key=value: {known})")
+        if key not in HOST_ATTRIBUTES:
+            raise HostSpecError(f"host {host}: unknown attribute {_show(word)} (known: "
+                                f"{known})")
+        if key in attrs:
+            raise HostSpecError(f"host {host}: {key}= given twice")
+        attrs[key] = value
+    if "slots" in attrs:
+        if slots is not None:
+            raise HostSpecError(f"host {host}: slots given twice (host:N and slots=N)")
+        _, slots = parse_host_entry(f"{words[0]}:{attrs['slots']}", None)
+    gpus = parse_gpus(attrs["gpus"], f"host {host}: ") if "gpus" in attrs else None
+    if gpus is not None:
+        if slots is not None and slots != len(gpus):
+            raise HostSpecError(f"host {host}: {slots} slots but {len(gpus)} GPUs in gpus= "
+                                f"(each slot is one GPU)")
+        slots = len(gpus)
+    return HostLine(host, default_slots if slots is None else slots, gpus)
+
+
+def parse_host_specs(text: str, default_slots: Optional[int] = 1) -> Dict[str, HostLine]:
+    """Hostfile or discovery output, one :func:`parse_host_line` a line (blank lines and ``#``
+    comments skipped), order kept: ``{host: HostLine}``.
+
+    Raises:
+        HostSpecError: a malformed line (the message gives its number) or a host listed twice,
+            in any spelling (rejected rather than adding the slots up: a duplicate is far more
+            often a broken script than a wish)."""
+    out: Dict[str, HostLine] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            entry = parse_host_line(line, default_slots)
+        except HostSpecError as e:
+            raise HostSpecError(f"line {number}: {e}") from None
+        if entry.host in out:
+            raise HostSpecError(f"line {number}: host {entry.host!r} is listed twice")
+        out[entry.host] = entry
+    return out
+
+
 def parse_hosts_arg(text: str) -> Dict[str, int]:
     """``-H a:2,b:1`` -> ``{"a": 2, "b": 1}`` (order kept; a repeated host is an error).
 
@@ -155,22 +272,13 @@ def parse_hosts_arg(text: str) -> Dict[str, int]:
 
 
 def parse_host_lines(text: str, default_slots: Optional[int] = 1) -> Dict[str, Optional[int]]:
-    """Hostfile or discovery output: one ``host[:slots]`` (or ``host slots=N``) a line; blank
-    lines and ``#`` comments are skipped.  Order is kept.
+    """Hostfile or discovery output as ``{host: slots}`` (:func:`parse_host_specs`, whose
+    ``gpus=`` count as slots).
 
     Raises:
-        HostSpecError: a malformed line (the message gives its number and text) or a host
-            listed twice, in any spelling (rejected rather than adding the slots up: a
-            duplicate is far more often a broken script than a wish).
+        HostSpecError: see :func:`parse_host_specs`.
     """
-    entries: List[Tuple[str, int]] = []
-    for number, line in enumerate(text.splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        m = re.match(r"^(\S+)\s+slots\s*=\s*(\S+)$", line)
-        entries.append((f"{m.group(1)}:{m.group(2)}" if m else line, number))
-    return _collect(entries, default_slots)
+    return {h: e.slots for h, e in parse_host_specs(text, default_slots).items()}
 
 
 def _collect(entries, default_slots: Optional[int] = 1) -> Dict[str, Optional[int]]:

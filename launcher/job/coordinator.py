@@ -160,7 +160,7 @@ class Coordinator(Formation, Polls, MemberLiveness):
             self.workers[rec.worker_id] = rec
             if rec.state == WorkerState.READY:
                 self._ready_ids.add(rec.worker_id)
-        self.telemetry.add_worker(rec.worker_id, rec.host, rec.slot)
+        self.telemetry.add_worker(rec.worker_id, rec.host, rec.slot, rec.gpu)
 
     def live_workers(self) -> List[WorkerRecord]:
         with self.lock:
@@ -450,7 +450,7 @@ class Coordinator(Formation, Polls, MemberLiveness):
                     "stall_s": round(max((last.stalls.get(w, 0.0) for w in last.continuing),
                                          default=0.0), 4)},
                 "workers": [{"worker_id": w.worker_id, "host": w.host, "slot": w.slot,
-                             "state": w.state.value,
+                             "gpu": w.gpu, "state": w.state.value,
                              "rank": w.rank if w.worker_id in members else None}
                             for w in workers],
                 "finishing": self.finishing,

@@ -140,7 +140,8 @@ class Driver:
 
     def run(self) -> int:
         try:
-            self.slots.set_hosts(self.spec.discovery.find_available_hosts_and_slots())
+            self.slots.set_hosts(self.spec.discovery.find_available_hosts_and_slots(),
+                                 getattr(self.spec.discovery, "gpus", None))
         except (DiscoveryError, OSError) as e:  # no last good host set to fall back on
             print(f"hvd-edl-run: error: first host discovery failed, nothing launched: {e}",
                   file=sys.stderr)
@@ -326,8 +327,10 @@ class Driver:
         # member leaves trains on while a replacement builds, and the coordinator must never
         # see the leavers without the pending replacement (it would switch to no one)
         active = [w for w in self.coord.live_workers() if w.state != WorkerState.LEAVING]
+        # host gone or drained, slots shrank, or the slot's GPU changed (gpus=)
         leavers = [(w, self._leave_reason(w, drained)) for w in active
-                   if (w.host, w.slot) not in allowed]  # host gone or drained, slots shrank
+                   if (w.host, w.slot) not in allowed
+                   or not self.slots.keeps(w.host, w.slot, w.gpu)]
         if self.coord.finishing:
             for w, reason in leavers:
                 self.ask_to_leave(w, reason)
@@ -676,6 +679,9 @@ class Driver:
         if w.host in drained:
             return f"drain: host {w.host} drained (hvd-edl-ctl drain)"
         n = self.slots.slots_of(w.host)
+        if n is not None and w.slot < n:
+            return (f"discovery: slot {w.slot} of host {w.host} is now on GPU "
+                    f"{(self.slots.gpus_of(w.host) or ('?',) * n)[w.slot]}, not {w.gpu}")
         if n is not None:
             return f"discovery: host {w.host} now offers {n} slot{'s' if n != 1 else ''}"
         why = getattr(self.spec.discovery, "reasons", {}).get(w.host)
@@ -709,12 +715,19 @@ class Driver:
         self._seq += 1
         worker_id = f"w{self._seq}"
         rec = WorkerRecord(worker_id, host, slot, self._seq, time.monotonic(), initial=initial)
+        gpus = self.slots.gpus_of(host)
+        if gpus is not None and slot < len(gpus):
+            rec.gpu = gpus[slot]
         self.coord.add_worker(rec)
         if reserve:
             self.coord.reserve(worker_id)
         env = {messages.ENV_WORKER_ID: worker_id, messages.ENV_HOST: host,
                messages.ENV_SLOT: str(slot)}
         env.update(self._horovod_env(rec))
+        if rec.gpu is not None:
+            # the host line's GPUs in slot order: the worker's own at its local rank, so
+            # torch.cuda.set_device(hvd.local_rank()) selects it (docs/gpus.md)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
 
         def label() -> str:
             return str(rec.rank) if rec.rank is not None else worker_id
@@ -725,6 +738,7 @@ class Driver:
         self.procs[worker_id] = spawn(self.worker_spec, host, env, label, on_exit,
                                       output_dir=self.spec.output_dir)
         print(f"hvd-edl-run: worker {worker_id} started on {host} slot {slot}"
+              + (f" (GPU {rec.gpu})" if rec.gpu is not None else "")
               + (" (reserved: it builds, then replaces a worker in one switch)" if reserve
                  else ""), flush=True)
         return rec
@@ -871,7 +885,7 @@ class Driver:
                 print(f"hvd-edl-run: host discovery recovered: {describe_hosts(hosts)}",
                       file=sys.stderr)
             before = self.slots.hosts
-            if self.slots.set_hosts(hosts):
+            if self.slots.set_hosts(hosts, getattr(self.spec.discovery, "gpus", None)):
                 log.info("hosts changed: %s -> %s", before, hosts)
                 self.wake.set()
 

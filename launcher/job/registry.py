@@ -60,6 +60,7 @@ class WorkerRecord:
     exiting: bool = False  # its interpreter is ending (messages.Exiting): silence is no fault
     stream_addr: str = ""  # where it listens for the state syncs it serves as rank 0
     stream_port: int = 0   # (messages.Register; 0: nowhere)
+    gpu: Optional[str] = None  # the GPU its host line gave its slot at spawn (gpus=), if any
     handle: Any = field(default=None, repr=False)
 
     def move(self, new: WorkerState) -> None:

@@ -3,7 +3,8 @@
 Horovod keeps host state in one place (``horovod/runner/elastic/discovery.py``: ``HostManager``,
 ``HostState`` with its blacklist and cooldown); so do we.  The book holds
 
-* the host set discovery reported last (``{host: slots}``, discovery order);
+* the host set discovery reported last (``{host: slots}``, discovery order) and the GPUs its
+  lines name (``host gpus=2,3``: slot 0 on GPU 2, slot 1 on GPU 3);
 * slot cooldowns: a slot whose worker failed rests until a monotonic time (for the rest of the
   job, or a time from ``--blacklist-cooldown-range``, doubled per recent failure of its host);
   a straggler's slot rests too;
@@ -45,6 +46,7 @@ class SlotBook:
     def __init__(self, hosts: Optional[Dict[str, int]] = None):
         self._lock = threading.Lock()
         self._hosts: Dict[str, int] = dict(hosts or {})
+        self._gpus: Dict[str, Tuple[str, ...]] = {}  # host -> the GPU of each slot (gpus=)
         self._cooldown: Dict[Tuple[str, int], float] = {}
         self._failures: Dict[str, List[float]] = {}
         self._blacklist: Dict[str, float] = {}
@@ -59,13 +61,33 @@ class SlotBook:
         with self._lock:
             return dict(self._hosts)
 
-    def set_hosts(self, hosts: Dict[str, int]) -> bool:
-        """Take discovery's new host set; True when it differs from the last one."""
+    def set_hosts(self, hosts: Dict[str, int],
+                  gpus: Optional[Dict[str, Tuple[str, ...]]] = None) -> bool:
+        """Take discovery's new host set and the GPUs its lines name (``host -> the GPU of each
+        slot``, hosts without ``gpus=`` left out); True when either differs from the last."""
+        gpus = {h: tuple(g) for h, g in (gpus or {}).items() if h in hosts}
         with self._lock:
-            if hosts == self._hosts:
+            if hosts == self._hosts and gpus == self._gpus:
                 return False
             self._hosts = dict(hosts)
+            self._gpus = gpus
             return True
+
+    def gpus_of(self, host: str) -> Optional[Tuple[str, ...]]:
+        """The GPUs discovery names for ``host``'s slots (slot i: the i-th), or None."""
+        with self._lock:
+            return self._gpus.get(host)
+
+    def keeps(self, host: str, slot: int, gpu: Optional[str]) -> bool:
+        """Whether a running worker on ``host``:``slot`` that started on ``gpu`` may stay: its
+        slot is still listed, its host not drained, and where the host's line names GPUs, the
+        slot's GPU is still the one it started on (a line that moved the slot to another GPU
+        sends the worker away, as a slot taken away does)."""
+        with self._lock:
+            if host in self._drained or slot >= self._hosts.get(host, 0):
+                return False
+            listed = self._gpus.get(host)
+            return gpu is None or listed is None or listed[slot] == gpu
 
     def slots_of(self, host: str) -> Optional[int]:
         """Slots discovery offers on ``host`` now (None: not listed)."""

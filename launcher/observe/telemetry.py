@@ -34,7 +34,8 @@ class WorkerStats:
     did).  ``steps_per_s``, ``samples_per_s``: rates over the window.  ``steps``: timed
     optimizer steps reported in all.  ``updated_at``: ``time.monotonic()`` of the last beat that
     carried steps (nan before any).  ``step``: the worker's optimizer step count (committed
-    and restored with its state) as of its last beat (-1 unknown).
+    and restored with its state) as of its last beat (-1 unknown).  ``gpu``: the GPU its host
+    line gave its slot (``gpus=``; None: none named).
     """
     worker_id: str
     host: str
@@ -48,6 +49,7 @@ class WorkerStats:
     steps: int = 0
     updated_at: float = math.nan
     step: int = -1
+    gpu: Optional[str] = None
 
     def as_dict(self) -> dict:
         """JSON-ready (nan as None)."""
@@ -75,6 +77,7 @@ class _Worker:
     updated_at: float = math.nan
     means: Tuple[float, float, float] = (math.nan, math.nan, math.nan)  # last known
     step: int = -1
+    gpu: Optional[str] = None
 
 
 class Telemetry:
@@ -106,10 +109,12 @@ class Telemetry:
 
     # ---- feeding -------------------------------------------------------------------------------
 
-    def add_worker(self, worker_id: str, host: str, slot: int) -> None:
-        """A worker was spawned on ``host`` in ``slot`` (its figures start empty)."""
+    def add_worker(self, worker_id: str, host: str, slot: int,
+                   gpu: Optional[str] = None) -> None:
+        """A worker was spawned on ``host`` in ``slot``, on ``gpu`` where its host line names
+        one (its figures start empty)."""
         with self._lock:
-            self._worker(worker_id, host, slot)
+            self._worker(worker_id, host, slot).gpu = gpu
 
     def forget(self, worker_id: str) -> None:
         """The worker's process ended: drop its row (its samples stay in the job's history)."""
@@ -255,7 +260,7 @@ class Telemetry:
         beats = list(w.beats)
         rank = self._rank_of.get(w.worker_id, -1)
         stats = WorkerStats(w.worker_id, w.host, w.slot, rank, steps=w.steps,
-                            updated_at=w.updated_at, step=w.step)
+                            updated_at=w.updated_at, step=w.step, gpu=w.gpu)
         if len(beats) >= 2:
             base, window = beats[0], beats[1:]
             span = window[-1].at - base.at

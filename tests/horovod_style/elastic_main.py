@@ -27,7 +27,8 @@ import torch
 import torch.nn.functional as F
 
 ENV_NAMES = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
-             "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME")
+             "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",
+             "CUDA_VISIBLE_DEVICES")
 
 parser = argparse.ArgumentParser(description="Horovod-style elastic test script")
 parser.add_argument("--batches-per-epoch", type=int, default=10)

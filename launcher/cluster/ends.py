@@ -10,7 +10,8 @@ lost (no exit code)                ``failed``
 exited 0                           ``done``
 exited after a cancel              ``cancelled``
 exited after a preemption          ``suspended`` (resumes later from its checkpoint)
-exited otherwise                   ``failed`` (``run N exited CODE``)
+exited otherwise                   ``failed`` (``run N exited CODE: ERROR``, the first lines
+                                   of its error from its log: :meth:`Run.error_excerpt`)
 =================================  ==========================================================
 
 :func:`end` is the one place a job ends (also a cancel before it ran again, or a run that could
@@ -24,6 +25,7 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from launcher.cluster.runs import JobFiles, Run
 from launcher.cluster.store import JobRecord
 
 
@@ -61,7 +63,9 @@ def run_ended(svc, job: JobRecord, what: str, code: Optional[int]) -> None:
         svc.events.write({"job": job.id, "kind": "suspended", "exit_code": code,
                           "reason": "suspended to its checkpoint"})
     else:
-        end(svc, job, "failed", code, f"run {job.run} exited {code}")
+        said = Run(JobFiles(svc.state_dir, job.id), job.run).error_excerpt()
+        end(svc, job, "failed", code, f"run {job.run} exited {code}" + (f": {said}" if said
+                                                                        else ""))
     svc.decide_now = True
 
 

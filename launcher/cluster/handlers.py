@@ -37,8 +37,9 @@ def submit(svc, req: dict) -> dict:
     Returns:
         ``{"id": ..., "state": "queued"}``.
     Raises:
-        RequestError: no command, a bad size or environment, or (a fixed pool) a ``min_np``
-            that can never fit.
+        RequestError: no command, a bad size or environment, (a fixed pool) a ``min_np``
+            that can never fit, or a training script (the first argument after the
+            interpreter ending in ``.py``) that is not a readable file.
     """
     argv = req.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
@@ -67,6 +68,12 @@ def submit(svc, req: dict) -> dict:
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                             for k, v in env.items()):
         raise RequestError("env must map names to strings")
+    given = next((a for a in argv[1:] if a.endswith(".py")), None)
+    path = os.path.join(str(cwd), given) if given else None
+    if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+        raise RequestError(f"training script {given!r}: " + (
+            "no such file" if not os.path.exists(path) else "not a readable file")
+            + f" (the job runs in {cwd})")
     script = next((a for a in argv if a.endswith(".py")), argv[0])
     name = req.get("name") or os.path.basename(script)
     ckpt = req.get("checkpoint_dir") or ""

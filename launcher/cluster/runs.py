@@ -173,6 +173,13 @@ class Run:
             return "lost", None
         return "never", None
 
+    def error_excerpt(self) -> str:
+        """The first lines of the run's error, from the end of ``run<N>.log``: the launcher's
+        ``hvd-edl-run: error:`` lines (they quote the failed worker's last error line) and the
+        failed script's innermost ``File ..., line N`` of the first traceback; "" when the log
+        says nothing of the kind (:func:`error_excerpt`)."""
+        return error_excerpt(self.files.run_file(self.number, "log"))
+
     def pid(self) -> Optional[int]:
         try:
             return int(self.files.run_file(self.number, "pid").read_text())
@@ -197,6 +204,42 @@ class Run:
             return True
         except OSError:
             return False
+
+
+LOG_TAIL_BYTES = 64 * 1024   # what :func:`error_excerpt` reads of a run's log
+EXCERPT_CHARS = 600           # ... and the longest excerpt it returns
+
+
+def error_excerpt(log_path: Path) -> str:
+    """What a failed run's log (``log_path``, its last :data:`LOG_TAIL_BYTES`) says of the
+    error, in one line of at most :data:`EXCERPT_CHARS` characters: its launcher's error lines
+    (``hvd-edl-run: error: ...``, the prefix dropped), joined by "; ", then where the first
+    traceback of a worker ended (``at "train.py", line 3``); "" when it has none."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    said = [x.split("hvd-edl-run: error: ", 1)[1].strip() for x in lines
+            if x.startswith("hvd-edl-run: error: ")]
+    where = ""
+    start = next((i for i, x in enumerate(lines) if x.endswith("Traceback (most recent call "
+                                                              "last):")), None)
+    if start is not None:
+        prefix = lines[start][:-len("Traceback (most recent call last):")]
+        for x in lines[start + 1:]:
+            if not x.startswith(prefix):
+                continue
+            text = x[len(prefix):]
+            if not text.startswith(" "):
+                break  # the exception's own line ends the traceback
+            if text.strip().startswith("File "):
+                where = text.strip()[len("File "):].split(", in ")[0]
+    if where:
+        said.append(f"at {where}")
+    out = "; ".join(said)
+    return out if len(out) <= EXCERPT_CHARS else out[:EXCERPT_CHARS - 3] + "..."
 
 
 def live_slots(telemetry: Optional[dict]) -> Dict[str, int]:

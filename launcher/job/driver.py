@@ -283,6 +283,11 @@ class Driver:
                 return self._fail_worker(culprit, culprit.exit_code)  # the script's own code
             return 1
         if self.spec.elastic:
+            if self._failed_at_start():
+                rec, code = self.first_failure
+                print("hvd-edl-run: error: every worker failed before a ring formed (the "
+                      "script fails at start): the job ends", file=sys.stderr)
+                return self._fail_worker(rec, code)
             if self.migration is not None and self.migration.active:
                 self.migration.advance(self, now)
             self._reconcile(now)
@@ -433,6 +438,16 @@ class Driver:
             rec, code = self.first_failure
             return self._fail_worker(rec, code)
         return 0
+
+    def _failed_at_start(self) -> bool:
+        """No ring ever formed and every worker started so far exited with an error of its
+        own (code > 0): the script fails at start (a typo, a missing module), a replacement
+        would fail alike, and waiting ``--elastic-timeout`` for hosts would only hold them."""
+        if self.first_failure is None or self.coord.ring().generation > 0:
+            return False
+        workers = list(self.coord.workers.values())
+        return bool(workers) and all(not w.state.alive and (w.exit_code or 0) > 0
+                                     for w in workers)
 
     def _fail_worker(self, rec: WorkerRecord, code: int) -> int:
         rank = f"rank {rec.rank}" if rec.rank is not None else f"worker {rec.worker_id}"

@@ -4,11 +4,26 @@ ledger_main.py, or a script that fails at start), the commands as a user types t
 conditions with deadlines, never fixed sleeps."""
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
-import time
 from pathlib import Path
 
-from test_cluster_service import ledger, service, wait_for  # noqa: F401 - service: a fixture
+from test_cluster_service import CLI, LEDGER, ROOT, ledger, service, wait_for  # noqa: F401
+
+
+def talker(tmp: Path) -> Path:
+    """tests/horovod_style/ledger_main.py run by a script that prints a line before and after
+    it: what a worker's own output looks like in ``logs``."""
+    path = tmp / "talker.py"
+    path.write_text(
+        "import os, runpy, sys\n"
+        "me = os.environ['HVD_EDL_WORKER_ID']\n"
+        "print(f'{me} says hello', flush=True)\n"
+        f"sys.argv = [{LEDGER!r}] + sys.argv[1:]\n"
+        f"runpy.run_path({LEDGER!r}, run_name='__main__')\n"
+        "print(f'{me} says goodbye', flush=True)\n")
+    return path
 
 
 def typo_script(tmp: Path) -> Path:
@@ -50,3 +65,53 @@ def test_a_job_failing_at_start_ends_failed_at_once_with_its_error_and_frees_its
     jobs = svc.wait_jobs(lambda j: j[j2]["state"] == "done", "j2 done")
     assert jobs[j1]["state"] == "failed" and jobs[j1]["runs"] == 1, jobs[j1]   # no loop
     assert len(svc.events(j1, "run")) == 1 and len(svc.events(j1, "end")) == 1
+
+
+# ---- logs ------------------------------------------------------------------------------------------
+
+def test_logs_show_launcher_and_worker_output_during_and_after_the_run(service, tmp_path):
+    """``logs JOB`` prints the run's launcher and worker lines while it runs and after it
+    ended (also a failed one); ``--follow`` streams until the run ends and exits 0 by itself,
+    Ctrl-C ends it with 0; an unknown job or run is one line."""
+    svc = service("--policy", "fifo", "-H", "localhost:2")
+    stop = tmp_path / "stop"
+    j1 = svc.submit("--np", "2", "--", sys.executable, str(talker(tmp_path)),
+                    *ledger(tmp_path, "j1", 64, epochs=1000, delay=0.01)[3:],
+                    "--stop-file", str(stop))
+    during = wait_for("both workers' hello in logs", lambda: (lambda r: r.stdout if r.returncode
+                      == 0 and r.stdout.count("says hello") == 2 else None)(svc.cli("logs", j1)),
+                      60, svc.job_logs)
+    assert "[w1]<stdout>:w1 says hello" in during and "worker w2 started" in during, during
+    assert svc.jobs()[j1]["state"] == "running"
+
+    def follow(*extra: str):
+        out = open(tmp_path / f"follow{len(extra)}.txt", "w+")
+        return subprocess.Popen(CLI + ["--cluster", str(svc.cluster), "logs", j1, *extra],
+                                stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT)), out
+    interrupted, out0 = follow("--follow", "--run", "1")
+    following, out = follow("--follow")
+    wait_for("the followers printing", lambda: "says hello" in (tmp_path / "follow1.txt")
+             .read_text() and "says hello" in (tmp_path / "follow3.txt").read_text(), 30)
+    interrupted.send_signal(signal.SIGINT)
+    assert interrupted.wait(30) == 0, out0.read()
+    assert following.poll() is None   # the run goes on: so does --follow
+    stop.touch()
+    assert following.wait(60) == 0
+    followed = (tmp_path / "follow1.txt").read_text()
+    jobs = svc.wait_jobs(lambda j: j[j1]["state"] == "done", "j1 done")
+    after = svc.cli("logs", j1)
+    assert after.returncode == 0 and after.stdout == followed, (after.stdout[-2000:], followed)
+    assert followed.startswith(during) and "<stdout>:w2 says goodbye" in followed, followed
+    assert svc.cli("logs", j1, "--run", "1").stdout == followed
+    for args, words in [((j1, "--run", "2"), f"job {j1} has no run 2"),
+                        (("j99",), "no job 'j99'")]:
+        r = svc.cli("logs", *args)
+        assert r.returncode == 2 and words in r.stderr and not r.stdout, (args, r)
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert jobs[j1]["runs"] == 1
+
+    j2 = svc.submit("--np", "1", "--", sys.executable, str(typo_script(tmp_path)))
+    svc.wait_jobs(lambda j: j[j2]["state"] == "failed", "j2 failed", timeout_s=45)
+    r = svc.cli("logs", j2)
+    assert r.returncode == 0 and "[w1]<stderr>:ModuleNotFoundError: No module named " \
+        "'no_such_module_xyz'" in r.stdout and "hvd-edl-run: error:" in r.stdout, r

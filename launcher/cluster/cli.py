@@ -3,6 +3,7 @@
     hvd-edl-cluster serve -H localhost:8 --state-dir ~/cluster --policy edl   # the service
     hvd-edl-cluster submit --min-np 1 --max-np 4 -- python train.py           # prints the id
     hvd-edl-cluster queue | status [JOB] [--json] | cancel JOB | top
+    hvd-edl-cluster logs JOB [--run N] [--follow]                             # its output
 
 ``serve`` owns the pool (horovodrun's host formats: ``-H host:slots,...``, ``--hostfile F``, or
 ``--host-discovery-script CMD`` for hosts that come and go), runs the policy and the jobs, and
@@ -108,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help='{"jobs": [...]} for scripts')
     c = sub.add_parser("cancel", help="end a job (a running one gets SIGTERM)")
     c.add_argument("job")
+    lg = sub.add_parser("logs", help="a job's output: its launcher's and its workers'")
+    lg.add_argument("job")
+    lg.add_argument("--run", type=_positive_int, default=None, metavar="N",
+                    help="which run (1 the first start, then one per resume; default the "
+                         "latest)")
+    lg.add_argument("-f", "--follow", action="store_true",
+                    help="then print what it writes until the run ends (Ctrl-C stops)")
     tp = sub.add_parser("top", help="live view: slots per job, queue, utilisation")
     tp.add_argument("--interval", type=_positive_float, default=2.0)
     tp.add_argument("--once", action="store_true", help="one frame, then exit")
@@ -118,7 +126,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     if a.cmd is None:
-        parser.error("a command is needed: serve, submit, queue, status, cancel or top")
+        parser.error("a command is needed: serve, submit, queue, status, logs, cancel or "
+                     "top")
     if a.cmd == "serve":
         return serve(a, parser)
     from launcher.cluster import cluster_file
@@ -131,6 +140,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if a.cmd == "submit":
             return submit(a, client)
+        if a.cmd == "logs":
+            return logs(a, client)
         if a.cmd == "top":
             from launcher.cluster import top
             return top.run(client, a.interval, a.once)
@@ -162,6 +173,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     from launcher.cluster.top import frame_lines
     print("\n".join(frame_lines(status)))
     return 0
+
+
+FOLLOW_POLL_S = 0.5  # logs --follow asks for more this often while the run writes nothing
+
+
+def logs(a, client) -> int:
+    """``logs JOB [--run N] [--follow]``: print the run's output so far (its ``run<N>.log``:
+    the launcher's lines and its workers', ``[w1]<stdout>:...``); with ``--follow`` go on
+    printing what it writes until the run ends, then exit 0 (Ctrl-C: exit 0 at once)."""
+    import time
+    offset, run = 0, a.run
+    try:
+        while True:
+            r = client.call("logs", job=a.job, run=run, offset=offset)
+            run = r["run"]  # --follow stays on the run it began with
+            sys.stdout.write(r["data"])
+            sys.stdout.flush()
+            offset = r["next"]
+            if offset < r["size"]:
+                continue
+            if not a.follow or r["ended"]:
+                return 0
+            time.sleep(FOLLOW_POLL_S)
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # | head
+        return 0
 
 
 def submit(a, client) -> int:

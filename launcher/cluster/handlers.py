@@ -2,7 +2,7 @@
 ``submit`` and ``cancel`` change the store, so the server runs them on the service's loop thread
 (:meth:`launcher.cluster.service.Service.call`: the store has one writer); ``status`` only reads
 (the store, and the pool and the slots in use: ``Service.slots_in_use``), so any thread may call
-it (the server's, ``/metrics``'s collector).  A bad request raises :class:`RequestError`
+it (the server's, ``/metrics``'s collector); so does ``logs`` (the store and a run's log).  A bad request raises :class:`RequestError`
 (HTTP 400; 404 for an unknown job).
 
 Each function takes the service explicitly (:class:`launcher.cluster.service.Service`, whose
@@ -111,6 +111,49 @@ def cancel(svc, job_id: str) -> dict:
         return {"id": job_id, "state": "running", "cancelling": True}
     ends.end(svc, job, "cancelled", None, "cancelled before it ran again")
     return {"id": job_id, "state": "cancelled"}
+
+
+LOG_CHUNK_BYTES = 256 * 1024  # the most of a run's log one ``logs`` answer carries
+
+
+def logs(svc, job_id: str, run: Optional[int] = None, offset: int = 0,
+         limit: int = LOG_CHUNK_BYTES) -> dict:
+    """A ``logs`` request (any thread: reads only): up to ``limit`` bytes of run ``run``'s
+    output (default the latest run), its launcher's and its workers' (``run<N>.log`` in the
+    job's folder), from byte ``offset`` on.  A chunk that stops short of the end stops after
+    its last whole line.
+
+    Returns:
+        ``{"id", "run", "runs", "state", "offset", "next", "size", "data", "ended"}``:
+        ``data`` the text (UTF-8, undecodable bytes replaced), ``next`` the offset to ask from
+        next, ``size`` the log's size when read, ``ended`` whether the run had ended before
+        it was read (then ``next == size`` means every line is in).
+    Raises:
+        RequestError: an unknown job, a job that has not run yet, or no such run (404).
+    """
+    job = known(svc.store, job_id)
+    if job.run == 0:
+        raise RequestError(f"job {job_id} has not run yet ({job.state}): no output",
+                           status=404)
+    number = job.run if run is None else run
+    if not 1 <= number <= job.run:
+        raise RequestError(f"job {job_id} has no run {number} (its runs: "
+                           + (f"1 to {job.run})" if job.run > 1 else "1)"), status=404)
+    ended = number < job.run or job.state != "running"  # before reading: then all is written
+    path = JobFiles(svc.state_dir, job_id).run_file(number, "log")
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            f.seek(min(max(0, offset), size))
+            data = f.read(max(1, min(limit, LOG_CHUNK_BYTES)))
+    except FileNotFoundError:
+        size, data = 0, b""
+    start = min(max(0, offset), size)
+    if start + len(data) < size and b"\n" in data:
+        data = data[:data.rindex(b"\n") + 1]
+    return {"id": job_id, "run": number, "runs": job.run, "state": job.state, "offset": start,
+            "next": start + len(data), "size": size, "ended": ended,
+            "data": data.decode("utf-8", "replace")}
 
 
 def known(store: Store, job_id) -> JobRecord:

@@ -16,6 +16,9 @@ path                  body                                   answer
                                                              "queue", "holders", "policy"}``
 ``/cluster/cancel``   ``{"job": ID}``                        ``{"id", "state"}``
 ``/cluster/events``   ``{"since": N}``                       ``{"events": [...]}``
+``/cluster/logs``     ``{"job": ID, "run": N or null,        ``{"id", "run", "runs", "state",
+                      "offset": BYTES}``                     "offset", "next", "size", "data",
+                                                             "ended"}`` (:func:`.handlers.logs`)
 ====================  =====================================  ==================================
 
 An unknown job answers 404, bad input 400 (the message is one line for people).
@@ -137,7 +140,17 @@ def routes(service) -> Dict[str, Callable[[dict], dict]]:
             raise ValueError(f"'since' must be an integer, got {since!r}")
         return {"events": service.store.events(since)}
 
+    def logs(data: dict) -> dict:
+        from launcher.cluster import handlers
+        run, offset = data.get("run"), data.get("offset", 0)
+        if run is not None and (isinstance(run, bool) or not isinstance(run, int)):
+            raise ValueError(f"'run' must be a run number, got {run!r}")
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"'offset' must be a byte offset, got {offset!r}")
+        return handlers.logs(service, job_id(data), run, offset)
+
     return {
+        PREFIX + "logs": logs,
         PREFIX + "submit": lambda data: service.call(lambda: service.submit(data)),
         PREFIX + "cancel": lambda data: service.call(lambda: service.cancel(job_id(data))),
         PREFIX + "status": lambda data: service.status(job_id(data) if data.get("job")

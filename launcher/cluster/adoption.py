@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 
 from launcher.cluster import apply, ends
+from launcher.cluster import gpus as gpus_
 from launcher.cluster.runs import JobFiles, Run
 
 
@@ -37,7 +39,13 @@ def adopt(svc) -> None:
         if what == "alive":
             svc.runs[job.id] = run
             svc.written[job.id] = hosts
-            svc.set_occupied(job.id, hosts)
+            # its GPUs: its file's lists, plus what its leavers still held when the earlier
+            # service stopped (held until its telemetry shows them gone)
+            gpus_.load_held(svc, job.id, files.read_gpus())
+            occupied = gpus_.occupied_counts(svc, job.id, hosts)
+            svc.set_occupied(job.id, occupied)
+            if occupied != hosts:
+                svc.releasing[job.id] = time.monotonic()
             svc.events.note(job.id, "adopt", f"run {job.run} re-adopted (wrapper pid "
                             f"{run.pid()}, launcher pid {run.launcher_pid()})", hosts=hosts)
             if job.stopping == "cancel":

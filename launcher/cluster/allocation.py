@@ -42,15 +42,19 @@ def read(path: str) -> str:
             from None
 
 
-def write(path: str, hosts: dict) -> None:
+def write(path: str, hosts: dict, gpus: dict = None) -> None:
     """Replace the allocation file at ``path`` with ``hosts`` ({host: slots}) atomically, mode
-    0600 (the service's side).
+    0600 (the service's side); ``gpus`` ({host: GPU ids in slot order}) names the job's GPUs on
+    those hosts (``host:2 gpus=4,1``, :mod:`launcher.discovery.hosts`).
 
     Raises:
         OSError: it cannot be written.
     """
     from launcher.discovery.hosts import format_host_entry
-    text = "".join(f"{format_host_entry(h, k)}\n" for h, k in hosts.items() if k > 0)
+    gpus = gpus or {}
+    text = "".join(f"{format_host_entry(h, k)}"
+                   + (f" gpus={','.join(gpus[h])}" if gpus.get(h) else "") + "\n"
+                   for h, k in hosts.items() if k > 0)
     write_private(path, text.encode())
 
 
@@ -58,10 +62,23 @@ def parse(text: str) -> dict:
     """{host: slots} of an allocation file's text (as :func:`write` wrote it)."""
     out = {}
     for line in text.splitlines():
-        line = line.strip()
-        if line:
-            host, _, slots = line.rpartition(":")
+        words = line.split()
+        if words:
+            host, _, slots = words[0].rpartition(":")
             out[host.removeprefix("[").removesuffix("]")] = int(slots)
+    return out
+
+
+def parse_gpus(text: str) -> dict:
+    """{host: (GPU ids in slot order)} of an allocation file's text, hosts without ``gpus=``
+    left out."""
+    out = {}
+    for line in text.splitlines():
+        words = line.split()
+        for word in words[1:]:
+            if word.startswith("gpus="):
+                host = words[0].rpartition(":")[0]
+                out[host.removeprefix("[").removesuffix("]")] = tuple(word[5:].split(","))
     return out
 
 

@@ -25,6 +25,7 @@ import time
 from typing import Dict
 
 from launcher.cluster import ends
+from launcher.cluster import gpus as gpus_
 from launcher.cluster.runs import JobFiles, Run, RunSpec, live_slots
 from launcher.cluster.store import JobRecord
 
@@ -94,7 +95,12 @@ def check_release(svc, job_id: str) -> None:
         live = live_slots(answer)
         if any(live.get(h, 0) > written.get(h, 0) for h in live):
             return
-    svc.set_occupied(job_id, dict(written) if job_id in svc.runs else {})
+    if job_id in svc.runs:
+        fetched, answer = svc.telemetry.get(job_id, (0.0, None))
+        gpus_.released(svc, job_id, gpus_.live_pairs(answer))
+        svc.set_occupied(job_id, gpus_.occupied_counts(svc, job_id, dict(written)))
+    else:
+        svc.set_occupied(job_id, {})
     del svc.releasing[job_id]
     svc.events.note(job_id, "released", "its workers on the slots taken back left",
                     released_s=round(time.monotonic() - asked, 3), hosts=dict(written))
@@ -102,13 +108,17 @@ def check_release(svc, job_id: str) -> None:
 
 
 def write(svc, job_id: str, hosts: Dict[str, int]) -> None:
-    """Rewrite a job's allocation file; what it held beyond ``hosts`` stays occupied until
-    released (:func:`check_release`)."""
-    JobFiles(svc.state_dir, job_id).write_hosts(hosts)
+    """Rewrite a job's allocation file, with its GPUs on GPU hosts (:func:`gpus.choose`: a
+    running worker keeps its GPU); what it held beyond ``hosts`` stays occupied until released
+    (:func:`check_release`)."""
+    lists = gpus_.choose(svc, job_id, hosts)
+    JobFiles(svc.state_dir, job_id).write_hosts(hosts, lists)
+    gpus_.hold(svc, job_id, lists)
     svc.written[job_id] = dict(hosts)
     svc.store.update(job_id, world_size=sum(hosts.values()))
     before = svc.occupied.get(job_id, {})
     occ = {h: max(before.get(h, 0), hosts.get(h, 0)) for h in set(before) | set(hosts)}
+    occ = gpus_.occupied_counts(svc, job_id, occ)
     svc.set_occupied(job_id, occ)
     if any(occ.get(h, 0) > hosts.get(h, 0) for h in occ):
         svc.releasing.setdefault(job_id, time.monotonic())

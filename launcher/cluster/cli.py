@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "with the same folder re-adopts the running jobs")
     s.add_argument("--cluster-file", help="where to write the cluster file (default "
                    "--cluster, else ~/.hvd_edl/cluster.json)")
+    s.add_argument("--assume-gpus", action="store_true",
+                   help="every slot is one GPU, indices 0..slots-1 on its host, without asking "
+                        "nvidia-smi (hosts without it, tests on CPU machines); by default a "
+                        "host's GPUs are its line's gpus= or what nvidia-smi there reports, and "
+                        "a host without GPUs has CPU slots")
     s.add_argument("--policy", choices=("edl", "tiresias", "fifo"), default="edl",
                    help="edl: elastic (lend idle slots, take them back stop-free); tiresias: "
                         "least attained service with preemption; fifo: gang-scheduled, first "
@@ -162,7 +167,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         waiting = [j for j in status["jobs"] if j["state"] in ("queued", "suspended")]
         for i, j in enumerate(waiting, 1):
             print(f"{i:>3}. {j['id']:<6} {j['name'][:24]:<24} {j['state']:<10} np {j['np']} "
-                  f"[{j['min_np']}-{j['max_np']}]")
+                  f"[{j['min_np']}-{j['max_np']}]: {j.get('reason') or ''}")
         if not waiting:
             print("(no job waiting)")
         return 0
@@ -238,7 +243,7 @@ def serve(a, parser) -> int:
     from launcher.cluster.server import ClusterServer, routes
     from launcher.cluster.service import Service, ServiceError
     from launcher.discovery import FixedHosts, HostDiscoveryScript
-    from launcher.discovery.hosts import HostSpecError, parse_host_lines, parse_hosts_arg
+    from launcher.discovery.hosts import HostSpecError, parse_hosts_arg
     logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(message)s")
     try:
         policy = make_policy(a.policy, a.objective)
@@ -262,7 +267,7 @@ def serve(a, parser) -> int:
             discovery = FixedHosts(parse_hosts_arg(a.hosts))
         else:
             with open(a.hostfile) as f:
-                discovery = FixedHosts(parse_host_lines(f.read(), a.slots))
+                discovery = FixedHosts.from_lines(f.read(), a.slots)
     except HostSpecError as e:
         return _fail(str(e))
     except OSError as e:
@@ -279,7 +284,8 @@ def serve(a, parser) -> int:
         launcher_args += ["--network-interface", a.nic]
     service = Service(os.path.abspath(os.path.expanduser(a.state_dir)), discovery, policy,
                       discovery_interval_s=a.discovery_interval, round_s=a.round_s,
-                      fixed_pool=not a.discovery_script, launcher_args=launcher_args)
+                      fixed_pool=not a.discovery_script, launcher_args=launcher_args,
+                      assume_gpus=a.assume_gpus)
     try:
         service.open()
     except ServiceError as e:

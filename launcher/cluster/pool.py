@@ -32,7 +32,7 @@ def watch(svc) -> None:
                       f"{e}", file=sys.stderr)
             continue
         problem = None
-        if hosts != svc.pool:
+        if hosts != svc.discovered:
             svc.post(lambda hosts=hosts: changed(svc, hosts))
             svc.wake.set()
 

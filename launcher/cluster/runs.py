@@ -62,8 +62,16 @@ class JobFiles:
         except (OSError, ValueError):
             return {}
 
-    def write_hosts(self, hosts: Dict[str, int]) -> None:
-        allocation.write(str(self.hosts), hosts)
+    def read_gpus(self) -> Dict[str, tuple]:
+        """The GPUs the allocation file names per host ({} when none or no file)."""
+        try:
+            return allocation.parse_gpus(allocation.read(str(self.hosts)))
+        except (OSError, ValueError):
+            return {}
+
+    def write_hosts(self, hosts: Dict[str, int], gpus: Optional[Dict[str, tuple]] = None) -> None:
+        """Rewrite the allocation file: ``hosts`` ({host: slots}) and the GPUs of each slot."""
+        allocation.write(str(self.hosts), hosts, gpus)
 
 
 def launcher_command() -> List[str]:
@@ -243,17 +251,22 @@ def error_excerpt(log_path: Path) -> str:
 
 
 def live_slots(telemetry: Optional[dict]) -> Dict[str, int]:
-    """host -> workers that still take part in the job in a ``/ctl/telemetry`` answer: pending,
-    ready, members, and leavers still in the current ring.  A leaver out of the ring is in its
-    interpreter's teardown (niced to 19 by ``hvd_edl.runtime``, about a CPU-second) and no
-    longer counts: its slot is free for the next job."""
+    """host -> worker processes of the job still alive in a ``/ctl/telemetry`` answer
+    (:func:`takes_part`): pending, ready, members and leavers until their process exits, so a
+    slot (a GPU) is free for the next job only once its leaver is gone."""
     out: Dict[str, int] = {}
     for w in (telemetry or {}).get("workers", []):
-        state, rank = w.get("state"), w.get("rank")
-        if state in ("pending", "ready", "member") or (state == "leaving" and rank is not None
-                                                       and rank >= 0):
+        if takes_part(w):
             out[w["host"]] = out.get(w["host"], 0) + 1
     return out
+
+
+def takes_part(worker: dict) -> bool:
+    """Whether a ``/ctl/telemetry`` worker row's process may still use its slot (its GPU): any
+    row of a live process, a leaver in its interpreter's teardown included (the launcher drops
+    a row when its process has exited).  Counting a leaver out of the ring as gone let the next
+    job start on its GPU while it still held its memory (about 8 s in one run)."""
+    return worker.get("state") in ("pending", "ready", "member", "leaving")
 
 
 def environment(pairs: Sequence[str]) -> Dict[str, str]:

@@ -32,6 +32,7 @@ beside it, as functions that take the service explicitly (the event log: a small
 :mod:`launcher.cluster.handlers`   the API's requests: submit, cancel, status
 :mod:`launcher.cluster.apply`      applying an allocation: start, grow/shrink/move, release,
                                    preempt
+:mod:`launcher.cluster.gpus`       which GPUs: the pool's per host, each job's list, held ones
 :mod:`launcher.cluster.ends`       a run's end -> the job's state (done, failed, cancelled,
                                    suspended) and reason
 :mod:`launcher.cluster.adoption`   re-adopting the runs after a restart
@@ -52,7 +53,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import filelock
 
-from launcher.cluster import adoption, apply, ends, handlers, telemetry
+from launcher.cluster import adoption, apply, ends, handlers, reasons, telemetry
+from launcher.cluster import gpus as gpus_
 from launcher.cluster import pool as pool_
 from launcher.cluster import speed as speed_
 from launcher.cluster.events import EventLog
@@ -85,6 +87,7 @@ class Service:
     :class:`Run`); ``written`` (job id -> its allocation file now); ``occupied`` (job id -> the
     slots it still uses, :meth:`set_occupied`); ``releasing`` (job id -> when a shrink was
     written); ``waiting_since`` (job id -> when it was first allocated slots it has not got);
+    ``waiting_reasons`` (job id -> why the last round gave it no slots, :mod:`.reasons`);
     ``telemetry`` (job id -> its last answer, from the telemetry thread); ``decide_now`` (a
     round at the next pass); ``events`` (:class:`EventLog`); ``decisions`` and ``jct_s``
     (metrics).
@@ -99,12 +102,16 @@ class Service:
             refused at submit.
         launcher_args: ``hvd-edl-run`` flags every job's run gets, how to reach the pool's
             hosts (``-p PORT``, ``-i FILE``, ``--network-interface NIC``).
+        assume_gpus: every slot is GPU ``0..slots-1`` of its host, nothing asked
+            (``serve --assume-gpus``); otherwise a host's GPUs are its line's ``gpus=`` or what
+            ``nvidia-smi`` there says (:mod:`launcher.cluster.gpus`).
     """
 
     def __init__(self, state_dir: Path, discovery, policy: Policy,
                  discovery_interval_s: float = 1.0, round_s: float = ROUND_S,
                  fixed_pool: bool = False, change_cost_s: float = CHANGE_COST_S,
-                 restart_cost_s: float = RESTART_COST_S, launcher_args: Sequence[str] = ()):
+                 restart_cost_s: float = RESTART_COST_S, launcher_args: Sequence[str] = (),
+                 assume_gpus: bool = False):
         self.state_dir = Path(state_dir)
         self.discovery = discovery
         self.policy = policy
@@ -114,13 +121,19 @@ class Service:
         self.change_cost_s = change_cost_s
         self.restart_cost_s = restart_cost_s
         self.launcher_args = tuple(launcher_args)
+        self.assume_gpus = assume_gpus
         self.pool: Dict[str, int] = {}
+        self.discovered: Dict[str, int] = {}  # the pool as discovery last gave it
+        self.host_gpus: Dict[str, Tuple[str, ...]] = {}  # host -> its GPUs (GPU hosts only)
+        self.job_gpus: Dict[str, Dict[str, Tuple[str, ...]]] = {}  # job -> host -> its list
+        self.held_gpus: Dict[str, Dict[str, set]] = {}  # job -> host -> GPUs it may still use
         self.runs: Dict[str, Run] = {}           # job id -> its live run
         self.written: Dict[str, Dict[str, int]] = {}  # job id -> its allocation file now
         self.occupied: Dict[str, Dict[str, int]] = {}  # job id -> slots it still uses
         self.telemetry: Dict[str, Tuple[float, dict]] = {}  # job id -> (monotonic, answer)
         self.releasing: Dict[str, float] = {}    # job id -> when its shrink was written
         self.waiting_since: Dict[str, float] = {}  # job id -> when it was first allocated
+        self.waiting_reasons: Dict[str, str] = {}  # job id -> why the last round left it out
         self.requests: "queue.Queue[Tuple[Callable[[], object], Future]]" = queue.Queue()
         self.wake = threading.Event()
         self.stopping = False
@@ -165,11 +178,11 @@ class Service:
             os.umask(old)
         self.events = EventLog(self.store, self.events_path, self.decisions)
         try:
-            self.pool = dict(self.discovery.find_available_hosts_and_slots())
+            self.set_pool(dict(self.discovery.find_available_hosts_and_slots()))
         except Exception as e:  # noqa: BLE001 - DiscoveryError, OSError: one line
             raise ServiceError(f"first pool discovery failed: {e}") from None
         self.events.note(None, "pool", "the service started", pool=self.pool,
-                         policy=getattr(self.policy, "name", "?"))
+                         gpus=self.host_gpus, policy=getattr(self.policy, "name", "?"))
         adoption.adopt(self)
 
     def secret(self) -> str:
@@ -194,10 +207,21 @@ class Service:
     # ---- the pool and the slots in use (shared with status's readers) -------------------------
 
     def set_pool(self, hosts: Dict[str, int]) -> None:
-        """The pool is now ``hosts`` (host -> slots): the one write of ``pool`` after
-        :meth:`open`, under the lock (:mod:`.pool` calls it)."""
+        """The pool is now ``hosts`` (host -> slots): the one write of ``pool``, under the lock
+        (:meth:`open`, :mod:`.pool`).  The GPUs of hosts new to it are found now
+        (:func:`launcher.cluster.gpus.pool_gpus`); a GPU host's slots are its GPUs."""
+        from launcher.discovery.hosts import is_local
+        args = list(self.launcher_args)
+        ssh = [x for i in range(0, len(args) - 1, 2) if args[i] in ("-p", "-i")
+               for x in args[i:i + 2]]  # how the jobs reach the hosts: how to ask them too
+        found = gpus_.pool_gpus(hosts, getattr(self.discovery, "gpus", {}), self.assume_gpus,
+                                self.host_gpus,
+                                lambda h: gpus_.probe(h, is_local(h), ssh))
+        pool = {h: (min(k, len(found[h])) if h in found else k) for h, k in hosts.items()}
         with self._lock:
-            self.pool = hosts
+            self.discovered = dict(hosts)
+            self.pool = pool
+            self.host_gpus = found
 
     def set_occupied(self, job_id: str, hosts: Dict[str, int]) -> None:
         """The slots ``job_id`` still uses ({} none): the one write of ``occupied``, under the
@@ -207,6 +231,8 @@ class Service:
                 self.occupied[job_id] = {h: k for h, k in hosts.items() if k > 0}
             else:
                 self.occupied.pop(job_id, None)
+        if not hosts:  # its processes are gone: it holds no GPU either
+            gpus_.drop(self, job_id)
 
     def slots_in_use(self) -> Tuple[Dict[str, int], Dict[str, Dict[str, int]]]:
         """Copies of ``pool`` and ``occupied`` (job id -> host -> slots) taken together under
@@ -332,6 +358,7 @@ class Service:
         except AllocationError as e:
             self.events.note(None, "refused", f"the policy's allocation was refused: {e}")
             return
+        self.waiting_reasons = reasons.waiting(snap, alloc, self.policy, sum(self.pool.values()))
         explain = getattr(self.policy, "explain", None)
         for view in snap.jobs:
             new = {h: k for h, k in alloc.get(view.id, {}).items() if k > 0}

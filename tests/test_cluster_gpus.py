@@ -1,0 +1,115 @@
+"""Every job of the cluster service on its own GPUs (``serve --assume-gpus``: each slot of this
+CPU machine's pool stands for GPU 0..3).  A sampler reads every live worker process's own
+environment (``/proc/PID/environ``: ``CUDA_VISIBLE_DEVICES`` and ``HOROVOD_LOCAL_RANK``) all
+through the run and finds the GPU ``torch.cuda.set_device(hvd.local_rank())`` selects in it;
+the invariant checked at every sample: no GPU is selected by two live workers, of one job or of
+two, also while a shrinking job's leavers finish."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import psutil
+import pytest
+
+from test_cluster_service import assert_exactly_once, ledger, service, wait_for  # noqa: F401
+
+pytestmark = pytest.mark.xdist_group("cluster-gpus")
+
+
+class GpuSampler:
+    """Samples every worker process of this test's jobs (those whose environment names
+    ``marker``) every ``period_s``: {pid: (launcher pid, worker id, selected GPU)} per sample."""
+
+    def __init__(self, marker: str, period_s: float = 0.1):
+        self.marker = marker
+        self.period_s = period_s
+        self.samples: List[Dict[int, Tuple[int, str, str]]] = []
+        self.workers: Dict[Tuple[int, str], str] = {}  # (launcher, worker id) -> GPU
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _environ(self, pid: int) -> Optional[Dict[str, str]]:
+        try:
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return None
+        return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0")
+                    if "=" in kv)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sample = {}
+            for pid in psutil.pids():
+                env = self._environ(pid)
+                if not env or "HVD_EDL_WORKER_ID" not in env or self.marker not in \
+                        env.get("HVD_EDL_TEST_MARKER", ""):
+                    continue
+                devices = env.get("CUDA_VISIBLE_DEVICES", "")
+                if not devices:
+                    continue
+                gpu = devices.split(",")[int(env["HOROVOD_LOCAL_RANK"])]
+                try:
+                    launcher = psutil.Process(pid).ppid()
+                except psutil.NoSuchProcess:
+                    continue
+                sample[pid] = (launcher, env["HVD_EDL_WORKER_ID"], gpu)
+                self.workers[(launcher, env["HVD_EDL_WORKER_ID"])] = gpu
+            self.samples.append(sample)
+            self._stop.wait(self.period_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def shared_gpus(self) -> List[Tuple[str, list]]:
+        """Every (GPU, processes) selected by two live workers in one sample."""
+        bad = []
+        for sample in self.samples:
+            by_gpu: Dict[str, list] = {}
+            for pid, (launcher, worker, gpu) in sample.items():
+                by_gpu.setdefault(gpu, []).append((pid, launcher, worker))
+            bad += [(g, users) for g, users in by_gpu.items() if len(users) > 1]
+        return bad
+
+
+def test_two_jobs_on_one_host_never_share_a_gpu_through_a_shrink(service, tmp_path):
+    """edl on a 4-GPU host: j1 grows to GPUs 0-3; j2 arrives, j1 gives back its last two
+    (a stop-free shrink: its workers on GPUs 0 and 1 keep them), j2 starts on GPUs 2 and 3 once
+    j1's leavers have exited.  No sample ever shows one GPU selected by two live workers; both
+    jobs finish exactly once."""
+    marker = f"gpus-{os.getpid()}-{time.monotonic_ns()}"
+    os.environ["HVD_EDL_TEST_MARKER"] = marker  # the service's jobs inherit it (the sampler's key)
+    sampler = None
+    try:
+        svc = service("--policy", "edl", "--hold", "2", "--assume-gpus", "-H", "localhost:4")
+        sampler = GpuSampler(marker)
+        a1, a2 = tmp_path / "a1", tmp_path / "a2"
+        j1 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--min-np", "1",
+                        "--max-np", "4", *ledger(tmp_path, "j1", 1024, delay=0.03), audit_dir=a1)
+        svc.wait_jobs(lambda j: j[j1]["world_size"] == 4, "j1 on 4 GPUs")
+        wait_for("j1 training on 4", lambda: len({g for s in sampler.samples[-3:]
+                                                  for (_, _, g) in s.values()}) == 4, 90)
+        j2 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--np", "2",
+                        *ledger(tmp_path, "j2", 96), audit_dir=a2)
+        jobs = svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()),
+                             "both done", timeout_s=150)
+    finally:
+        os.environ.pop("HVD_EDL_TEST_MARKER", None)
+        if sampler is not None:
+            sampler.stop()
+    assert sampler.shared_gpus() == [], sampler.shared_gpus()[:5]
+    launchers: Dict[int, List[str]] = {}
+    for (launcher, worker), gpu in sampler.workers.items():
+        launchers.setdefault(launcher, []).append(gpu)
+    first, second = sorted(launchers.values(), key=len, reverse=True)
+    assert sorted(first) == ["0", "1", "2", "3"], sampler.workers   # j1: all four, then 0, 1
+    assert sorted(second) == ["2", "3"], sampler.workers             # j2: the two given back
+    assert svc.events(j1, "released"), svc.events(j1)
+    assert jobs[j1]["runs"] == 1 and jobs[j2]["runs"] == 1, jobs
+    assert_exactly_once(a1, 1024)
+    assert_exactly_once(a2, 96)

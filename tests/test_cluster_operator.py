@@ -4,6 +4,7 @@ ledger_main.py, or a script that fails at start), the commands as a user types t
 conditions with deadlines, never fixed sleeps."""
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -115,3 +116,33 @@ def test_logs_show_launcher_and_worker_output_during_and_after_the_run(service, 
     r = svc.cli("logs", j2)
     assert r.returncode == 0 and "[w1]<stderr>:ModuleNotFoundError: No module named " \
         "'no_such_module_xyz'" in r.stdout and "hvd-edl-run: error:" in r.stdout, r
+
+
+# ---- why a job waits -------------------------------------------------------------------------------
+
+def test_queue_and_status_say_why_each_job_waits(service, tmp_path):
+    """fifo on 3 slots, a job of 2 running: a queued job of 2 needs 2 slots with 1 free, the
+    job of 1 behind it fits but waits for the head of the line; ``queue``, ``status`` and
+    ``status --json`` say so, in one line each, and a running job gives its last decision."""
+    svc = service("--policy", "fifo", "-H", "localhost:3")
+    stop = tmp_path / "stop"
+    j1 = svc.submit("--np", "2", *ledger(tmp_path, "j1", 64, epochs=1000, delay=0.01),
+                    "--stop-file", str(stop))
+    j2 = svc.submit("--np", "2", *ledger(tmp_path, "j2", 64))
+    j3 = svc.submit("--np", "1", *ledger(tmp_path, "j3", 64))
+    jobs = svc.wait_jobs(lambda j: j[j1]["state"] == "running" and j[j3]["reason"]
+                         and "ahead" in j[j3]["reason"], "j1 running, j3 told why it waits")
+    assert jobs[j2]["reason"] == "needs 2 slots, 1 free; 0 jobs ahead", jobs[j2]
+    assert jobs[j3]["reason"] == (f"needs 1 slot, 1 free; 1 job ahead (fifo: none passes "
+                                  f"{j2}, first in line)"), jobs[j3]
+    assert jobs[j1]["reason"] == "fifo: starts on 2 slots", jobs[j1]
+    r = svc.cli("queue")
+    lines = r.stdout.splitlines()
+    assert r.returncode == 0 and len(lines) == 2, r.stdout
+    assert lines[0].split()[:2] == ["1.", j2] and lines[0].endswith(jobs[j2]["reason"]), lines
+    assert lines[1].split()[:2] == ["2.", j3] and lines[1].endswith(jobs[j3]["reason"]), lines
+    r = svc.cli("status")
+    assert r.returncode == 0 and "      needs 2 slots, 1 free; 0 jobs ahead" in r.stdout, r.stdout
+    r = svc.cli("status", "--json")
+    assert all("reason" in j for j in json.loads(r.stdout)["jobs"]), r.stdout
+    stop.touch()

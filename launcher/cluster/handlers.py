@@ -17,7 +17,7 @@ import signal
 import time
 from typing import Optional
 
-from launcher.cluster import ends
+from launcher.cluster import ends, reasons
 from launcher.cluster.runs import JobFiles
 from launcher.cluster.store import JobRecord, Store
 
@@ -171,8 +171,9 @@ def known(store: Store, job_id) -> JobRecord:
 
 def status(svc, job_id: Optional[str] = None) -> dict:
     """What ``status``/``queue``/``top`` show (any thread: reads only): every job (or only
-    ``job_id``), the pool, the policy, slots total/used/free/lent, the queue and which jobs
-    hold each host's slots.
+    ``job_id``) with its ``reason`` (a waiting job's: why it waits, :func:`.reasons.shown`),
+    the pool, the policy, slots total/used/free/lent, the queue and which jobs hold each
+    host's slots.
 
     Raises:
         RequestError: an unknown ``job_id`` (404).
@@ -184,6 +185,10 @@ def status(svc, job_id: Optional[str] = None) -> dict:
     used = sum(sum(v.values()) for v in occupied.values())
     running = [j for j in jobs if j.state == "running"]
     out = [j.public(allocs.get(j.id)) for j in jobs]
+    waiting = svc.waiting_reasons   # the last round's (replaced whole: a consistent read)
+    for row in out:
+        row["reason"] = reasons.shown(row["state"], row["reason"], row["allocation"],
+                                      waiting.get(row["id"]))
     return {"jobs": out, "pool": pool, "policy": getattr(svc.policy, "name", "?"),
             "slots": {"total": sum(pool.values()), "used": used,
                       "free": max(0, sum(pool.values()) - used),

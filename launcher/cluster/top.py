@@ -21,7 +21,8 @@ def _age(t) -> str:
 
 
 def frame_lines(status: dict) -> list:
-    """The frame as plain lines (each at most 80 characters)."""
+    """The frame as plain lines (each at most 80 characters); under a waiting or failed
+    job's row, its reason (cut to the width: ``status JOB --json`` has it whole)."""
     slots = status["slots"]
     total = slots["total"] or 1
     lines = [f"policy {status['policy']}: {slots['used']}/{slots['total']} slots used "
@@ -47,6 +48,8 @@ def frame_lines(status: dict) -> list:
                      f"{j['np']:>3} {str(j['min_np']) + '-' + str(j['max_np']):>8} "
                      f"{_age(j['submitted_at']):>6} {_age(j['started_at']):>6} "
                      f"{'' if j['exit_code'] is None else j['exit_code']:>5}"[:WIDTH])
+        if j["state"] in ("queued", "suspended", "failed") and j.get("reason"):
+            lines.append(f"{'':6}{j['reason']}"[:WIDTH])  # why it waits, why it failed
     return lines
 
 

@@ -1,0 +1,90 @@
+"""Why a job waits, in the cluster service: one line for each job a round leaves without slots,
+what ``queue``, ``status`` and ``status --json`` (its ``reason``) show for a queued or suspended
+job, e.g. ``needs 2 slots, 1 free; 3 jobs ahead``.
+
+:func:`waiting` runs at the end of each round (:meth:`launcher.cluster.service.Service._round`,
+the loop's thread) on the round's snapshot and allocation, so the words follow the policy's own
+rules: the size a job starts at (its ``np`` under fifo and tiresias, which gang-schedule; its
+``min_np`` under edl, which admits at the minimum and takes lent slots back), the slots the
+round leaves free (under edl: not held at some job's minimum, so lent slots count as free), the
+jobs ahead of it in the policy's order (fifo: priority, then submission; tiresias, edl: 2D-LAS,
+:func:`launcher.cluster.policies.tiresias.las_order`), and fifo's head-of-line blocking.
+:func:`shown` gives the reason a job's row shows: the waiting reason of a job without slots,
+the store's (the last decision's, or how the job ended) otherwise.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+from launcher.cluster.policy import Allocation, JobView, Snapshot
+
+
+def _slots(n: int) -> str:
+    return f"{n} slot{'s' if n != 1 else ''}"
+
+
+def _jobs(n: int) -> str:
+    return f"{n} job{'s' if n != 1 else ''}"
+
+
+def order(snap: Snapshot, policy) -> List[JobView]:
+    """The jobs of ``snap`` in ``policy``'s order (fifo: larger priority, then submission;
+    tiresias and edl: 2D-LAS with the policy's thresholds)."""
+    thresholds = getattr(policy, "thresholds_gpu_s", None)
+    if thresholds is not None:
+        from launcher.cluster.policies.tiresias import las_order
+        return las_order(snap, thresholds)
+    return sorted(snap.jobs, key=lambda j: (-j.priority, j.submitted_at, j.id))
+
+
+def start_size(j: JobView, policy) -> int:
+    """The slots ``j`` needs to start under ``policy``: its ``min_np`` under edl, else its
+    requested ``np`` (gang scheduling)."""
+    if getattr(policy, "name", "") == "edl":
+        return j.min_np
+    return max(j.min_np, min(j.np, j.max_np))
+
+
+def waiting(snap: Snapshot, alloc: Allocation, policy, pool_slots: int) -> Dict[str, str]:
+    """job id -> why it waits, for every job of ``snap`` that ``alloc`` gives no slots
+    (``pool_slots``: the whole pool's, hosts of stopping jobs included)."""
+    jobs = order(snap, policy)
+    held = {j.id: sum(k for k in alloc.get(j.id, {}).values() if k > 0) for j in jobs}
+    edl = getattr(policy, "name", "") == "edl"
+    busy = sum(min(held[j.id], start_size(j, policy)) if edl else held[j.id]
+               for j in jobs if held[j.id])
+    free = max(0, sum(snap.pool.values()) - busy)
+    out: Dict[str, str] = {}
+    ahead: List[JobView] = []
+    fifo = getattr(policy, "name", "") == "fifo"
+    for j in jobs:
+        if held[j.id]:
+            continue
+        need = start_size(j, policy)
+        if need > pool_slots:
+            why = f"needs {_slots(need)}, the whole pool has {pool_slots}: waits for hosts " \
+                  f"to join"
+        else:
+            why = f"needs {_slots(need)}, {free} free; {_jobs(len(ahead))} ahead"
+            if fifo and ahead and need <= free:
+                why += f" (fifo: none passes {ahead[0].id}, first in line)"
+        if j.started:
+            why = "suspended to its checkpoint: " + why
+        out[j.id] = why
+        ahead.append(j)
+    return out
+
+
+def shown(state: str, stored: Optional[str], allocation: Dict[str, int],
+          waiting_now: Optional[str]) -> Optional[str]:
+    """The reason a job's row shows: for a queued or suspended job, why it waits
+    (``waiting_now``, the last round's :func:`waiting`; allocated slots not free yet; or the
+    next round to come), else ``stored`` (the last decision's reason, or how the job ended)."""
+    if state not in ("queued", "suspended"):
+        return stored
+    n = sum(allocation.values())
+    if n:
+        return f"allocated {_slots(n)}: starts as soon as other jobs have freed them"
+    if waiting_now:
+        return waiting_now
+    return "submitted: the next scheduling round places it" if state == "queued" else stored

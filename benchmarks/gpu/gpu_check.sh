@@ -16,6 +16,11 @@
 # 4. Prints the switch figures from the event log (stall, and its phases: boundary, shutdown,
 #    wait, Gloo init, state sync) and each generation's first step (it creates the ring's NCCL
 #    communicators, after the stall is counted), and writes them to benchmarks/results/gpu.json.
+# 5. With 2 or more GPUs, two jobs on this one host at once, each given half of the GPUs by its
+#    hostfile (`localhost gpus=0,1` / `localhost gpus=2,3`, docs/gpus.md): every worker's
+#    torch.cuda.current_device() must be its local rank (its own GPU in its CUDA_VISIBLE_DEVICES),
+#    and nvidia-smi's compute processes (sampled while they train) must show each job's workers
+#    on its own GPUs only, no GPU used by both.
 #
 # Exit status: 0 all checks passed, 1 a check failed (named), 3 no usable GPU.
 # Environment: PY (default .venv/bin/python), GPU_CHECK_OUT (default benchmarks/results/gpu.json),
@@ -194,7 +199,73 @@ for g in switches:
     print(f"gpu_check: {row['kind']} {row['from']} -> {row['to']}: stall {row['stall_s']:.3f} s "
           f"({ph}); first step at this size up to {row['first_step_max_s']} s (NCCL set-up)",
           flush=True)
-result = {"ok": not failures, "failures": failures, "gpus": gpus, "gpu_name": name,
+
+
+def two_jobs_on_one_host():
+    """Section 5: two jobs, each on its half of the GPUs (hostfile gpus=), sampled with
+    nvidia-smi; returns the figures (and appends to failures)."""
+    import psutil
+    if gpus < 2:
+        print("gpu_check: 1 GPU: the two-job case needs 2 or more (skipped)", flush=True)
+        return {"skipped": "1 GPU"}
+    uuid = dict(line.split(", ") for line in subprocess.run(
+        ["nvidia-smi", "--query-gpu=uuid,index", "--format=csv,noheader"], capture_output=True,
+        text=True, timeout=30).stdout.strip().splitlines())
+    half = min(gpus, 4) // 2
+    lists = {"A": [str(i) for i in range(half)], "B": [str(i) for i in range(half, 2 * half)]}
+    jobs = {}
+    for name_, devices in lists.items():
+        hostfile = os.path.join(work, f"hosts-{name_}")
+        with open(hostfile, "w") as f:
+            f.write(f"localhost gpus={','.join(devices)}\n")
+        log_ = open(os.path.join(work, f"two-jobs-{name_}.log"), "w")
+        argv = [os.path.join(os.path.dirname(sys.executable), "hvd-edl-run"), "-np",
+                str(half), "--hostfile", hostfile, sys.executable, "examples/train_digits.py",
+                "--device", "cuda", "--epochs", "30", "--step-delay", "0.005"]
+        jobs[name_] = (subprocess.Popen(argv, env=env, stdout=log_, stderr=subprocess.STDOUT),
+                       log_)
+    seen = {"A": set(), "B": set()}
+    end_at = time.monotonic() + 180
+    while any(p.poll() is None for p, _ in jobs.values()) and time.monotonic() < end_at:
+        pids = {}
+        for name_, (proc, _) in jobs.items():
+            try:
+                pids.update({c.pid: name_ for c in psutil.Process(proc.pid).children(True)})
+            except psutil.NoSuchProcess:
+                pass
+        apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_uuid",
+                               "--format=csv,noheader"], capture_output=True, text=True,
+                              timeout=30).stdout.strip().splitlines()
+        for line in apps:
+            pid, _, gpu_uuid = line.partition(", ")
+            if pid.strip().isdigit() and int(pid) in pids:
+                seen[pids[int(pid)]].add(uuid.get(gpu_uuid.strip(), gpu_uuid.strip()))
+        time.sleep(0.5)
+    for name_, (proc, log_) in jobs.items():
+        if proc.poll() is None:
+            proc.kill()
+            failures.append(f"two jobs: job {name_} did not end within 180 s")
+        log_.close()
+        text_ = open(log_.name, errors="replace").read()
+        for m in pat.finditer(text_):
+            local_rank, current = int(m.group(3)), int(m.group(4))
+            if current != local_rank:
+                failures.append(f"two jobs: job {name_} local rank {local_rank} on device "
+                                f"{current} of its visible list")
+        if not pat.search(text_):
+            failures.append(f"two jobs: no device-check line from job {name_}")
+        if not seen[name_] <= set(lists[name_]):
+            failures.append(f"two jobs: job {name_} ran on GPUs {sorted(seen[name_])}, "
+                            f"given {lists[name_]}")
+    if seen["A"] & seen["B"]:
+        failures.append(f"two jobs: GPUs {sorted(seen['A'] & seen['B'])} used by both jobs")
+    print(f"gpu_check: two jobs on one host: A given {lists['A']} ran on {sorted(seen['A'])}, "
+          f"B given {lists['B']} ran on {sorted(seen['B'])} (nvidia-smi)", flush=True)
+    return {"given": lists, "seen_by_nvidia_smi": {k: sorted(v) for k, v in seen.items()}}
+
+
+two_jobs = two_jobs_on_one_host()
+result = {"ok": not failures, "failures": failures, "two_jobs": two_jobs, "gpus": gpus, "gpu_name": name,
           "shared_device": shared, "torch": torch.__version__, "cuda": torch.version.cuda,
           "nccl_torch": nccl_torch,
           "horovod": horovod.__version__, "schedule": schedule, "wall_s": round(wall_s, 1),

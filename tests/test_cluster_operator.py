@@ -34,6 +34,19 @@ def typo_script(tmp: Path) -> Path:
     return bad
 
 
+def gated(tmp: Path, gate: Path) -> Path:
+    """tests/horovod_style/ledger_main.py once ``gate`` exists: until then the job's workers
+    are started but no ring forms (its allocation and its ring differ)."""
+    path = tmp / "gated.py"
+    path.write_text(
+        "import os, runpy, sys, time\n"
+        f"while not os.path.exists({str(gate)!r}):\n"
+        "    time.sleep(0.05)\n"
+        f"sys.argv = [{LEDGER!r}] + sys.argv[1:]\n"
+        f"runpy.run_path({LEDGER!r}, run_name='__main__')\n")
+    return path
+
+
 # ---- a job that fails at start ------------------------------------------------------------------
 
 def test_a_job_failing_at_start_ends_failed_at_once_with_its_error_and_frees_its_slots(
@@ -145,4 +158,52 @@ def test_queue_and_status_say_why_each_job_waits(service, tmp_path):
     assert r.returncode == 0 and "      needs 2 slots, 1 free; 0 jobs ahead" in r.stdout, r.stdout
     r = svc.cli("status", "--json")
     assert all("reason" in j for j in json.loads(r.stdout)["jobs"]), r.stdout
+    stop.touch()
+
+
+# ---- metrics -------------------------------------------------------------------------------------
+
+def scrape(url: str) -> dict:
+    """``/metrics`` as {(name, labels as a sorted tuple): value}."""
+    import requests
+    from prometheus_client.parser import text_string_to_metric_families
+    out = {}
+    for family in text_string_to_metric_families(requests.get(url, timeout=10).text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def test_metrics_count_jobs_slots_failures_and_give_the_ring_size(service, tmp_path):
+    """``/metrics`` has jobs pending and running, slots allocated, preemptions, restarts and
+    failures in Prometheus' names, and a job's ``job_world_size`` is its ring's size from its
+    telemetry: 0 while its 2 allocated workers have formed no ring, 2 once they have."""
+    svc = service("--policy", "fifo", "-H", "localhost:2", "--metrics-port", "0")
+    url = wait_for("the metrics URL", lambda: next((
+        line.split("metrics: ", 1)[1].strip() for line in svc.output().splitlines()
+        if "metrics: " in line), None), 30, svc.output)
+    j0 = svc.submit("--np", "2", "--", sys.executable, str(typo_script(tmp_path)))
+    svc.wait_jobs(lambda j: j[j0]["state"] == "failed", "j0 failed", timeout_s=45)
+    gate, stop = tmp_path / "gate", tmp_path / "stop"
+    j1 = svc.submit("--np", "2", "--", sys.executable, str(gated(tmp_path, gate)),
+                    *ledger(tmp_path, "j1", 64, epochs=1000, delay=0.01)[3:],
+                    "--stop-file", str(stop))
+    j2 = svc.submit("--np", "1", *ledger(tmp_path, "j2", 64))
+    svc.wait_jobs(lambda j: j[j1]["state"] == "running", "j1 running")
+    wait_for("j1's workers started", lambda: svc.cli("logs", j1).stdout.count(" started on ")
+             == 2, 30)
+    m = scrape(url)
+    job = (("job", j1),)
+    assert m[("hvd_edl_cluster_job_world_size", job)] == 0, m   # no ring yet
+    assert m[("hvd_edl_cluster_job_slots_allocated", job)] == 2, m
+    for name, value in [("hvd_edl_cluster_jobs_pending", 1), ("hvd_edl_cluster_jobs_running", 1),
+                        ("hvd_edl_cluster_slots_allocated", 2),
+                        ("hvd_edl_cluster_preemptions_total", 0),
+                        ("hvd_edl_cluster_job_restarts_total", 0),
+                        ("hvd_edl_cluster_job_failures_total", 1)]:
+        assert m[(name, ())] == value, (name, m)
+    gate.touch()
+    wait_for("j1's ring of 2 in /metrics", lambda: scrape(url).get(
+        ("hvd_edl_cluster_job_world_size", job)) == 2, 60, svc.job_logs)
+    svc.cli("cancel", j2)
     stop.touch()

@@ -224,6 +224,12 @@ class Store:
                  "reason": r["reason"], **json.loads(r["detail"])}
                 for r in self._db().execute(q + " ORDER BY id", args)]
 
+    def event_counts(self) -> Dict[str, int]:
+        """kind -> how many events of that kind the store holds (every one since the
+        cluster's first service: the ``/metrics`` counters)."""
+        return {r[0]: r[1] for r in
+                self._db().execute("SELECT kind, COUNT(*) FROM events GROUP BY kind")}
+
     def meta(self, key: str) -> Optional[str]:
         row = self._db().execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return None if row is None else row[0]

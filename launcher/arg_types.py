@@ -18,6 +18,21 @@ def positive_int(text: str) -> int:
     return v
 
 
+MAX_PRIORITY = 10 ** 9  # a job priority's bound either side of 0 (the store holds 64 bits)
+
+
+def priority(text: str) -> int:
+    """A job's priority: an integer from -:data:`MAX_PRIORITY` to :data:`MAX_PRIORITY`."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not -MAX_PRIORITY <= v <= MAX_PRIORITY:
+        raise argparse.ArgumentTypeError(f"expected an integer from -{MAX_PRIORITY} to "
+                                         f"{MAX_PRIORITY}, got {v}")
+    return v
+
+
 def positive_float(text: str) -> float:
     """A number above 0 (seconds, ratios)."""
     try:

@@ -207,3 +207,96 @@ def test_metrics_count_jobs_slots_failures_and_give_the_ring_size(service, tmp_p
         ("hvd_edl_cluster_job_world_size", job)) == 2, 60, svc.job_logs)
     svc.cli("cancel", j2)
     stop.touch()
+
+
+# ---- bad input -------------------------------------------------------------------------------------
+
+def test_bad_input_is_one_line_a_priority_out_of_range_an_empty_or_unknown_pool(service,
+                                                                               tmp_path):
+    """``submit --priority`` beyond the store's integers is argparse's one line (exit 2), and
+    the API refuses it as bad input (not an internal error); ``serve -H ""``, an empty hostfile
+    or discovery command, and a host name that does not resolve are one line, exit 2, before
+    anything starts."""
+    svc = service("--policy", "fifo", "-H", "localhost:1")
+    r = svc.cli("submit", "--priority", "99999999999999999999999", "--", sys.executable,
+                LEDGER)
+    assert r.returncode == 2 and "--priority: expected an integer from" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    from launcher.cluster import cluster_file
+    from launcher.cluster.server import ClusterClient, ClusterRefused
+    client = ClusterClient(cluster_file.read(svc.cluster))
+    try:
+        client.call("submit", argv=[sys.executable, LEDGER], cwd=str(ROOT),
+                    priority=99999999999999999999999)
+        raise AssertionError("accepted")
+    except ClusterRefused as e:
+        assert e.status == 400 and "priority" in str(e) and "out of range" in str(e), e
+    assert svc.jobs() == {}
+
+    (tmp_path / "empty").write_text("# no host\n")
+    for args, words in [(["-H", ""], "-H '' names no host"),
+                        (["--hostfile", str(tmp_path / "empty")], "names no host"),
+                        (["--host-discovery-script", " "], "--host-discovery-script is empty"),
+                        (["-H", "localhost:1,no-such-host.invalid:2"],
+                         "host no-such-host.invalid d")]:   # does not / did not resolve
+        r = subprocess.run(CLI + ["serve", "--state-dir", str(tmp_path / "st"), *args],
+                           capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+        assert r.returncode == 2 and words in r.stderr, (args, r.returncode, r.stderr)
+        assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_name_lookup_that_hangs_is_refused_after_the_bound(monkeypatch):
+    """A resolver that never answers (``getaddrinfo`` blocked) holds ``serve`` for the bound
+    only: the name is refused as not resolved in time."""
+    import socket
+    import threading
+    import time
+    from launcher.cluster import resolve
+    release = threading.Event()
+    monkeypatch.setattr(socket, "getaddrinfo", lambda *a, **k: release.wait(30))
+    t0 = time.monotonic()
+    try:
+        bad = resolve.unresolved(["slow.example", "localhost"], timeout_s=0.5)
+    finally:
+        release.set()
+    assert time.monotonic() - t0 < 3.0
+    assert bad == {"slow.example": "did not resolve within 0.5 s"}, bad
+
+
+def test_a_killed_launchers_ref_pointer_is_removed_by_the_next_reader(tmp_path):
+    """``hvd-edl-run --job-file F`` leaves a ``<pid>.ref`` pointer in the default job folder;
+    after a ``kill -9`` of the launcher the next ``hvd-edl-ctl list`` ignores and removes it."""
+    import os
+    import psutil
+    env = dict(os.environ, HOME=str(tmp_path))
+    env.pop("XDG_RUNTIME_DIR", None)
+    env.pop("HVD_EDL_JOB", None)
+    bin_dir = Path(sys.executable).parent
+    launcher = subprocess.Popen(
+        [str(bin_dir / "hvd-edl-run"), "-np", "1", "--job-file", str(tmp_path / "job.json"),
+         "--", sys.executable, "-c", "import time; time.sleep(120)"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=str(tmp_path))
+    ref = tmp_path / ".hvd_edl" / "jobs" / f"{launcher.pid}.ref"
+    workers = []
+    try:
+        wait_for("the launcher's pointer and its worker", lambda: ref.exists() and psutil.Process(
+            launcher.pid).children(), 30)
+        workers = psutil.Process(launcher.pid).children(recursive=True)
+        listed = subprocess.run([str(bin_dir / "hvd-edl-ctl"), "list"], capture_output=True,
+                                text=True, timeout=60, env=env)
+        assert str(launcher.pid) in listed.stdout and ref.exists(), listed   # alive: kept
+        launcher.kill()
+        launcher.wait(10)
+        assert ref.exists()   # nobody removed it
+        listed = subprocess.run([str(bin_dir / "hvd-edl-ctl"), "list"], capture_output=True,
+                                text=True, timeout=60, env=env)
+        assert str(launcher.pid) not in listed.stdout + listed.stderr, listed
+        assert not ref.exists()
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        for w in workers:
+            try:
+                w.kill()
+            except psutil.Error:
+                pass

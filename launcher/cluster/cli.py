@@ -23,7 +23,9 @@ import signal
 import sys
 from typing import List, Optional
 
+from launcher.arg_types import MAX_PRIORITY
 from launcher.arg_types import positive_float as _positive_float
+from launcher.arg_types import priority as _priority
 from launcher.arg_types import positive_int as _positive_int
 from launcher.arg_types import tcp_port as _tcp_port
 
@@ -102,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--max-np", type=_positive_int, help="most workers it may be lent")
     t.add_argument("--np", type=_positive_int, help="the size it asks for (a static "
                    "scheduler's; default --min-np, else 1)")
-    t.add_argument("--priority", type=int, default=0, help="larger first among equals")
+    t.add_argument("--priority", type=_priority, default=0, help="larger first among equals "
+                   f"(from -{MAX_PRIORITY} to {MAX_PRIORITY}; default 0)")
     t.add_argument("--checkpoint-dir", help="its --checkpoint-dir (preemption and resume; "
                    "default a folder of the service's)")
     t.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
@@ -261,9 +264,12 @@ def serve(a, parser) -> int:
     except ValueError as e:
         return _fail(str(e))
     try:
-        if a.discovery_script:
+        if a.discovery_script is not None:
+            if not a.discovery_script.strip():
+                return _fail("--host-discovery-script is empty: give the command that prints "
+                             "the pool's hosts")
             discovery = HostDiscoveryScript(a.discovery_script, a.slots, 5.0)
-        elif a.hosts:
+        elif a.hosts is not None:
             discovery = FixedHosts(parse_hosts_arg(a.hosts))
         else:
             with open(a.hostfile) as f:
@@ -272,6 +278,15 @@ def serve(a, parser) -> int:
         return _fail(str(e))
     except OSError as e:
         return _fail(f"cannot read --hostfile: {e.strerror or e}")
+    if a.discovery_script is None:  # a fixed pool: every host known now, so checked now
+        which = f"-H {a.hosts!r}" if a.hosts is not None else f"--hostfile {a.hostfile}"
+        if not discovery.hosts:
+            return _fail(f"{which} names no host (expected host:slots,...)")
+        from launcher.cluster.resolve import RESOLVE_TIMEOUT_S, unresolved
+        bad = unresolved(discovery.hosts, RESOLVE_TIMEOUT_S)
+        if bad:
+            return _fail(f"{which}: " + "; ".join(f"host {h} {why}" for h, why in bad.items())
+                         + " (fix the name, or /etc/hosts)")
     launcher_args = []
     if a.ssh_port is not None:
         launcher_args += ["-p", str(a.ssh_port)]

@@ -17,6 +17,7 @@ import signal
 import time
 from typing import Optional
 
+from launcher.arg_types import MAX_PRIORITY, MAX_WORKERS
 from launcher.cluster import ends, reasons
 from launcher.cluster.runs import JobFiles
 from launcher.cluster.store import JobRecord, Store
@@ -50,6 +51,11 @@ def submit(svc, req: dict) -> dict:
         if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
             raise RequestError(f"{key} must be an integer, got {v!r}")
         nums[key] = v
+    for key, bound in (("np", MAX_WORKERS), ("min_np", MAX_WORKERS), ("max_np", MAX_WORKERS),
+                       ("priority", MAX_PRIORITY)):
+        if nums[key] is not None and abs(nums[key]) > bound:
+            raise RequestError(f"{key} {nums[key]} is out of range (at most {bound} either "
+                               f"side of 0)")
     np_, lo, hi = nums["np"], nums["min_np"], nums["max_np"]
     np_ = np_ or lo or 1
     lo = lo or np_

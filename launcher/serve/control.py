@@ -29,6 +29,8 @@ The job file.  At start ``hvd-edl-run`` writes ``{"url", "secret", "pid", "comma
 "started"}`` to a file only its user can read (mode 0600, in a 0700 directory): ``--job-file
 PATH``, else ``$XDG_RUNTIME_DIR/hvd-edl/<pid>.json``, else ``~/.hvd_edl/jobs/<pid>.json``; it
 prints the path and removes the file when it ends (also when the launch is refused).
+With ``--job-file`` a pointer ``<pid>.ref`` in that default directory names it; a reader
+(``hvd-edl-ctl list``) removes the pointers of launchers gone (``kill -9``).
 ``hvd-edl-ctl`` reads ``--job FILE`` (or ``--job PID``: that launcher's file in the default
 directory), else ``$HVD_EDL_JOB``, else the only job file of a running launcher in that default
 directory.  It refuses a job file that is a symbolic link, is not owned by the user, or that
@@ -36,6 +38,7 @@ others can read or write (the secret in it would be someone else's, or no longer
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -165,14 +168,35 @@ def read_job_file(path: Path) -> dict:
     return job
 
 
+MAX_REFS_READ = 1024  # the most <pid>.ref pointers one reader looks at (and prunes)
+
+
+def live_refs(folder: Path, limit: int = MAX_REFS_READ) -> List[Path]:
+    """The ``<pid>.ref`` pointers in ``folder`` whose launcher still runs (at most ``limit``
+    looked at); each whose launcher is gone (``kill -9``: it could not remove its own) is
+    removed on the way, so they do not pile up."""
+    live = []
+    for ref in sorted(itertools.islice(folder.glob("*.ref"), limit)):
+        stem = ref.stem
+        if stem.isdigit() and _launcher_running(int(stem), ref):
+            live.append(ref)
+        elif stem.isdigit() and ref.exists() and not ref.is_symlink():
+            try:
+                ref.unlink()
+            except OSError:
+                pass
+    return live
+
+
 def running_jobs(folder: Optional[Path] = None) -> List[Path]:
     """Job files in ``folder`` (default :func:`default_job_dir`) whose launcher still runs;
     files that are unsafe (see :func:`read_job_file`) or malformed are skipped.  Jobs whose
-    file is elsewhere (``--job-file``) are found through their ``<pid>.ref`` pointer there."""
+    file is elsewhere (``--job-file``) are found through their ``<pid>.ref`` pointer there
+    (:func:`live_refs`, which removes the pointers of launchers gone)."""
     folder = default_job_dir() if folder is None else folder
     live: List[Path] = []
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    files += [t for t in map(_pointed_to, sorted(folder.glob("*.ref")) if folder.is_dir()
+    files += [t for t in map(_pointed_to, live_refs(folder) if folder.is_dir()
                              else []) if t is not None]  # --job-file jobs
     for p in files:
         try:

@@ -53,8 +53,8 @@ def test_a_job_failing_at_start_ends_failed_at_once_with_its_error_and_frees_its
         service, tmp_path):
     """Every worker of a job exits 1 before training: the job ends ``failed`` within 30 s of its
     start (not after --elastic-timeout's 600 s), its reason quotes the error and where it was
-    raised, the job queued behind it starts on its slots at once, and the failed job is never
-    started again.  ``submit`` refuses a script that is not a readable file at once."""
+    raised, the job queued behind it (failing alike) starts on its slots at once, and neither
+    is ever started again.  ``submit`` refuses a script that is not a readable file at once."""
     svc = service("--policy", "fifo", "-H", "localhost:2")
     (tmp_path / "dir.py").mkdir()
     for script, words in [("missing.py", "no such file"), ("dir.py", "not a readable file")]:
@@ -64,7 +64,7 @@ def test_a_job_failing_at_start_ends_failed_at_once_with_its_error_and_frees_its
     assert svc.jobs() == {}
 
     j1 = svc.submit("--np", "2", "--", sys.executable, str(typo_script(tmp_path)))
-    j2 = svc.submit("--np", "2", *ledger(tmp_path, "j2", 64))   # fifo: waits for j1's slots
+    j2 = svc.submit("--np", "2", "--", sys.executable, str(typo_script(tmp_path)))  # behind j1
     jobs = svc.wait_jobs(lambda j: j[j1]["state"] == "failed", "j1 failed", timeout_s=45)
     failed = jobs[j1]
     assert failed["finished_at"] - failed["started_at"] < 30, failed
@@ -76,8 +76,9 @@ def test_a_job_failing_at_start_ends_failed_at_once_with_its_error_and_frees_its
     end = svc.events(j1, "end")[0]["at"]
     start2 = wait_for("j2 started", lambda: svc.events(j2, "run"), 30, svc.output)
     assert start2 and start2[0]["at"] - end < 2.0, (end, start2)   # its slots free at once
-    jobs = svc.wait_jobs(lambda j: j[j2]["state"] == "done", "j2 done")
+    jobs = svc.wait_jobs(lambda j: j[j2]["state"] == "failed", "j2 failed too", timeout_s=45)
     assert jobs[j1]["state"] == "failed" and jobs[j1]["runs"] == 1, jobs[j1]   # no loop
+    assert jobs[j2]["runs"] == 1 and svc.jobs()[j1]["runs"] == 1, jobs
     assert len(svc.events(j1, "run")) == 1 and len(svc.events(j1, "end")) == 1
 
 

@@ -6,6 +6,7 @@ the invariant checked at every sample: no GPU is selected by two live workers, o
 two, also while a shrinking job's leavers finish."""
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -18,6 +19,14 @@ import pytest
 from test_cluster_service import assert_exactly_once, ledger, service, wait_for  # noqa: F401
 
 pytestmark = pytest.mark.xdist_group("cluster-gpus")
+
+
+def ring_size(state: Path, job: str) -> int:
+    """The world size of the job's newest generation (its first run's event log), 0 before."""
+    path = state / "jobs" / job / "run1.events.jsonl"
+    sizes = [json.loads(x)["world_size"] for x in path.read_text().splitlines()
+             if '"generation"' in x] if path.exists() else []
+    return sizes[-1] if sizes else 0
 
 
 class GpuSampler:
@@ -80,7 +89,8 @@ class GpuSampler:
 def test_two_jobs_on_one_host_never_share_a_gpu_through_a_shrink(service, tmp_path):
     """edl on a 4-GPU host: j1 grows to GPUs 0-3; j2 arrives, j1 gives back its last two
     (a stop-free shrink: its workers on GPUs 0 and 1 keep them), j2 starts on GPUs 2 and 3 once
-    j1's leavers have exited.  No sample ever shows one GPU selected by two live workers; both
+    j1's leavers have exited (they linger 4 s in their teardown, as a process releasing a GPU's
+    memory does).  No sample ever shows one GPU selected by two live workers; both
     jobs finish exactly once."""
     marker = f"gpus-{os.getpid()}-{time.monotonic_ns()}"
     os.environ["HVD_EDL_TEST_MARKER"] = marker  # the service's jobs inherit it (the sampler's key)
@@ -90,12 +100,15 @@ def test_two_jobs_on_one_host_never_share_a_gpu_through_a_shrink(service, tmp_pa
         sampler = GpuSampler(marker)
         a1, a2 = tmp_path / "a1", tmp_path / "a2"
         j1 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--min-np", "1",
-                        "--max-np", "4", *ledger(tmp_path, "j1", 1024, delay=0.03), audit_dir=a1)
+                        "--max-np", "4", *ledger(tmp_path, "j1", 256, epochs=1000, delay=0.03),
+                        "--linger-s", "4", "--stop-file", str(tmp_path / "stop1"),
+                        audit_dir=a1)
         svc.wait_jobs(lambda j: j[j1]["world_size"] == 4, "j1 on 4 GPUs")
-        wait_for("j1 training on 4", lambda: len({g for s in sampler.samples[-3:]
-                                                  for (_, _, g) in s.values()}) == 4, 90)
+        wait_for("j1 training on 4", lambda: ring_size(svc.state, j1) == 4, 90, svc.job_logs)
         j2 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--np", "2",
                         *ledger(tmp_path, "j2", 96), audit_dir=a2)
+        wait_for("j2 started", lambda: svc.events(j2, "run"), 90, svc.output)
+        (tmp_path / "stop1").touch()  # j1 trains on until j2 runs: then to its epoch's end
         jobs = svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()),
                              "both done", timeout_s=150)
     finally:
@@ -111,5 +124,45 @@ def test_two_jobs_on_one_host_never_share_a_gpu_through_a_shrink(service, tmp_pa
     assert sorted(second) == ["2", "3"], sampler.workers             # j2: the two given back
     assert svc.events(j1, "released"), svc.events(j1)
     assert jobs[j1]["runs"] == 1 and jobs[j2]["runs"] == 1, jobs
-    assert_exactly_once(a1, 1024)
+    assert_exactly_once(a1, 256)
+    assert_exactly_once(a2, 96)
+
+
+def test_a_service_killed_mid_shrink_still_holds_the_leavers_gpus(service, tmp_path):
+    """The service is killed (-9) right after it wrote j1's shrink, before j1's leavers exited:
+    the restarted service re-adopts j1 and still holds the GPUs it gave back (``held.json``)
+    until its telemetry shows those workers gone, so j2 never starts on a GPU a leaver uses."""
+    marker = f"gpus-{os.getpid()}-{time.monotonic_ns()}"
+    os.environ["HVD_EDL_TEST_MARKER"] = marker
+    sampler = None
+    try:
+        svc = service("--policy", "edl", "--hold", "2", "--assume-gpus", "-H", "localhost:4")
+        sampler = GpuSampler(marker, period_s=0.05)
+        a1, a2 = tmp_path / "a1", tmp_path / "a2"
+        j1 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--min-np", "1",
+                        "--max-np", "4", *ledger(tmp_path, "j1", 256, epochs=1000, delay=0.03),
+                        "--linger-s", "6", "--stop-file", str(tmp_path / "stop1"),
+                        audit_dir=a1)
+        svc.wait_jobs(lambda j: j[j1]["world_size"] == 4, "j1 on 4 GPUs")
+        wait_for("j1 training on 4", lambda: ring_size(svc.state, j1) == 4, 90, svc.job_logs)
+        j2 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--np", "2",
+                        *ledger(tmp_path, "j2", 96), audit_dir=a2)
+        wait_for("j1's shrink written", lambda: svc.events(j1, "shrink"), 60, svc.output)
+        svc.kill9()
+        held = json.loads((svc.state / "jobs" / j1 / "held.json").read_text())
+        svc.start()
+        wait_for("j2 started", lambda: svc.events(j2, "run"), 90, svc.output)
+        (tmp_path / "stop1").touch()  # j1 trains on until j2 runs: then to its epoch's end
+        jobs = svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()),
+                             "both done", timeout_s=150)
+    finally:
+        os.environ.pop("HVD_EDL_TEST_MARKER", None)
+        if sampler is not None:
+            sampler.stop()
+    assert sorted(held["held"]["localhost"]) == ["0", "1", "2", "3"], held  # leavers' GPUs kept
+    assert held["lists"]["localhost"] == ["0", "1"], held
+    assert sampler.shared_gpus() == [], sampler.shared_gpus()[:5]
+    assert svc.events(j1, "adopt"), svc.events(j1)
+    assert jobs[j1]["runs"] == 1 and jobs[j2]["runs"] == 1, jobs
+    assert_exactly_once(a1, 256)
     assert_exactly_once(a2, 96)

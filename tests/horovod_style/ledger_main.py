@@ -38,10 +38,15 @@ p.add_argument("--freeze-after", default="")
 p.add_argument("--exit0-at", default="")
 p.add_argument("--stop-file", default="", help="end at the next epoch's end once this exists")
 p.add_argument("--step-log", default="", help="append each batch's unix time here (progress)")
+p.add_argument("--linger-s", type=float, default=0.0,
+               help="the process stays this long in its teardown (a GPU's memory released late)")
 args = p.parse_args()
 me = os.environ.get("HVD_EDL_WORKER_ID", "")
 
 hvd.init()
+if args.linger_s > 0:
+    import atexit
+    atexit.register(time.sleep, args.linger_s)
 torch.manual_seed(0)
 data = torch.utils.data.TensorDataset(torch.randn(args.dataset_size, 4),
                                       torch.randn(args.dataset_size, 1))

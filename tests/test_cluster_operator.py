@@ -13,14 +13,17 @@ from pathlib import Path
 from test_cluster_service import CLI, LEDGER, ROOT, ledger, service, wait_for  # noqa: F401
 
 
-def talker(tmp: Path) -> Path:
-    """tests/horovod_style/ledger_main.py run by a script that prints a line before and after
-    it: what a worker's own output looks like in ``logs``."""
+def talker(tmp: Path, gate: Path) -> Path:
+    """tests/horovod_style/ledger_main.py run by a script that prints a line before it (then
+    waits, idle, for ``gate`` to exist) and one after it: what a worker's own output looks
+    like in ``logs``."""
     path = tmp / "talker.py"
     path.write_text(
-        "import os, runpy, sys\n"
+        "import os, runpy, sys, time\n"
         "me = os.environ['HVD_EDL_WORKER_ID']\n"
         "print(f'{me} says hello', flush=True)\n"
+        f"while not os.path.exists({str(gate)!r}):\n"
+        "    time.sleep(0.05)\n"
         f"sys.argv = [{LEDGER!r}] + sys.argv[1:]\n"
         f"runpy.run_path({LEDGER!r}, run_name='__main__')\n"
         "print(f'{me} says goodbye', flush=True)\n")
@@ -89,10 +92,9 @@ def test_logs_show_launcher_and_worker_output_during_and_after_the_run(service, 
     ended (also a failed one); ``--follow`` streams until the run ends and exits 0 by itself,
     Ctrl-C ends it with 0; an unknown job or run is one line."""
     svc = service("--policy", "fifo", "-H", "localhost:2")
-    stop = tmp_path / "stop"
-    j1 = svc.submit("--np", "2", "--", sys.executable, str(talker(tmp_path)),
-                    *ledger(tmp_path, "j1", 64, epochs=1000, delay=0.01)[3:],
-                    "--stop-file", str(stop))
+    gate = tmp_path / "gate"
+    j1 = svc.submit("--np", "2", "--", sys.executable, str(talker(tmp_path, gate)),
+                    *ledger(tmp_path, "j1", 64)[3:])
     during = wait_for("both workers' hello in logs", lambda: (lambda r: r.stdout if r.returncode
                       == 0 and r.stdout.count("says hello") == 2 else None)(svc.cli("logs", j1)),
                       60, svc.job_logs)
@@ -110,7 +112,7 @@ def test_logs_show_launcher_and_worker_output_during_and_after_the_run(service, 
     interrupted.send_signal(signal.SIGINT)
     assert interrupted.wait(30) == 0, out0.read()
     assert following.poll() is None   # the run goes on: so does --follow
-    stop.touch()
+    gate.touch()
     assert following.wait(60) == 0
     followed = (tmp_path / "follow1.txt").read_text()
     jobs = svc.wait_jobs(lambda j: j[j1]["state"] == "done", "j1 done")
@@ -139,9 +141,9 @@ def test_queue_and_status_say_why_each_job_waits(service, tmp_path):
     job of 1 behind it fits but waits for the head of the line; ``queue``, ``status`` and
     ``status --json`` say so, in one line each, and a running job gives its last decision."""
     svc = service("--policy", "fifo", "-H", "localhost:3")
-    stop = tmp_path / "stop"
-    j1 = svc.submit("--np", "2", *ledger(tmp_path, "j1", 64, epochs=1000, delay=0.01),
-                    "--stop-file", str(stop))
+    gate = tmp_path / "gate"
+    j1 = svc.submit("--np", "2", "--", sys.executable, str(gated(tmp_path, gate)),
+                    *ledger(tmp_path, "j1", 64)[3:])   # holds its slots, idle
     j2 = svc.submit("--np", "2", *ledger(tmp_path, "j2", 64))
     j3 = svc.submit("--np", "1", *ledger(tmp_path, "j3", 64))
     jobs = svc.wait_jobs(lambda j: j[j1]["state"] == "running" and j[j3]["reason"]
@@ -159,7 +161,9 @@ def test_queue_and_status_say_why_each_job_waits(service, tmp_path):
     assert r.returncode == 0 and "      needs 2 slots, 1 free; 0 jobs ahead" in r.stdout, r.stdout
     r = svc.cli("status", "--json")
     assert all("reason" in j for j in json.loads(r.stdout)["jobs"]), r.stdout
-    stop.touch()
+    for j in (j3, j2):   # the last first: none of them starts meanwhile
+        svc.cli("cancel", j)
+    gate.touch()
 
 
 # ---- metrics -------------------------------------------------------------------------------------
@@ -187,7 +191,7 @@ def test_metrics_count_jobs_slots_failures_and_give_the_ring_size(service, tmp_p
     svc.wait_jobs(lambda j: j[j0]["state"] == "failed", "j0 failed", timeout_s=45)
     gate, stop = tmp_path / "gate", tmp_path / "stop"
     j1 = svc.submit("--np", "2", "--", sys.executable, str(gated(tmp_path, gate)),
-                    *ledger(tmp_path, "j1", 64, epochs=1000, delay=0.01)[3:],
+                    *ledger(tmp_path, "j1", 64, epochs=1000, delay=0.05)[3:],
                     "--stop-file", str(stop))
     j2 = svc.submit("--np", "1", *ledger(tmp_path, "j2", 64))
     svc.wait_jobs(lambda j: j[j1]["state"] == "running", "j1 running")

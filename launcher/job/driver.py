@@ -413,6 +413,10 @@ class Driver:
             if any(w.worker_id in members for w in live):
                 return None
             stragglers = [self.procs[w.worker_id] for w in live]
+            if stragglers and not self.spec.elastic:
+                # a static job is every rank's, as under horovodrun: a worker that never joined
+                # (a command without hvd.init(), or one still starting) runs to its own end
+                return None
             if stragglers:
                 terminate_all(stragglers, grace_s=5.0)
                 return None

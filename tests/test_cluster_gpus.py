@@ -105,6 +105,11 @@ def test_two_jobs_on_one_host_never_share_a_gpu_through_a_shrink(service, tmp_pa
                         audit_dir=a1)
         svc.wait_jobs(lambda j: j[j1]["world_size"] == 4, "j1 on 4 GPUs")
         wait_for("j1 training on 4", lambda: ring_size(svc.state, j1) == 4, 90, svc.job_logs)
+        shown = wait_for("status showing j1's 4 workers", lambda: (lambda w: w if len(w) == 4
+                         else None)(svc.jobs()[j1]["workers"]), 30)
+        assert sorted((w["host"], w["slot"], w["gpu"]) for w in shown) == \
+            [("localhost", i, str(i)) for i in range(4)], shown
+        assert svc.jobs()[j1]["gpus"] == {"localhost": ["0", "1", "2", "3"]}
         j2 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--np", "2",
                         *ledger(tmp_path, "j2", 96), audit_dir=a2)
         wait_for("j2 started", lambda: svc.events(j2, "run"), 90, svc.output)

@@ -175,6 +175,16 @@ def known(store: Store, job_id) -> JobRecord:
     return job
 
 
+def workers_of(telemetry) -> list:
+    """A running job's workers from its last ``/ctl/telemetry`` answer (``(fetched, answer)``
+    or None): ``{"worker", "host", "slot", "gpu", "state", "rank"}`` each, as its launcher
+    placed them (``gpu``: None on a CPU host)."""
+    answer = telemetry[1] if telemetry else None
+    return [{"worker": w.get("worker_id"), "host": w.get("host"), "slot": w.get("slot"),
+             "gpu": w.get("gpu"), "state": w.get("state"), "rank": w.get("rank")}
+            for w in (answer or {}).get("workers", [])]
+
+
 def status(svc, job_id: Optional[str] = None) -> dict:
     """What ``status``/``queue``/``top`` show (any thread: reads only): every job (or only
     ``job_id``) with its ``reason`` (a waiting job's: why it waits, :func:`.reasons.shown`),
@@ -192,10 +202,15 @@ def status(svc, job_id: Optional[str] = None) -> dict:
     running = [j for j in jobs if j.state == "running"]
     out = [j.public(allocs.get(j.id)) for j in jobs]
     waiting = svc.waiting_reasons   # the last round's (replaced whole: a consistent read)
+    host_gpus, job_gpus = svc.gpu_view()
     for row in out:
         row["reason"] = reasons.shown(row["state"], row["reason"], row["allocation"],
                                       waiting.get(row["id"]))
-    return {"jobs": out, "pool": pool, "policy": getattr(svc.policy, "name", "?"),
+        row["gpus"] = {h: list(g) for h, g in job_gpus.get(row["id"], {}).items()}
+        row["workers"] = workers_of(svc.telemetry.get(row["id"])) \
+            if row["state"] == "running" else []
+    return {"jobs": out, "pool": pool, "pool_gpus": {h: list(g) for h, g in host_gpus.items()},
+            "policy": getattr(svc.policy, "name", "?"),
             "slots": {"total": sum(pool.values()), "used": used,
                       "free": max(0, sum(pool.values()) - used),
                       "lent": sum(max(0, j.world_size - j.np) for j in running)},

@@ -234,6 +234,18 @@ class Service:
         if not hosts:  # its processes are gone: it holds no GPU either
             gpus_.drop(self, job_id)
 
+    def gpu_view(self) -> Tuple[Dict[str, Tuple[str, ...]], Dict[str, Dict[str, Tuple[str, ...]]]]:
+        """Copies of ``host_gpus`` and ``job_gpus`` (job -> host -> its GPUs in slot order) for
+        a thread other than the loop's (:func:`.handlers.status`); the loop replaces a job's
+        lists whole, so a copy taken while it writes is retried."""
+        for _ in range(5):
+            try:
+                return (dict(self.host_gpus),
+                        {j: dict(h) for j, h in list(self.job_gpus.items())})
+            except RuntimeError:  # changed size while copied
+                continue
+        return dict(self.host_gpus), {}
+
     def slots_in_use(self) -> Tuple[Dict[str, int], Dict[str, Dict[str, int]]]:
         """Copies of ``pool`` and ``occupied`` (job id -> host -> slots) taken together under
         the lock: what a thread other than the loop's reads (:func:`.handlers.status`)."""

@@ -50,6 +50,11 @@ def frame_lines(status: dict) -> list:
                      f"{'' if j['exit_code'] is None else j['exit_code']:>5}"[:WIDTH])
         if j["state"] in ("queued", "suspended", "failed") and j.get("reason"):
             lines.append(f"{'':6}{j['reason']}"[:WIDTH])  # why it waits, why it failed
+        if j.get("workers"):  # where its workers run: host:slot, and the GPU where there is one
+            places = " ".join(f"{w['host']}:{w['slot']}"
+                              + (f"/gpu{w['gpu']}" if w.get("gpu") is not None else "")
+                              for w in j["workers"])
+            lines.append(f"{'':6}{places}"[:WIDTH])
     return lines
 
 

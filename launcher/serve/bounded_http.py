@@ -472,14 +472,26 @@ class ServingThread:
         sock: its listening socket (:func:`listen_socket`); closed by :meth:`stop`.
         name: the thread's name.
 
-    ``loop`` is the event loop (for futures and ``call_soon_threadsafe`` from other threads).
+    ``loop`` is the event loop (for futures and ``call_soon_threadsafe`` from other threads);
+    closed once it stopped, so ``call_soon_threadsafe`` after :meth:`stop` raises RuntimeError.
     """
 
     def __init__(self, http: BoundedHTTPServer, sock: socket.socket, name: str):
         self.http = http
         self.sock = sock
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def _run(self) -> None:
+        """The thread: run the loop until :meth:`stop`, then close it here, on its own thread.
+        A loop left open is closed by its ``__del__`` at interpreter exit, after the garbage
+        collector may already have closed its self-pipe's sockets: "Exception ignored in
+        BaseEventLoop.__del__ ... ValueError: Invalid file descriptor: -1" at the end of every
+        launcher's run."""
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
 
     def start(self, timeout_s: float = 30.0) -> None:
         """Start the thread and serve (waits at most ``timeout_s`` seconds for the server).
@@ -492,12 +504,19 @@ class ServingThread:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Close every connection, end the loop and its thread (each wait at most ``timeout_s``
-        seconds; requests in flight are abandoned) and close the socket."""
+        seconds; requests in flight are abandoned), close the loop and close the socket."""
         if self.thread.is_alive():
             try:
                 asyncio.run_coroutine_threadsafe(self.http.shutdown(), self.loop).result(timeout_s)
             except Exception:  # noqa: BLE001 - stopping anyway
                 log.debug("%s: closing connections failed", self.http.name, exc_info=True)
-            self.loop.call_soon_threadsafe(self.loop.stop)
+            try:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+            except RuntimeError:  # the loop ended and closed meanwhile
+                pass
             self.thread.join(timeout_s)
+            if self.thread.is_alive():
+                log.debug("%s: the event loop did not stop in %.0f s", self.http.name, timeout_s)
+        elif self.thread.ident is None and not self.loop.is_closed():
+            self.loop.close()  # never started: nothing else will close it
         self.sock.close()

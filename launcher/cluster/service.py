@@ -29,7 +29,8 @@ requests, ends, a round when due: snapshot -> policy -> allocation, then apply).
 beside it, as functions that take the service explicitly (the event log: a small class):
 
 =================================  ==============================================================
-:mod:`launcher.cluster.handlers`   the API's requests: submit, cancel, status
+:mod:`launcher.cluster.handlers`   the API's requests: submit, cancel, status, logs
+:mod:`launcher.cluster.reasons`    why a job waits (each round's one line per job left out)
 :mod:`launcher.cluster.apply`      applying an allocation: start, grow/shrink/move, release,
                                    preempt
 :mod:`launcher.cluster.gpus`       which GPUs: the pool's per host, each job's list, held ones

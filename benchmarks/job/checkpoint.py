@@ -14,7 +14,7 @@ same load from anything else on the machine, so the difference is the checkpoint
 * time from a resumed job's launch (``hvd-edl-run`` on the directory) to the end of its first
   step, against the same for a fresh job without checkpoints.
 
-    python benchmarks/job/checkpoint.py            # writes benchmarks/results/checkpoint.json
+    .venv/bin/python benchmarks/job/checkpoint.py  # writes benchmarks/results/checkpoint.json
 
 ``--worker`` is the training script the jobs run (one JSON line ``BENCH {...}`` at its end).
 """

@@ -4,7 +4,7 @@ against Horovod 0.28.1's ``horovod.torch.elastic.TorchState`` (deep copies), in 
 State = a model of about 1, 10 and 100 MB of float32 parameters plus SGD momentum buffers of the
 same size (so the state is twice the model).  Median of ``--reps`` commits with min and max.
 
-    python benchmarks/job/commit.py                    # writes benchmarks/results/commit.json
+    .venv/bin/python benchmarks/job/commit.py          # writes benchmarks/results/commit.json
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ and are audited by the same checker (hvd_edl.audit): repeated and missing indice
 committed progress of the epoch.  Both launchers get ``--blacklist-cooldown-range 1 2`` so a
 killed worker's host (the only one here) may come back.
 
-    python benchmarks/job/exactly_once.py             # writes benchmarks/results/exactly_once.json
+    .venv/bin/python benchmarks/job/exactly_once.py   # writes benchmarks/results/exactly_once.json
 """
 from __future__ import annotations
 

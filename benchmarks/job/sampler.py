@@ -5,7 +5,7 @@ Ours keeps three integers and maps positions through a Feistel permutation on th
 cost should not grow with N; Horovod's builds and shuffles a Python list of all N indices at
 every reset and copies it again when iteration starts.
 
-    python benchmarks/job/sampler.py                  # writes benchmarks/results/sampler.json
+    .venv/bin/python benchmarks/job/sampler.py        # writes benchmarks/results/sampler.json
 
 Each case runs in a fresh process (so one case's memory does not slow the next) up to ``--reps``
 times (median reported with min and max); a case whose runs pass ``--budget-s`` seconds in total

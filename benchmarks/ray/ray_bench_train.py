@@ -7,7 +7,8 @@ seconds, the process, the global step reached, the world size) to the step log.
 Run as a script it is the hvd_edl side: a Horovod elastic script with one import changed
 (``import hvd_edl.torch as hvd``), under ``hvd-edl-run --ray``:
 
-    hvd-edl-run --ray HEAD:6379 --min-np 2 --max-np 3 python benchmarks/ray/ray_bench_train.py \\
+    hvd-edl-run --ray HEAD:6379 --min-np 2 --max-np 3 \\
+        .venv/bin/python benchmarks/ray/ray_bench_train.py \\
         --step-log steps.jsonl --stop-file stop
 
 The Ray Train side imports :func:`make_model`, :func:`batch` and :class:`StepLog` from here."""

@@ -51,11 +51,12 @@ test-long: setup
 bench: setup
 	$(VENV)/bin/python benchmarks/job/bench.py
 
-# Switch cost at 2, 4, 8, 16 workers, hvd_edl vs Horovod Elastic, then the simulated control
-# plane when present (about 10 minutes): benchmarks/results/scale.json and scale.png
+# Switch cost at 2, 4, 8, 16 workers, hvd_edl vs Horovod Elastic (scale.py, about 10 minutes),
+# then the simulated control plane at 64-1,024 workers (control_plane.py, 5-15 minutes): 15-25
+# minutes on 2 cores in all (docs/benchmarks.md); benchmarks/results/scale.json and scale.png
 scale: setup
 	$(VENV)/bin/python benchmarks/job/scale.py
-	@if [ -f benchmarks/job/control_plane.py ]; then $(VENV)/bin/python benchmarks/job/control_plane.py; fi
+	$(VENV)/bin/python benchmarks/job/control_plane.py
 	$(VENV)/bin/python benchmarks/job/scale.py --plot-only
 
 # Seeded random faults over the digits job (3 runs x 10 faults, about 2 minutes).

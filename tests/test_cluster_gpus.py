@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 import os
-import threading
+import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List
 
-import psutil
 import pytest
 
 from test_cluster_service import assert_exactly_once, ledger, service, wait_for  # noqa: F401
+
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+from benchmarks.common.gpu_sampler import GpuSampler  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("cluster-gpus")
 
@@ -27,63 +29,6 @@ def ring_size(state: Path, job: str) -> int:
     sizes = [json.loads(x)["world_size"] for x in path.read_text().splitlines()
              if '"generation"' in x] if path.exists() else []
     return sizes[-1] if sizes else 0
-
-
-class GpuSampler:
-    """Samples every worker process of this test's jobs (those whose environment names
-    ``marker``) every ``period_s``: {pid: (launcher pid, worker id, selected GPU)} per sample."""
-
-    def __init__(self, marker: str, period_s: float = 0.1):
-        self.marker = marker
-        self.period_s = period_s
-        self.samples: List[Dict[int, Tuple[int, str, str]]] = []
-        self.workers: Dict[Tuple[int, str], str] = {}  # (launcher, worker id) -> GPU
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _environ(self, pid: int) -> Optional[Dict[str, str]]:
-        try:
-            raw = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            return None
-        return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0")
-                    if "=" in kv)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            sample = {}
-            for pid in psutil.pids():
-                env = self._environ(pid)
-                if not env or "HVD_EDL_WORKER_ID" not in env or self.marker not in \
-                        env.get("HVD_EDL_TEST_MARKER", ""):
-                    continue
-                devices = env.get("CUDA_VISIBLE_DEVICES", "")
-                if not devices:
-                    continue
-                gpu = devices.split(",")[int(env["HOROVOD_LOCAL_RANK"])]
-                try:
-                    launcher = psutil.Process(pid).ppid()
-                except psutil.NoSuchProcess:
-                    continue
-                sample[pid] = (launcher, env["HVD_EDL_WORKER_ID"], gpu)
-                self.workers[(launcher, env["HVD_EDL_WORKER_ID"])] = gpu
-            self.samples.append(sample)
-            self._stop.wait(self.period_s)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-
-    def shared_gpus(self) -> List[Tuple[str, list]]:
-        """Every (GPU, processes) selected by two live workers in one sample."""
-        bad = []
-        for sample in self.samples:
-            by_gpu: Dict[str, list] = {}
-            for pid, (launcher, worker, gpu) in sample.items():
-                by_gpu.setdefault(gpu, []).append((pid, launcher, worker))
-            bad += [(g, users) for g, users in by_gpu.items() if len(users) > 1]
-        return bad
 
 
 def test_two_jobs_on_one_host_never_share_a_gpu_through_a_shrink(service, tmp_path):

@@ -12,6 +12,8 @@ imported by another: what two of them need lives here.
   parts, ``in_cluster`` (a benchmark run inside the namespace test cluster);
 * ``namespace_cluster``: the namespace test cluster (tests/cluster.py, loaded by path) and
   ``reset_hosts``, for the benchmarks that run on it;
+* ``gpu_sampler``: which GPU every live worker process selects, sampled from its environment
+  (tests/test_cluster_gpus.py and cluster/gpu_placement.py);
 * ``ring_env``: Horovod ranks started by hand, without a launcher (each rank's environment, a
   rendezvous server that counts requests); also imported by the tests of our Horovod patches.
 

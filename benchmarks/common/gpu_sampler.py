@@ -1,0 +1,80 @@
+"""Which GPU every live worker process uses, sampled from outside (a library, not a benchmark):
+each worker's own environment (``/proc/PID/environ``: ``CUDA_VISIBLE_DEVICES`` and
+``HOROVOD_LOCAL_RANK``) gives the GPU ``torch.cuda.set_device(hvd.local_rank())`` selects in
+it.  Used by tests/test_cluster_gpus.py and benchmarks/cluster/gpu_placement.py."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import psutil
+
+
+def environ(pid: int) -> Optional[Dict[str, str]]:
+    """The environment process ``pid`` started with (None: gone or unreadable)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+class GpuSampler:
+    """Samples, every ``period_s``, every worker process whose environment carries
+    ``HVD_EDL_TEST_MARKER=marker`` (and a ``CUDA_VISIBLE_DEVICES``).
+
+    ``samples``: one ``{pid: (launcher pid, worker id, GPU)}`` a sample; ``seen``: per
+    (launcher pid, worker id) ``[GPU, first seen, last seen]`` (monotonic seconds)."""
+
+    def __init__(self, marker: str, period_s: float = 0.1):
+        self.marker = marker
+        self.period_s = period_s
+        self.samples: List[Dict[int, Tuple[int, str, str]]] = []
+        self.seen: Dict[Tuple[int, str], list] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    @property
+    def workers(self) -> Dict[Tuple[int, str], str]:
+        """(launcher pid, worker id) -> the GPU it selected."""
+        return {k: v[0] for k, v in self.seen.items()}
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sample = {}
+            now = time.monotonic()
+            for pid in psutil.pids():
+                env = environ(pid)
+                if not env or "HVD_EDL_WORKER_ID" not in env \
+                        or env.get("HVD_EDL_TEST_MARKER") != self.marker:
+                    continue
+                devices = env.get("CUDA_VISIBLE_DEVICES", "")
+                if not devices:
+                    continue
+                gpu = devices.split(",")[int(env["HOROVOD_LOCAL_RANK"])]
+                try:
+                    launcher = psutil.Process(pid).ppid()
+                except psutil.NoSuchProcess:
+                    continue
+                key = (launcher, env["HVD_EDL_WORKER_ID"])
+                sample[pid] = (launcher, key[1], gpu)
+                self.seen.setdefault(key, [gpu, now, now])[2] = now
+            self.samples.append(sample)
+            self._stop.wait(self.period_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def shared_gpus(self) -> List[Tuple[str, list]]:
+        """Every (GPU, processes) selected by two live workers in one sample."""
+        bad = []
+        for sample in self.samples:
+            by_gpu: Dict[str, list] = {}
+            for pid, (launcher, worker, gpu) in sample.items():
+                by_gpu.setdefault(gpu, []).append((pid, launcher, worker))
+            bad += [(g, users) for g, users in by_gpu.items() if len(users) > 1]
+        return bad

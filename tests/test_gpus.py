@@ -40,6 +40,7 @@ def test_host_lines_name_gpus_and_keep_horovods_forms():
     assert {h: e.slots for h, e in specs.items()} == {"a": 2, "b": 3, "c": 1, "d": 2, "::1": 2}
     assert specs["d"].gpus == ("2", "3") and specs["a"].gpus is None
     assert specs["d"].format() == "d:2 gpus=2,3"
+    assert parse_host_specs("e:2 ends=1796547271.5")["e"].ends == 1796547271.5
     assert parse_host_specs(HostLine("::1", 2, ("0", "1")).format())["::1"].gpus == ("0", "1")
     hosts = FixedHosts.from_lines("x gpus=4,1\ny:1\n")
     assert hosts.find_available_hosts_and_slots() == {"x": 2, "y": 1}
@@ -52,6 +53,7 @@ def test_host_lines_name_gpus_and_keep_horovods_forms():
     ("a gpus=x", "neither a GPU index"),
     ("a gpus=", "gpus= needs 1 to"),
     ("a spot=yes", "unknown attribute 'spot=yes'"),
+    ("a ends=soon", "ends= needs the end's unix time"),
     ("a 2", "unknown host syntax"),
     ("a:2 slots=2", "slots given twice"),
 ])

@@ -63,6 +63,7 @@ class FixedHosts:
                  gpus: Optional[Dict[str, Tuple[str, ...]]] = None):
         self.hosts = dict(hosts)
         self.gpus: Dict[str, Tuple[str, ...]] = dict(gpus or {})
+        self.ends: Dict[str, float] = {}  # host -> its announced end (ends=), unix seconds
 
     @classmethod
     def from_lines(cls, text: str, default_slots: int = 1) -> "FixedHosts":
@@ -71,8 +72,10 @@ class FixedHosts:
         Raises:
             HostSpecError: a malformed line."""
         specs = parse_host_specs(text, default_slots)
-        return cls({h: e.slots for h, e in specs.items()},
-                   {h: e.gpus for h, e in specs.items() if e.gpus})
+        out = cls({h: e.slots for h, e in specs.items()},
+                  {h: e.gpus for h, e in specs.items() if e.gpus})
+        out.ends = {h: e.ends for h, e in specs.items() if e.ends}
+        return out
 
     def find_available_hosts_and_slots(self) -> Dict[str, int]:
         return dict(self.hosts)
@@ -99,6 +102,7 @@ class HostDiscoveryScript:
         self.timeout_s = timeout_s
         self.reasons: Dict[str, str] = {}  # host -> why the last good call left it out
         self.gpus: Dict[str, Tuple[str, ...]] = {}  # host -> its gpus= in the last good call
+        self.ends: Dict[str, float] = {}  # host -> its announced end (ends=), unix seconds
 
     def find_available_hosts_and_slots(self) -> Dict[str, int]:
         """Returns ``{host: slots}`` in the script's order.
@@ -133,6 +137,7 @@ class HostDiscoveryScript:
                                  f"script, not as 'no hosts')")
         self.reasons = {}
         self.gpus = {h: e.gpus for h, e in specs.items() if e.gpus}
+        self.ends = {h: e.ends for h, e in specs.items() if e.ends}
         for m in filter(None, map(_LEFT_OUT_RE.match, lines)):
             host = _canonical(m.group("host").strip("[]"))
             if host is not None:  # in the form the hosts take (lower case, ...)

@@ -13,8 +13,11 @@ attributes, ``key=value`` words after the host (:class:`HostLine`)::
 ``gpus=`` names *which* GPUs the job's workers on that host use: the worker in slot ``i``
 starts with ``CUDA_VISIBLE_DEVICES`` set to the whole list, so its own GPU sits at index ``i``
 (its local rank) and ``torch.cuda.set_device(hvd.local_rank())`` selects it (docs/gpus.md).
-Further attributes (a GPU type, a price, a revocation notice) take the same form; an unknown
-one is an error, so that a typo is never silently ignored.
+``ends=T`` announces the host's end at unix time ``T`` (a spot / preemptible VM's notice: AWS
+gives 120 s, GCE 30 s): no new worker goes there, the workers there leave stop-free at their
+next commit (after a checkpoint where the job keeps them), and the pool stops placing work there.
+Further attributes (a GPU type, a price) take the same form; an unknown one is an error, so
+that a typo is never silently ignored.
 
 Every host is checked and put in one canonical form where it enters (:func:`check_host`):
 
@@ -161,7 +164,7 @@ def format_host_entry(host: str, slots: Optional[int] = None) -> str:
 
 
 GPU_ID_RE = re.compile(r"[0-9]{1,4}|(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z\-/]{0,95}")
-HOST_ATTRIBUTES = ("slots", "gpus")  # what a line may give after its host, in this order
+HOST_ATTRIBUTES = ("slots", "gpus", "ends")  # what a line may give after its host
 
 
 @dataclass(frozen=True)
@@ -172,11 +175,13 @@ class HostLine:
     host: str
     slots: Optional[int]
     gpus: Optional[Tuple[str, ...]] = None
+    ends: Optional[float] = None  # unix seconds the host's notice gives for its end
 
     def format(self) -> str:
         """The line again: ``node1:2 gpus=0,1`` (``node1`` alone without slots)."""
         text = format_host_entry(self.host, self.slots)
-        return text + (f" gpus={','.join(self.gpus)}" if self.gpus else "")
+        text += f" gpus={','.join(self.gpus)}" if self.gpus else ""
+        return text + (f" ends={self.ends:.3f}".rstrip("0").rstrip(".") if self.ends else "")
 
 
 def parse_gpus(text: str, where: str = "") -> Tuple[str, ...]:
@@ -236,7 +241,16 @@ def parse_host_line(line: str, default_slots: Optional[int] = 1) -> HostLine:
             raise HostSpecError(f"host {host}: {slots} slots but {len(gpus)} GPUs in gpus= "
                                 f"(each slot is one GPU)")
         slots = len(gpus)
-    return HostLine(host, default_slots if slots is None else slots, gpus)
+    ends = None
+    if "ends" in attrs:
+        try:
+            ends = float(attrs["ends"])
+        except ValueError:
+            ends = None
+        if ends is None or not 0 < ends < 1e11:
+            raise HostSpecError(f"host {host}: ends= needs the end's unix time in seconds, got "
+                                f"{_show(attrs['ends'])}")
+    return HostLine(host, default_slots if slots is None else slots, gpus, ends)
 
 
 def parse_host_specs(text: str, default_slots: Optional[int] = 1) -> Dict[str, HostLine]:

@@ -141,7 +141,8 @@ class Driver:
     def run(self) -> int:
         try:
             self.slots.set_hosts(self.spec.discovery.find_available_hosts_and_slots(),
-                                 getattr(self.spec.discovery, "gpus", None))
+                                 getattr(self.spec.discovery, "gpus", None),
+                                 getattr(self.spec.discovery, "ends", None))
         except (DiscoveryError, OSError) as e:  # no last good host set to fall back on
             print(f"hvd-edl-run: error: first host discovery failed, nothing launched: {e}",
                   file=sys.stderr)
@@ -691,12 +692,33 @@ class Driver:
         if self.coord.request_leave(w.worker_id):
             self.procs[w.worker_id].signal(signal.SIGTERM)
 
+    def _on_notice(self, host: str) -> None:
+        """Discovery announced ``host``'s end (``ends=``): its workers leave at their next
+        commit (the slot book sends them away); with ``--checkpoint-dir``, rank 0 is asked for a
+        durable checkpoint at its next commit first, so that the job's progress survives even if
+        more hosts go with it."""
+        ends = self.slots.ends_of(host)
+        left_s = None if ends is None else round(ends - time.time(), 1)
+        workers = [w for w in self.coord.live_workers() if w.host == host]
+        request = None
+        if workers and self.checkpoints is not None and self.spec.elastic:
+            request = self.coord.request_checkpoint()
+        print(f"hvd-edl-run: host {host} ends in {left_s} s (discovery's notice): "
+              f"{len(workers)} worker{'s' if len(workers) != 1 else ''} leave at their next "
+              f"commit" + (", a checkpoint first" if request else ""), file=sys.stderr,
+              flush=True)
+        self.events.note("notice", f"host {host} ends in {left_s} s", host=host, ends=ends,
+                         workers=[w.worker_id for w in workers], checkpoint_request=request)
+
     def _leave_reason(self, w: WorkerRecord, drained: Set[str]) -> str:
         """Why ``w``'s slot is no longer allowed: a drain, a spot / preemption notice (the reason
         a discovery script gave, see :attr:`HostDiscoveryScript.reasons`), its host gone from
         discovery, or its host's slots shrank."""
         if w.host in drained:
             return f"drain: host {w.host} drained (hvd-edl-ctl drain)"
+        ends = self.slots.ends_of(w.host)
+        if ends is not None:
+            return f"notice: host {w.host} ends in {ends - time.time():.1f} s"
         n = self.slots.slots_of(w.host)
         if n is not None and w.slot < n:
             return (f"discovery: slot {w.slot} of host {w.host} is now on GPU "
@@ -904,8 +926,13 @@ class Driver:
                 print(f"hvd-edl-run: host discovery recovered: {describe_hosts(hosts)}",
                       file=sys.stderr)
             before = self.slots.hosts
-            if self.slots.set_hosts(hosts, getattr(self.spec.discovery, "gpus", None)):
+            noticed = {h for h in getattr(self.spec.discovery, "ends", {})
+                       if self.slots.ends_of(h) is None}
+            if self.slots.set_hosts(hosts, getattr(self.spec.discovery, "gpus", None),
+                                    getattr(self.spec.discovery, "ends", None)):
                 log.info("hosts changed: %s -> %s", before, hosts)
+                for host in sorted(noticed):
+                    self._on_notice(host)
                 self.wake.set()
 
     def _install_signal_handlers(self) -> None:

@@ -47,6 +47,7 @@ class SlotBook:
         self._lock = threading.Lock()
         self._hosts: Dict[str, int] = dict(hosts or {})
         self._gpus: Dict[str, Tuple[str, ...]] = {}  # host -> the GPU of each slot (gpus=)
+        self._ends: Dict[str, float] = {}  # host -> its announced end (ends=), unix seconds
         self._cooldown: Dict[Tuple[str, int], float] = {}
         self._failures: Dict[str, List[float]] = {}
         self._blacklist: Dict[str, float] = {}
@@ -62,16 +63,26 @@ class SlotBook:
             return dict(self._hosts)
 
     def set_hosts(self, hosts: Dict[str, int],
-                  gpus: Optional[Dict[str, Tuple[str, ...]]] = None) -> bool:
-        """Take discovery's new host set and the GPUs its lines name (``host -> the GPU of each
-        slot``, hosts without ``gpus=`` left out); True when either differs from the last."""
+                  gpus: Optional[Dict[str, Tuple[str, ...]]] = None,
+                  ends: Optional[Dict[str, float]] = None) -> bool:
+        """Take discovery's new host set, the GPUs its lines name (``host -> the GPU of each
+        slot``, hosts without ``gpus=`` left out) and the ends they announce (``host -> unix
+        time``: such a host takes no new worker and its workers leave, as a drained one);
+        True when any differs from the last."""
         gpus = {h: tuple(g) for h, g in (gpus or {}).items() if h in hosts}
+        ends = {h: float(t) for h, t in (ends or {}).items() if h in hosts}
         with self._lock:
-            if hosts == self._hosts and gpus == self._gpus:
+            if hosts == self._hosts and gpus == self._gpus and ends == self._ends:
                 return False
             self._hosts = dict(hosts)
             self._gpus = gpus
+            self._ends = ends
             return True
+
+    def ends_of(self, host: str) -> Optional[float]:
+        """The end (unix seconds) discovery announces for ``host``, or None."""
+        with self._lock:
+            return self._ends.get(host)
 
     def gpus_of(self, host: str) -> Optional[Tuple[str, ...]]:
         """The GPUs discovery names for ``host``'s slots (slot i: the i-th), or None."""
@@ -84,7 +95,7 @@ class SlotBook:
         slot's GPU is still the one it started on (a line that moved the slot to another GPU
         sends the worker away, as a slot taken away does)."""
         with self._lock:
-            if host in self._drained or slot >= self._hosts.get(host, 0):
+            if host in self._drained or host in self._ends or slot >= self._hosts.get(host, 0):
                 return False
             listed = self._gpus.get(host)
             return gpu is None or listed is None or listed[slot] == gpu
@@ -177,7 +188,8 @@ class SlotBook:
     # ---- the questions --------------------------------------------------------------------------
 
     def _host_usable(self, host: str, now: float, drained: Set[str]) -> bool:
-        return self._blacklist.get(host, 0.0) <= now and host not in drained
+        return self._blacklist.get(host, 0.0) <= now and host not in drained \
+            and host not in self._ends
 
     def usable(self, now: float, budget: Optional[int] = None,
                drained: Optional[Iterable[str]] = None) -> Dict[str, List[int]]:
@@ -217,5 +229,5 @@ class SlotBook:
         """The ``(host, slot)`` pairs a running worker may keep: listed by discovery, the host
         not drained (a resting slot or a blacklisted host does not evict a live worker)."""
         with self._lock:
-            return {(h, s) for h, n in self._hosts.items() if h not in self._drained
-                    for s in range(n)}
+            return {(h, s) for h, n in self._hosts.items()
+                    if h not in self._drained and h not in self._ends for s in range(n)}

@@ -25,6 +25,8 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from launcher.cluster import gpus as gpus_
+from launcher.cluster import orphans
 from launcher.cluster.runs import JobFiles, Run
 from launcher.cluster.store import JobRecord
 
@@ -43,10 +45,16 @@ def check_runs(svc) -> None:
 
 def run_ended(svc, job: JobRecord, what: str, code: Optional[int]) -> None:
     """The run of ``job`` ended (``what``, ``code``: :meth:`Run.probe`'s answer): free its
-    slots, then end the job or suspend it (module docstring) and ask for a round."""
+    slots (once no local process of the run is left: :mod:`.orphans`), then end the job or
+    suspend it (module docstring) and ask for a round."""
+    files = JobFiles(svc.state_dir, job.id)
+    held = svc.occupied.get(job.id) or (files.read_hosts() if what != "never" else {})
+    if job.id not in svc.held_gpus and held:  # adopted after the end: its GPUs as it left them
+        gpus_.load_held(svc, job.id, files.read_gpus())
     svc.written.pop(job.id, None)
     svc.releasing.pop(job.id, None)
-    svc.set_occupied(job.id, {})
+    if not orphans.hold(svc, job.id, Run(files, job.run).marker(), dict(held)):
+        svc.set_occupied(job.id, {})  # no process of the run is left: its slots are free now
     svc.telemetry.pop(job.id, None)
     if what == "lost":
         end(svc, job, "failed", None, f"run {job.run} ended without an exit code (its "

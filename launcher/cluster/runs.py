@@ -36,6 +36,7 @@ from launcher.cluster import allocation
 
 log = logging.getLogger(__name__)
 
+MARKER_ENV = "HVD_EDL_CLUSTER_RUN"  # a run's marker (Run.marker), inherited by its processes
 DISCOVERY_INTERVAL_S = 0.2  # the jobs' --discovery-interval: a shrink is seen this fast
 
 
@@ -132,6 +133,7 @@ class Run:
             with open(files.run_file(number, "log"), "ab") as out:
                 env = dict(os.environ)
                 env.update(dict(spec.env))
+                env[MARKER_ENV] = cls(files, number).marker()  # its processes inherit it
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "launcher.cluster.wrapper",
                      "--pid-file", str(files.run_file(number, "pid")),
@@ -142,6 +144,12 @@ class Run:
         finally:
             os.close(lock_fd)  # the wrapper holds the lock now (its copy of the descriptor)
         return cls(files, number, proc)
+
+    def marker(self) -> str:
+        """The value of :data:`MARKER_ENV` in the environment of this run and of every local
+        process it starts (its files' common prefix: unique per state directory and run), by
+        which the service finds the run's processes left after its end (:mod:`.orphans`)."""
+        return str(self.files.dir / f"run{self.number}")
 
     def exit_code(self) -> Optional[int]:
         """The run's exit code once written, else None."""

@@ -36,6 +36,8 @@ beside it, as functions that take the service explicitly (the event log: a small
 :mod:`launcher.cluster.gpus`       which GPUs: the pool's per host, each job's list, held ones
 :mod:`launcher.cluster.ends`       a run's end -> the job's state (done, failed, cancelled,
                                    suspended) and reason
+:mod:`launcher.cluster.orphans`    an ended run's processes still alive: its slots held until
+                                   they are gone (bounded)
 :mod:`launcher.cluster.adoption`   re-adopting the runs after a restart
 :mod:`launcher.cluster.pool`       the pool's discovery thread, hosts leaving the pool
 :mod:`launcher.cluster.telemetry`  the jobs' telemetry thread, speed points
@@ -54,7 +56,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import filelock
 
-from launcher.cluster import adoption, apply, ends, handlers, reasons, telemetry
+from launcher.cluster import adoption, apply, ends, handlers, orphans, reasons, telemetry
 from launcher.cluster import gpus as gpus_
 from launcher.cluster import pool as pool_
 from launcher.cluster import speed as speed_
@@ -133,6 +135,7 @@ class Service:
         self.occupied: Dict[str, Dict[str, int]] = {}  # job id -> slots it still uses
         self.telemetry: Dict[str, Tuple[float, dict]] = {}  # job id -> (monotonic, answer)
         self.releasing: Dict[str, float] = {}    # job id -> when its shrink was written
+        self.leftovers: Dict[str, "orphans.Drain"] = {}  # job id -> its ended run's processes
         self.waiting_since: Dict[str, float] = {}  # job id -> when it was first allocated
         self.waiting_reasons: Dict[str, str] = {}  # job id -> why the last round left it out
         self.requests: "queue.Queue[Tuple[Callable[[], object], Future]]" = queue.Queue()
@@ -298,7 +301,8 @@ class Service:
                              daemon=True).start()
         while not self.stopping:
             self._step()
-            busy = bool(self.releasing or self.waiting_since or self.decide_now)
+            busy = bool(self.releasing or self.waiting_since or self.decide_now
+                        or self.leftovers)
             self.wake.wait(BUSY_TICK_S if busy else IDLE_TICK_S)
             self.wake.clear()
 
@@ -314,6 +318,7 @@ class Service:
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 fut.set_exception(e)
         ends.check_runs(self)
+        orphans.check(self)
         self._account()
         now = time.monotonic()
         if self.decide_now or now - self.last_round >= self.round_s:

@@ -40,10 +40,19 @@ p.add_argument("--stop-file", default="", help="end at the next epoch's end once
 p.add_argument("--step-log", default="", help="append each batch's unix time here (progress)")
 p.add_argument("--linger-s", type=float, default=0.0,
                help="the process stays this long in its teardown (a GPU's memory released late)")
+p.add_argument("--child-linger-s", type=float, default=0.0,
+               help="start a helper process (as a data loader's worker) that outlives this one "
+                    "by this long, even when this one is SIGKILLed (PR_SET_PDEATHSIG spares it)")
 args = p.parse_args()
 me = os.environ.get("HVD_EDL_WORKER_ID", "")
 
 hvd.init()
+if args.child_linger_s > 0:  # inherits this process's environment (its GPU, its run's marker)
+    subprocess.Popen([sys.executable, "-c", "import os, sys, time\nparent = int(sys.argv[1])\n"
+                      "while os.getppid() == parent: time.sleep(0.05)\n"
+                      "time.sleep(float(sys.argv[2]))", str(os.getpid()),
+                      str(args.child_linger_s)], stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 if args.linger_s > 0:
     import atexit
     atexit.register(time.sleep, args.linger_s)

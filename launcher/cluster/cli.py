@@ -117,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help='{"jobs": [...]} for scripts')
     c = sub.add_parser("cancel", help="end a job (a running one gets SIGTERM)")
     c.add_argument("job")
+    dr = sub.add_parser("drain", help="take a pool host out: its jobs leave it stop-free "
+                        "(a job left with no host is checkpointed and resumes later)")
+    dr.add_argument("host")
+    dr.add_argument("--deadline", type=_positive_float, default=None, metavar="S",
+                    help="seconds its jobs have to leave it (a spot notice: AWS 120, GCE 30); "
+                         "the events say whether they did")
+    dr.add_argument("--undo", action="store_true", help="make the host schedulable again")
     lg = sub.add_parser("logs", help="a job's output: its launcher's and its workers'")
     lg.add_argument("job")
     lg.add_argument("--run", type=_positive_int, default=None, metavar="N",
@@ -134,8 +141,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = build_parser()
     a = parser.parse_args(argv)
     if a.cmd is None:
-        parser.error("a command is needed: serve, submit, queue, status, logs, cancel or "
-                     "top")
+        parser.error("a command is needed: serve, submit, queue, status, logs, cancel, drain "
+                     "or top")
     if a.cmd == "serve":
         return serve(a, parser)
     from launcher.cluster import cluster_file
@@ -153,6 +160,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         if a.cmd == "top":
             from launcher.cluster import top
             return top.run(client, a.interval, a.once)
+        if a.cmd == "drain":
+            r = client.call("drain", host=a.host, deadline_s=a.deadline, undo=a.undo)
+            print(f"{PROG}: host {r['host']} " + (
+                "drained" + (f", deadline in {a.deadline:g} s" if a.deadline else "")
+                + (f"; leaving it: {', '.join(r['jobs'])}" if r["jobs"] else "; no job held it")
+                if r["draining"] else "schedulable again"))
+            return 0
         if a.cmd == "cancel":
             r = client.call("cancel", job=a.job)
             print(f"{PROG}: {r['id']}: " + ("cancelling (SIGTERM sent)" if r.get("cancelling")

@@ -42,7 +42,7 @@ def changed(svc, hosts: Dict[str, int]) -> None:
     taken from their jobs (:func:`hosts_left`), a round asked for."""
     before = svc.pool
     svc.set_pool(hosts)
-    gone = sorted(set(before) - set(hosts))
+    gone = sorted(set(before) - set(svc.pool))  # left discovery, or drained (drains.py)
     svc.events.note(None, "pool", "the pool changed" + (
         f": {', '.join(gone)} left" if gone else ""), pool=hosts,
         before=before)

@@ -149,7 +149,19 @@ def routes(service) -> Dict[str, Callable[[dict], dict]]:
             raise ValueError(f"'offset' must be a byte offset, got {offset!r}")
         return handlers.logs(service, job_id(data), run, offset)
 
+    def drain(data: dict) -> dict:
+        from launcher.cluster import drains
+        host, deadline = data.get("host"), data.get("deadline_s")
+        if not isinstance(host, str) or not host:
+            raise ValueError(f"'host' must be a host name, got {host!r}")
+        if deadline is not None and (isinstance(deadline, bool)
+                                     or not isinstance(deadline, (int, float))):
+            raise ValueError(f"'deadline_s' must be seconds, got {deadline!r}")
+        return service.call(lambda: drains.drain(service, host, deadline,
+                                                 bool(data.get("undo"))))
+
     return {
+        PREFIX + "drain": drain,
         PREFIX + "logs": logs,
         PREFIX + "submit": lambda data: service.call(lambda: service.submit(data)),
         PREFIX + "cancel": lambda data: service.call(lambda: service.cancel(job_id(data))),

@@ -40,6 +40,7 @@ beside it, as functions that take the service explicitly (the event log: a small
                                    they are gone (bounded)
 :mod:`launcher.cluster.adoption`   re-adopting the runs after a restart
 :mod:`launcher.cluster.pool`       the pool's discovery thread, hosts leaving the pool
+:mod:`launcher.cluster.drains`     drained hosts (``drain HOST``, a pool line's ``ends=``)
 :mod:`launcher.cluster.telemetry`  the jobs' telemetry thread, speed points
 :mod:`launcher.cluster.events`     the event log (store + ``events.jsonl``), decision counts
 =================================  ==============================================================
@@ -57,6 +58,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import filelock
 
 from launcher.cluster import adoption, apply, ends, handlers, orphans, reasons, telemetry
+from launcher.cluster import drains as drains_
 from launcher.cluster import gpus as gpus_
 from launcher.cluster import pool as pool_
 from launcher.cluster import speed as speed_
@@ -130,6 +132,7 @@ class Service:
         self.host_gpus: Dict[str, Tuple[str, ...]] = {}  # host -> its GPUs (GPU hosts only)
         self.job_gpus: Dict[str, Dict[str, Tuple[str, ...]]] = {}  # job -> host -> its list
         self.held_gpus: Dict[str, Dict[str, set]] = {}  # job -> host -> GPUs it may still use
+        self.drains: Dict[str, dict] = {}  # host -> its drain (launcher.cluster.drains)
         self.runs: Dict[str, Run] = {}           # job id -> its live run
         self.written: Dict[str, Dict[str, int]] = {}  # job id -> its allocation file now
         self.occupied: Dict[str, Dict[str, int]] = {}  # job id -> slots it still uses
@@ -181,6 +184,7 @@ class Service:
         finally:
             os.umask(old)
         self.events = EventLog(self.store, self.events_path, self.decisions)
+        self.drains = drains_.load(self)
         try:
             self.set_pool(dict(self.discovery.find_available_hosts_and_slots()))
         except Exception as e:  # noqa: BLE001 - DiscoveryError, OSError: one line
@@ -221,7 +225,8 @@ class Service:
         found = gpus_.pool_gpus(hosts, getattr(self.discovery, "gpus", {}), self.assume_gpus,
                                 self.host_gpus,
                                 lambda h: gpus_.probe(h, is_local(h), ssh))
-        pool = {h: (min(k, len(found[h])) if h in found else k) for h, k in hosts.items()}
+        pool = {h: (min(k, len(found[h])) if h in found else k)
+                for h, k in drains_.effective(self, hosts).items()}
         with self._lock:
             self.discovered = dict(hosts)
             self.pool = pool
@@ -318,6 +323,7 @@ class Service:
             except BaseException as e:  # noqa: BLE001 - handed to the caller
                 fut.set_exception(e)
         ends.check_runs(self)
+        drains_.check(self)
         orphans.check(self)
         self._account()
         now = time.monotonic()

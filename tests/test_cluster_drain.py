@@ -1,0 +1,63 @@
+"""Draining a pool host under the cluster service (``hvd-edl-cluster drain HOST --deadline S``,
+and a pool line that announces its end, ``host ends=T``): the jobs there leave it stop-free
+before the deadline (a scale-in, nothing rolled back, never a failure), the pool places nothing
+there meanwhile, the events say how long it took and what was left to spare; ``--undo`` gives
+the host back."""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from test_cluster_service import CLI, ROOT, assert_exactly_once, ledger, service, wait_for  # noqa: F401,E501
+
+
+def _status(svc) -> dict:
+    from launcher.cluster import cluster_file
+    from launcher.cluster.server import ClusterClient
+    return ClusterClient(cluster_file.read(svc.cluster)).call("status")
+
+
+def _ring(svc, job):
+    path = svc.state / "jobs" / job / "run1.events.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines() if '"generation"' in x] \
+        if path.exists() else []
+
+
+def test_drain_with_a_deadline_and_an_announced_end_move_jobs_off_stop_free(service, tmp_path):
+    pool = tmp_path / "pool"
+    pool.write_text("localhost:2\n127.0.0.1:2\n")
+    svc = service("--policy", "edl", "--hold", "1", "--host-discovery-script", f"cat {pool}",
+                  "--discovery-interval", "0.2")
+    a1 = tmp_path / "a1"
+    j1 = svc.submit("--min-np", "1", "--max-np", "4",
+                    *ledger(tmp_path, "j1", 256, 1000, delay=0.03), "--stop-file",
+                    str(tmp_path / "stop1"), audit_dir=a1)
+    wait_for("j1's ring of 4", lambda: (_ring(svc, j1) or [{}])[-1].get("world_size") == 4,
+             90, svc.job_logs)
+    r = svc.cli("drain", "127.0.0.1", "--deadline", "30")
+    assert r.returncode == 0 and "drained, deadline in 30 s; leaving it: " + j1 in r.stdout, \
+        r.stdout + r.stderr
+    drained = wait_for("127.0.0.1 drained", lambda: [e for e in svc.events() if e["kind"]
+                                                     == "drained"], 60, svc.output)
+    assert drained[0]["host"] == "127.0.0.1" and drained[0]["spare_s"] > 0, drained
+    assert svc.jobs()[j1]["state"] == "running"
+    assert "127.0.0.1" not in _status(svc)["pool"]
+    gens = _ring(svc, j1)
+    assert gens[-1]["kind"] == "scale_in" and gens[-1]["rolled_back_steps"] == 0, gens[-1]
+    assert all(m.split("@")[1].startswith("localhost") for m in gens[-1]["members"]), gens[-1]
+    # the host given back: j1 is lent it again
+    assert svc.cli("drain", "127.0.0.1", "--undo").returncode == 0
+    wait_for("j1 back on 4", lambda: _ring(svc, j1)[-1]["world_size"] == 4, 90, svc.job_logs)
+    # a pool line announcing 127.0.0.1's end (a spot notice): the same, with that deadline
+    pool.write_text(f"localhost:2\n127.0.0.1:2 ends={time.time() + 30:.1f}\n")
+    wait_for("the announced end drained", lambda: len([e for e in svc.events()
+                                                      if e["kind"] == "drained"]) == 2, 60,
+             svc.output)
+    assert _ring(svc, j1)[-1]["world_size"] == 2 and _ring(svc, j1)[-1]["rolled_back_steps"] == 0
+    (tmp_path / "stop1").touch()
+    jobs = svc.wait_jobs(lambda j: j[j1]["state"] == "done", "j1 done")
+    assert jobs[j1]["runs"] == 1, jobs            # shrunk twice, never restarted nor failed
+    r = svc.cli("drain", "nosuchhost")
+    assert r.returncode == 2 and "unknown host 'nosuchhost'" in r.stderr, r.stderr
+    assert_exactly_once(a1, 256)

@@ -72,6 +72,43 @@ def test_horovod_environment_is_set_at_spawn_and_updated_at_join(tmp_path, job_f
                            ("2", "3", "0", "1", "1", "2", "127.0.0.1")], joined
 
 
+def test_horovod_environment_is_updated_after_a_shrink(tmp_path, job_factory):
+    """After a scale-in (a removal-only generation: no state sync) the survivors' ``HOROVOD_*``
+    show the smaller ring, as after a scale-out (issue 39: ``HOROVOD_SIZE`` stayed stale).  The
+    host of rank 0 leaves, so the survivors are renumbered and the cross figures change too.
+    (``/proc/PID/environ`` read from outside always shows the environment a process started
+    with; what the script sees is ``os.environ``.)"""
+    env_file = tmp_path / "env.jsonl"
+    job = job_factory(["-np", "3", "--min-np", "1", "--max-np", "3", "--discovery-interval",
+                       "0.2"],
+                      [sys.executable, str(HOROVOD_STYLE / "elastic_main.py"), "--logfile",
+                       str(tmp_path / "log"), "--env-file", str(env_file), "--epochs", "0",
+                       "--stop-file", str(tmp_path / "stop"), "--step-delay", "0.02",
+                       "--batches-per-epoch", "20"],
+                      hosts="127.0.0.1:1\nlocalhost:2")
+    job.wait_generation(1)
+    job.set_hosts("localhost:2")
+    assert job.wait_generation(2)["kind"] == "scale_in"
+    job.wait_for("the survivors' records of the ring of 2", lambda: sum(
+        r["when"] == "joined" and r["HOROVOD_SIZE"] == "2"
+        for r in _env_records(env_file)) >= 2, 60)
+    (tmp_path / "stop").touch()
+    assert job.finish() == 0, job.output()[-3000:]
+    # Horovod's init reads HOROVOD_RANK/SIZE: a stale pair breaks the ring of 2, and the failure
+    # generation after it would set them again and hide the staleness
+    assert [g["kind"] for g in job.events()] == ["start", "scale_in"], job.events()
+    by_pid = {}
+    for r in _env_records(env_file):
+        by_pid.setdefault(r["pid"], []).append(r)
+    keys = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE",
+            "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME")
+    survivors = [rs for rs in by_pid.values() if len([r for r in rs if r["when"] == "joined"]) > 1]
+    assert len(survivors) == 2, by_pid
+    last = sorted(tuple(rs[-1][k] for k in keys) for rs in survivors)
+    assert last == [("0", "2", "0", "2", "0", "1", "localhost"),
+                    ("1", "2", "1", "2", "0", "1", "localhost")], last
+
+
 DATASET = 4501  # neither 2 nor 3 divides it; the changes below take about a third of its epoch
 
 

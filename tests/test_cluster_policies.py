@@ -150,6 +150,28 @@ def test_edl_hold_time_keeps_a_recent_size():
     assert sizes(EdlPolicy("throughput", hold_s=300.0).allocate(snap)) == {"a": 3, "b": 1}
 
 
+def test_edl_starts_a_queued_job_that_fits_the_free_slots_while_running_jobs_are_held():
+    """The hold keeps a running job from being resized twice; it never keeps waiting work off
+    free slots (issue 39: free slots idle behind the hold while a job that fits waited).  The
+    arrival starts in the round it is seen, on the free host, without touching the held jobs."""
+    pool = {"a": 4, "b": 4}
+    pol = EdlPolicy(hold_s=300.0)
+    a = job("a", 2, 1, 8, alloc={"a": 4}, changed=190.0, tp=linear)    # grew 10 s ago: held
+    b = job("b", 2, 2, 4, at=150.0, tp=linear)
+    got = pol.allocate(Snapshot(now=200.0, pool=pool, jobs=(a, b), change_cost_s=0.5))
+    assert got["a"] == {"a": 4} and got["b"] == {"b": 4}               # b on the free host
+    c = job("c", 1, 1, 1, at=160.0)                                    # a static job fits too
+    got = pol.allocate(Snapshot(now=200.0, pool=pool, jobs=(a, b, c), change_cost_s=0.5))
+    assert got["a"] == {"a": 4} and sizes(got)["c"] == 1 and sizes(got)["b"] >= 2
+    rng = random.Random(39)                  # no round leaves idle slots a waiting job fits
+    for _ in range(300):
+        snap = _random_snapshot(rng)
+        for p in (pol, EdlPolicy(), EdlPolicy("throughput", hold_s=2.0)):
+            got = sizes(p.allocate(snap))
+            idle = sum(snap.pool.values()) - sum(got.values())
+            assert not [j.id for j in snap.jobs if j.id not in got and j.min_np <= idle], snap
+
+
 def test_edl_does_not_oscillate_in_a_simulation():
     # two elastic jobs sharing 8 slots; each resize is costed; the allocation settles
     def curve(pl):

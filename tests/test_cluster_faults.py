@@ -104,3 +104,96 @@ def test_a_killed_launchers_orphans_keep_its_slots_until_they_are_gone(service, 
     started = [t for t, r in runs.samples if run2 in r][0]
     print(f"j1's orphans last seen {max(orphans) - killed:.2f} s after the kill; j2's first "
           f"process {started - killed:.2f} s after it")
+
+
+# ---- a host no job reaches (issue 39 s3: a vanished host of a fixed pool) ---------------------
+# What is tested here is the service's side, without network namespaces: the decision from the
+# jobs' telemetry (Reach.observe) and what the service does with it (the host's slots taken
+# from the jobs, the host out of the policy's pool for a cooldown, status/top showing the ring
+# from telemetry).  The launcher's own fencing of a vanished host is tested with namespace
+# hosts in tests/test_cluster.py (test_vanished_and_frozen_hosts_are_fenced_...).
+
+def _tel(fetched: float, rows, generation: int = 2, finishing: bool = False):
+    """A ``(fetched, /ctl/telemetry answer)`` with live member rows on ``rows`` (host list)."""
+    workers = [{"worker_id": f"w{i}", "host": h, "slot": i, "state": "member", "rank": i}
+               for i, h in enumerate(rows)]
+    return fetched, {"job": {"world_size": len(rows), "generation": generation,
+                             "finishing": finishing}, "workers": workers}
+
+
+def test_a_host_no_job_reaches_rests_for_a_cooldown_decision():
+    from launcher.cluster import reach
+    r = reach.Reach()
+    written = {"j1": {"localhost": 2, "h1": 2, "h2": 1}, "j2": {"h2": 1, "h3": 1}}
+    t0 = 1000.0
+    # j1's launcher fenced h1 and h2 (no live worker there); j2 still trains on h2; h3: j2's
+    # telemetry is stale, so nobody can tell
+    tel = {"j1": _tel(t0, ["localhost", "localhost"]), "j2": _tel(t0 - 60, ["h2", "h3"])}
+    assert r.observe(written, tel, t0) == ([], [])
+    tel["j2"] = _tel(t0 + reach.UNREACHED_S, ["h2"])
+    tel["j1"] = _tel(t0 + reach.UNREACHED_S, ["localhost", "localhost"])
+    rest, ended = r.observe(written, tel, t0 + reach.UNREACHED_S)
+    assert rest == ["h1"] and ended == []          # h2 is reached (by j2); h3: j2 just fresh
+    assert r.resting_hosts(t0 + reach.UNREACHED_S) == ["h1"]
+    assert r.rest_left(t0 + reach.UNREACHED_S) == {"h1": reach.COOLDOWN_S}
+    # a job that is finishing, or has formed no ring yet, says nothing of a host
+    quiet = reach.Reach()
+    for t in (t0, t0 + 2 * reach.UNREACHED_S):
+        assert quiet.observe({"j3": {"h4": 1}}, {"j3": _tel(t, [], generation=0)}, t) == ([], [])
+        assert quiet.observe({"j3": {"h4": 1}}, {"j3": _tel(t, ["x"], finishing=True)},
+                             t) == ([], [])
+    # the cooldown ends: offered again; unreached again: rests twice as long
+    later = t0 + reach.UNREACHED_S + reach.COOLDOWN_S
+    assert r.observe(written, {}, later) == ([], ["h1"])
+    assert r.resting_hosts(later) == []
+    tel = {"j1": _tel(later, ["localhost"])}
+    r.observe(written, tel, later)
+    tel = {"j1": _tel(later + reach.UNREACHED_S, ["localhost"])}
+    rest, _ = r.observe(written, tel, later + reach.UNREACHED_S)
+    assert "h1" in rest and r.rest_left(later + reach.UNREACHED_S)["h1"] == 2 * reach.COOLDOWN_S
+
+
+def test_the_service_rests_an_unreached_host_and_shows_the_ring_from_telemetry(tmp_path):
+    """A job allocated localhost:2 and h1:3 whose launcher fenced h1 (its telemetry: a ring of 2,
+    no worker on h1): once h1 has been unreached for UNREACHED_S the service takes h1's slots
+    from the job, leaves h1 out of the policy's pool for the cooldown and says so; status and
+    top show the ring (2), not the allocation (5)."""
+    from launcher.cluster import reach, top
+    from launcher.cluster.policies import make_policy
+    from launcher.cluster.service import Service
+    from launcher.cluster.store import JobRecord
+    from launcher.discovery import FixedHosts
+    svc = Service(tmp_path / "state", FixedHosts({"localhost": 2, "h1": 3}), make_policy("edl"),
+                  fixed_pool=True, assume_gpus=True)
+    svc.open()
+    try:
+        job = svc.store.add_job(JobRecord(id="", name="t", argv=["python", "t.py"], cwd="/",
+                                          env={}, np=5, min_np=1, max_np=5, priority=0,
+                                          checkpoint_dir="", state="running",
+                                          submitted_at=time.time()))
+        alloc = {"localhost": 2, "h1": 3}
+        svc.store.update(job.id, allocation=alloc, world_size=5, run=1)
+        svc.runs[job.id] = object()  # a live run (only its presence is read here)
+        svc.written[job.id] = dict(alloc)
+        now = time.monotonic()
+        svc.telemetry[job.id] = _tel(now, ["localhost", "localhost"])
+        reach.check(svc)
+        assert svc.reach.resting_hosts() == []  # not yet: unreached for a moment only
+        shown = svc.status()["jobs"][0]
+        assert shown["world_size"] == 2 and shown["allocated"] == 5, shown
+        assert [w["host"] for w in shown["workers"]] == ["localhost", "localhost"]
+        assert any(x.strip().startswith(f"{job.id} ") and " 2/5 " in x
+                   for x in top.frame_lines(svc.status())), top.frame_lines(svc.status())
+        svc.reach.since["h1"] = now - reach.UNREACHED_S  # as if seen unreached that long ago
+        reach.check(svc)
+        assert svc.reach.resting_hosts() == ["h1"]
+        assert svc.store.allocations()[job.id] == {"localhost": 2}  # its h1 slots taken back
+        assert "h1" not in svc.snapshot().pool and svc.snapshot().pool["localhost"] == 2
+        status = svc.status()
+        assert set(status["resting"]) == {"h1"}, status["resting"]
+        assert any("resting" in x for x in top.frame_lines(status))
+        events = [json.loads(x) for x in svc.events_path.read_text().splitlines()]
+        assert [e["hosts"] for e in events if e["kind"] == "shrink"] == [{"localhost": 2}]
+        assert [e["host"] for e in events if e["kind"] == "rest"] == ["h1"], events
+    finally:
+        svc.close()

@@ -19,7 +19,7 @@ from typing import Optional
 
 from launcher.arg_types import MAX_PRIORITY, MAX_WORKERS
 from launcher.cluster import ends, reasons
-from launcher.cluster.runs import JobFiles
+from launcher.cluster.runs import JobFiles, takes_part
 from launcher.cluster.store import JobRecord, Store
 
 
@@ -178,11 +178,20 @@ def known(store: Store, job_id) -> JobRecord:
 def workers_of(telemetry) -> list:
     """A running job's workers from its last ``/ctl/telemetry`` answer (``(fetched, answer)``
     or None): ``{"worker", "host", "slot", "gpu", "state", "rank"}`` each, as its launcher
-    placed them (``gpu``: None on a CPU host)."""
+    placed them (``gpu``: None on a CPU host); only those whose process may still live
+    (:func:`launcher.cluster.runs.takes_part`: a worker its launcher fenced is not shown)."""
     answer = telemetry[1] if telemetry else None
     return [{"worker": w.get("worker_id"), "host": w.get("host"), "slot": w.get("slot"),
              "gpu": w.get("gpu"), "state": w.get("state"), "rank": w.get("rank")}
-            for w in (answer or {}).get("workers", [])]
+            for w in (answer or {}).get("workers", []) if takes_part(w)]
+
+
+def ring_size(telemetry) -> int:
+    """The workers in a running job's ring from its last ``(fetched, answer)`` of
+    ``/ctl/telemetry`` (0 before its first answer): what ``status``/``top`` show as its
+    ``world_size`` (its slots are ``allocated``)."""
+    size = (((telemetry or (0, None))[1] or {}).get("job") or {}).get("world_size", 0)
+    return size if isinstance(size, int) and not isinstance(size, bool) else 0
 
 
 def status(svc, job_id: Optional[str] = None) -> dict:
@@ -207,9 +216,15 @@ def status(svc, job_id: Optional[str] = None) -> dict:
         row["reason"] = reasons.shown(row["state"], row["reason"], row["allocation"],
                                       waiting.get(row["id"]))
         row["gpus"] = {h: list(g) for h, g in job_gpus.get(row["id"], {}).items()}
-        row["workers"] = workers_of(svc.telemetry.get(row["id"])) \
-            if row["state"] == "running" else []
+        row["allocated"] = row["world_size"]  # the slots it holds (its allocation file)
+        if row["state"] == "running":  # its real membership: its telemetry, not the allocation
+            tel = svc.telemetry.get(row["id"])
+            row["world_size"] = ring_size(tel)
+            row["workers"] = workers_of(tel)
+        else:
+            row["workers"] = []
     return {"jobs": out, "pool": pool, "pool_gpus": {h: list(g) for h, g in host_gpus.items()},
+            "resting": svc.reach.rest_left(),  # hosts no job reaches: seconds of rest left
             "policy": getattr(svc.policy, "name", "?"),
             "slots": {"total": sum(pool.values()), "used": used,
                       "free": max(0, sum(pool.values()) - used),

@@ -105,7 +105,7 @@ class ClusterCollector:
                                  "Slots a running job is allocated.", labels=["job"])
         for j in running:
             ws.add_metric([j["id"]], ring_size(svc.telemetry.get(j["id"])))
-            held.add_metric([j["id"]], j["world_size"])
+            held.add_metric([j["id"]], j.get("allocated", j["world_size"]))
         yield ws
         yield held
         events = svc.store.event_counts()

@@ -40,6 +40,7 @@ beside it, as functions that take the service explicitly (the event log: a small
                                    they are gone (bounded)
 :mod:`launcher.cluster.adoption`   re-adopting the runs after a restart
 :mod:`launcher.cluster.pool`       the pool's discovery thread, hosts leaving the pool
+:mod:`launcher.cluster.reach`      hosts no job reaches (telemetry): they rest for a cooldown
 :mod:`launcher.cluster.drains`     drained hosts (``drain HOST``, a pool line's ``ends=``)
 :mod:`launcher.cluster.telemetry`  the jobs' telemetry thread, speed points
 :mod:`launcher.cluster.events`     the event log (store + ``events.jsonl``), decision counts
@@ -61,6 +62,7 @@ from launcher.cluster import adoption, apply, ends, handlers, orphans, reasons, 
 from launcher.cluster import drains as drains_
 from launcher.cluster import gpus as gpus_
 from launcher.cluster import pool as pool_
+from launcher.cluster import reach as reach_
 from launcher.cluster import speed as speed_
 from launcher.cluster.events import EventLog
 from launcher.cluster.handlers import RequestError  # noqa: F401 - importable here as before
@@ -139,6 +141,7 @@ class Service:
         self.telemetry: Dict[str, Tuple[float, dict]] = {}  # job id -> (monotonic, answer)
         self.releasing: Dict[str, float] = {}    # job id -> when its shrink was written
         self.leftovers: Dict[str, "orphans.Drain"] = {}  # job id -> its ended run's processes
+        self.reach = reach_.Reach()              # hosts no job reaches: they rest (a cooldown)
         self.waiting_since: Dict[str, float] = {}  # job id -> when it was first allocated
         self.waiting_reasons: Dict[str, str] = {}  # job id -> why the last round left it out
         self.requests: "queue.Queue[Tuple[Callable[[], object], Future]]" = queue.Queue()
@@ -325,6 +328,7 @@ class Service:
         ends.check_runs(self)
         drains_.check(self)
         orphans.check(self)
+        reach_.check(self)
         self._account()
         now = time.monotonic()
         if self.decide_now or now - self.last_round >= self.round_s:
@@ -353,7 +357,7 @@ class Service:
         """The policy's view now: the pool less the slots of jobs being stopped, every job not
         ended and not being stopped."""
         allocs = self.store.allocations()
-        pool = dict(self.pool)
+        pool = {h: k for h, k in self.pool.items() if h not in self.reach.resting_hosts()}
         views = []
         for job in self.store.jobs(("queued", "running", "suspended")):
             if job.stopping:  # its slots stay its own until its run ended

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -107,11 +108,10 @@ def test_a_killed_launchers_orphans_keep_its_slots_until_they_are_gone(service, 
 
 
 # ---- a host no job reaches (issue 39 s3: a vanished host of a fixed pool) ---------------------
-# What is tested here is the service's side, without network namespaces: the decision from the
-# jobs' telemetry (Reach.observe) and what the service does with it (the host's slots taken
-# from the jobs, the host out of the policy's pool for a cooldown, status/top showing the ring
-# from telemetry).  The launcher's own fencing of a vanished host is tested with namespace
-# hosts in tests/test_cluster.py (test_vanished_and_frozen_hosts_are_fenced_...).
+# The decision from the jobs' telemetry (Reach.observe) and what the service does with it (the
+# host's slots taken from the jobs, the host out of the policy's pool for a cooldown, status/top
+# showing the ring from telemetry), then end to end with a namespace host cut off the bridge
+# (skipped where no namespace cluster can be built: not root).
 
 def _tel(fetched: float, rows, generation: int = 2, finishing: bool = False):
     """A ``(fetched, /ctl/telemetry answer)`` with live member rows on ``rows`` (host list)."""
@@ -197,3 +197,69 @@ def test_the_service_rests_an_unreached_host_and_shows_the_ring_from_telemetry(t
         assert [e["host"] for e in events if e["kind"] == "rest"] == ["h1"], events
     finally:
         svc.close()
+
+
+@pytest.mark.xdist_group("namespace-cluster")  # one namespace cluster at a time (conftest.py)
+@pytest.mark.timeout(240)
+def test_a_vanished_pool_host_leaves_the_ring_shown_and_rests(tmp_path):
+    """End to end on namespace hosts (tests/cluster.py): ``serve -H h1:1,h2:1,h3:1``, a job on
+    all three; h3 is cut off the bridge.  Its launcher fences w3; the service shows the ring of 2
+    (``world_size``) and, UNREACHED_S later, rests h3: its slot is taken from the job and no
+    job is given h3 while it rests."""
+    from test_cluster import _cluster
+    from launcher.cluster import reach
+    c = _cluster(hosts=3)
+    cli = [sys.executable, "-m", "launcher.cluster.cli"]
+    state, cfile = tmp_path / "state", tmp_path / "cluster.json"
+    out = open(tmp_path / "serve.log", "w")
+    serve = c.popen("launcher", cli + [
+        "serve", "-H", "h1:1,h2:1,h3:1", "--policy", "edl", "--hold", "1", "-i", c.identity_file,
+        "--network-interface", c.nic, "--state-dir", str(state), "--cluster-file", str(cfile)],
+        stdout=out, stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parent.parent))
+
+    def job_status(jid):
+        r = subprocess.run(c.exec_argv("launcher", cli + ["--cluster", str(cfile), "status",
+                                                          "--json"]),
+                           capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+        st = json.loads(r.stdout) if r.returncode == 0 else {"jobs": []}
+        return st, next((j for j in st["jobs"] if j["id"] == jid), {})
+
+    def logs():
+        return (tmp_path / "serve.log").read_text()[-2000:] + "".join(
+            p.read_text()[-2000:] for p in state.glob("jobs/*/run*.log"))
+    try:
+        wait_for("the cluster file", lambda: cfile.exists() or serve.poll() is not None, 60)
+        r = subprocess.run(c.exec_argv("launcher", cli + [
+            "--cluster", str(cfile), "submit", "--np", "3", "--min-np", "1", "--max-np", "3",
+            *ledger(tmp_path, "j1", 256, epochs=1000, delay=0.03),
+            "--stop-file", str(tmp_path / "stop1")]),
+            capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
+        assert r.returncode == 0, r.stderr
+        jid = r.stdout.split()[-1]
+        wait_for("a ring of 3", lambda: job_status(jid)[1].get("world_size") == 3, 120, logs)
+        cut = time.monotonic()
+        c.cut("h3")
+        try:
+            wait_for("status showing the ring of 2",
+                     lambda: job_status(jid)[1].get("world_size") == 2, 60, logs)
+            shown = time.monotonic() - cut
+            st = wait_for("h3 resting", lambda: (lambda s: s if "h3" in s[0].get("resting", {})
+                                                 else None)(job_status(jid)), 60,
+                          lambda: json.dumps(job_status(jid)[1].get("workers")) + logs())
+            rested = time.monotonic() - cut
+        finally:
+            c.reconnect("h3")
+        assert st[1]["allocation"] == {"h1": 1, "h2": 1}, st[1]
+        assert all(w["host"] != "h3" for w in st[1]["workers"]), st[1]["workers"]
+        assert rested >= reach.UNREACHED_S, rested
+        print(f"vanished h3: status shows the ring of 2 {shown:.1f} s after the cut, h3 rests "
+              f"{rested:.1f} s after it")
+    finally:
+        (tmp_path / "stop1").touch()
+        serve.terminate()
+        serve.wait(30)
+        out.close()
+        for p in psutil.process_iter(["cmdline"]):  # a job outlives its service by design
+            if str(state) in " ".join(p.info["cmdline"] or []):
+                p.kill()
+        c.close()

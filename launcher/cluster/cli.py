@@ -114,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("queue", help="the jobs waiting, in order")
     st = sub.add_parser("status", help="every job, or one")
     st.add_argument("job", nargs="?")
-    st.add_argument("--json", action="store_true", help='{"jobs": [...]} for scripts')
+    st.add_argument("--json", action="store_true",
+                    help='{"jobs": [...], "resting": {HOST: S}} for scripts')
     c = sub.add_parser("cancel", help="end a job (a running one gets SIGTERM)")
     c.add_argument("job")
     dr = sub.add_parser("drain", help="take a pool host out: its jobs leave it stop-free "
@@ -189,7 +190,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("(no job waiting)")
         return 0
     if a.json:
-        json.dump({"jobs": status["jobs"]}, sys.stdout)
+        json.dump({"jobs": status["jobs"], "resting": status.get("resting", {})}, sys.stdout)
         print()
         return 0
     from launcher.cluster.top import frame_lines

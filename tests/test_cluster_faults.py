@@ -252,6 +252,7 @@ def test_a_vanished_pool_host_leaves_the_ring_shown_and_rests(tmp_path):
         assert st[1]["allocation"] == {"h1": 1, "h2": 1}, st[1]
         assert all(w["host"] != "h3" for w in st[1]["workers"]), st[1]["workers"]
         assert rested >= reach.UNREACHED_S, rested
+        assert shown < reach.UNREACHED_S, shown  # from its telemetry, not from the rest's shrink
         print(f"vanished h3: status shows the ring of 2 {shown:.1f} s after the cut, h3 rests "
               f"{rested:.1f} s after it")
     finally:

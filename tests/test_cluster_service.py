@@ -238,7 +238,7 @@ def test_edl_lends_spare_slots_and_takes_them_back_stop_free(service, tmp_path):
     a1, a2 = tmp_path / "a1", tmp_path / "a2"
     j1 = svc.submit("--min-np", "1", "--max-np", "3", *ledger(tmp_path, "j1", 768, delay=0.03),
                     audit_dir=a1)
-    svc.wait_jobs(lambda j: j[j1]["world_size"] == 3, "j1 on 3 slots")
+    svc.wait_jobs(lambda j: j[j1]["allocated"] == 3, "j1 on 3 slots")
     wait_for("j1 training", lambda: any(a1.glob("*.jsonl")), 60, svc.job_logs)
     j2 = svc.submit("--np", "2", *ledger(tmp_path, "j2", 64), audit_dir=a2)
     jobs = svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()), "both done")
@@ -293,7 +293,7 @@ def test_a_host_leaving_the_pool_shrinks_its_job_gracefully(service, tmp_path):
     a1 = tmp_path / "a1"
     j1 = svc.submit("--min-np", "1", "--max-np", "3", *ledger(tmp_path, "j1", 768, delay=0.03),
                     audit_dir=a1)
-    svc.wait_jobs(lambda j: j[j1]["world_size"] == 3, "j1 on both hosts")
+    svc.wait_jobs(lambda j: j[j1]["allocated"] == 3, "j1 on both hosts")
     wait_for("j1 training", lambda: any(a1.glob("*.jsonl")), 60, svc.job_logs)
     tmp = hosts.with_suffix(".new")
     tmp.write_text("localhost:2\n")

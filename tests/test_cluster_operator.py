@@ -103,8 +103,12 @@ def test_logs_show_launcher_and_worker_output_during_and_after_the_run(service, 
 
     def follow(*extra: str):
         out = open(tmp_path / f"follow{len(extra)}.txt", "w+")
+        # as a shell starts it: Ctrl-C's default disposition (code run earlier in this pytest
+        # worker can leave SIGINT ignored, which exec passes on: see test_telemetry.py)
         return subprocess.Popen(CLI + ["--cluster", str(svc.cluster), "logs", j1, *extra],
-                                stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT)), out
+                                stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT),
+                                preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                                 signal.SIG_DFL)), out
     interrupted, out0 = follow("--follow", "--run", "1")
     following, out = follow("--follow")
     wait_for("the followers printing", lambda: "says hello" in (tmp_path / "follow1.txt")

@@ -30,24 +30,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from benchmarks.common.cluster_service import Serve  # noqa: E402
+from benchmarks.common.cluster_service import Serve, wait_for  # noqa: E402
 from benchmarks.common.gpu_sampler import GpuSampler  # noqa: E402
 
 LEDGER = str(ROOT / "tests" / "horovod_style" / "ledger_main.py")
 CLI = [sys.executable, "-m", "launcher.cluster.cli"]
-
-
-def wait_for(what, predicate, timeout_s: float = 120.0):
-    """``predicate()``'s first truthy value, polled every 0.2 s; RuntimeError after
-    ``timeout_s`` seconds."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"gpu_placement.py: {what} not within {timeout_s:.0f} s")
-        time.sleep(0.2)
 
 
 def main() -> int:
@@ -90,22 +77,22 @@ def main() -> int:
     try:
         j1 = submit("--name", "j1", "--min-np", "1", "--max-np", "4",
                     *ledger("j1", 256, 1000, "--stop-file", str(tmp / "stop1")))
-        wait_for("j1 on 4 GPUs", lambda: len(jobs()[j1]["workers"]) == 4)
+        wait_for("j1 on 4 GPUs", lambda: len(jobs()[j1]["workers"]) == 4, 120)
         notes.append((time.monotonic() - t0, "j1 trains on 4 GPUs"))
         j2 = submit("--name", "j2", "--np", "2", *ledger("j2", 192))
-        wait_for("j1's shrink", lambda: events(j1, "shrink"))
+        wait_for("j1's shrink", lambda: events(j1, "shrink"), 120)
         svc.proc.kill()
         svc.proc.wait(10)
         notes.append((time.monotonic() - t0, "service killed (-9) right after j1's shrink"))
         svc.start()
         notes.append((time.monotonic() - t0, "service restarted"))
-        wait_for("j2 done", lambda: jobs()[j2]["state"] == "done")
-        wait_for("j1 lent 4 again", lambda: len(jobs()[j1]["workers"]) == 4)
+        wait_for("j2 done", lambda: jobs()[j2]["state"] == "done", 120)
+        wait_for("j1 lent 4 again", lambda: len(jobs()[j1]["workers"]) == 4, 120)
         notes.append((time.monotonic() - t0, "j2 done, j1 back on 4"))
         j3 = submit("--name", "j3", "--np", "1", *ledger("j3", 64))
-        wait_for("j3 done", lambda: jobs()[j3]["state"] == "done")
+        wait_for("j3 done", lambda: jobs()[j3]["state"] == "done", 120)
         (tmp / "stop1").touch()
-        wait_for("j1 done", lambda: jobs()[j1]["state"] == "done")
+        wait_for("j1 done", lambda: jobs()[j1]["state"] == "done", 120)
         notes.append((time.monotonic() - t0, "j3 done, j1 stopped"))
         states = {j: jobs()[j]["state"] for j in (j1, j2, j3)}
     finally:
@@ -133,9 +120,10 @@ def main() -> int:
               f"{r['to_s']:>8}")
     for at, what in notes:
         print(f"  {at:6.1f} s  {what}")
+    verdict = "no GPU ever selected by two live workers" if not shared else \
+        f"{len(shared)} samples with a GPU used twice"
     print(f"{len(sampler.samples)} samples of every worker's environment, every 0.1 s: "
-          f"{'no GPU ever selected by two live workers' if not shared else f'{len(shared)} samples with a GPU used twice'}"
-          f"; jobs {states}")
+          f"{verdict}; jobs {states}")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps({"rows": rows, "notes": notes, "samples": len(
         sampler.samples), "shared": shared[:20], "states": states,

@@ -30,12 +30,12 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from benchmarks.common import cluster_service  # noqa: E402  (Serve, reclaim_parts, argv_of)
+from benchmarks.common.cluster_service import wait_for  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 COMPUTE_S = 0.08
@@ -46,19 +46,6 @@ def synthetic(samples: int, epochs: int, commit_every: int, stop_file: Path = No
            "--samples", str(samples), "--epochs", str(epochs), "--batch-size", "8",
            "--compute-s", str(COMPUTE_S), "--commit-every", str(commit_every)]
     return cmd + (["--stop-file", str(stop_file)] if stop_file else [])
-
-
-def wait_for(what, predicate, timeout_s: float, poll_s: float = 0.2):
-    """``predicate()``'s first truthy value, polled every ``poll_s``; RuntimeError after
-    ``timeout_s`` seconds (every wait here is bounded)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"reclaim.py: {what} not within {timeout_s:.0f} s")
-        time.sleep(poll_s)
 
 
 def job(svc, job_id):

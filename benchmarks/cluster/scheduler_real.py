@@ -32,9 +32,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile

@@ -30,6 +30,19 @@ CLI = [sys.executable, "-m", "launcher.cluster.cli"]
 QUEUE_THRESHOLD_GPU_S = 42.0
 
 
+def wait_for(what: str, predicate, timeout_s: float, poll_s: float = 0.2):
+    """``predicate()``'s first truthy value, polled every ``poll_s`` seconds; RuntimeError
+    naming ``what`` after ``timeout_s`` seconds (every wait of a benchmark is bounded)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not within {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
 class Serve:
     def __init__(self, tmp: Path, policy: str, pool: dict):
         self.tmp, self.policy, self.pool = tmp, policy, pool

@@ -25,7 +25,6 @@ build; the harness changes F between scale-outs.  Training ends at the next
 epoch boundary once ``--stop-file`` exists (all ranks agree through one allreduce).
 """
 import argparse
-import json
 import os
 import sys
 import time

@@ -31,6 +31,26 @@ def ring_size(state: Path, job: str) -> int:
     return sizes[-1] if sizes else 0
 
 
+def _j1_on_four(svc, tmp: Path, marker: str, audit_dir: Path, linger_s: float) -> str:
+    """j1 (1 to 4 GPUs, training until ``tmp/stop1``, its processes lingering ``linger_s`` in
+    their teardown) lent all 4 GPUs, with its ring of 4 trained; returns its id."""
+    j1 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--min-np", "1",
+                    "--max-np", "4", *ledger(tmp, "j1", 256, epochs=1000, delay=0.03),
+                    "--linger-s", str(linger_s), "--stop-file", str(tmp / "stop1"),
+                    audit_dir=audit_dir)
+    svc.wait_jobs(lambda j: j[j1]["world_size"] == 4, "j1 on 4 GPUs")
+    wait_for("j1 training on 4", lambda: ring_size(svc.state, j1) == 4, 90, svc.job_logs)
+    return j1
+
+
+def _both_done_once_j2_runs(svc, tmp: Path, j2: str) -> dict:
+    """j1 trains on until j2 runs, then to its epoch's end; the jobs once both are done."""
+    wait_for("j2 started", lambda: svc.events(j2, "run"), 90, svc.output)
+    (tmp / "stop1").touch()
+    return svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()),
+                         "both done", timeout_s=150)
+
+
 def test_two_jobs_on_one_host_never_share_a_gpu_through_a_shrink(service, tmp_path):
     """edl on a 4-GPU host: j1 grows to GPUs 0-3; j2 arrives, j1 gives back its last two
     (a stop-free shrink: its workers on GPUs 0 and 1 keep them), j2 starts on GPUs 2 and 3 once
@@ -44,12 +64,7 @@ def test_two_jobs_on_one_host_never_share_a_gpu_through_a_shrink(service, tmp_pa
         svc = service("--policy", "edl", "--hold", "2", "--assume-gpus", "-H", "localhost:4")
         sampler = GpuSampler(marker)
         a1, a2 = tmp_path / "a1", tmp_path / "a2"
-        j1 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--min-np", "1",
-                        "--max-np", "4", *ledger(tmp_path, "j1", 256, epochs=1000, delay=0.03),
-                        "--linger-s", "4", "--stop-file", str(tmp_path / "stop1"),
-                        audit_dir=a1)
-        svc.wait_jobs(lambda j: j[j1]["world_size"] == 4, "j1 on 4 GPUs")
-        wait_for("j1 training on 4", lambda: ring_size(svc.state, j1) == 4, 90, svc.job_logs)
+        j1 = _j1_on_four(svc, tmp_path, marker, a1, linger_s=4)
         shown = wait_for("status showing j1's 4 workers", lambda: (lambda w: w if len(w) == 4
                          else None)(svc.jobs()[j1]["workers"]), 30)
         assert sorted((w["host"], w["slot"], w["gpu"]) for w in shown) == \
@@ -57,10 +72,7 @@ def test_two_jobs_on_one_host_never_share_a_gpu_through_a_shrink(service, tmp_pa
         assert svc.jobs()[j1]["gpus"] == {"localhost": ["0", "1", "2", "3"]}
         j2 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--np", "2",
                         *ledger(tmp_path, "j2", 96), audit_dir=a2)
-        wait_for("j2 started", lambda: svc.events(j2, "run"), 90, svc.output)
-        (tmp_path / "stop1").touch()  # j1 trains on until j2 runs: then to its epoch's end
-        jobs = svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()),
-                             "both done", timeout_s=150)
+        jobs = _both_done_once_j2_runs(svc, tmp_path, j2)
     finally:
         os.environ.pop("HVD_EDL_TEST_MARKER", None)
         if sampler is not None:
@@ -89,22 +101,14 @@ def test_a_service_killed_mid_shrink_still_holds_the_leavers_gpus(service, tmp_p
         svc = service("--policy", "edl", "--hold", "2", "--assume-gpus", "-H", "localhost:4")
         sampler = GpuSampler(marker, period_s=0.05)
         a1, a2 = tmp_path / "a1", tmp_path / "a2"
-        j1 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--min-np", "1",
-                        "--max-np", "4", *ledger(tmp_path, "j1", 256, epochs=1000, delay=0.03),
-                        "--linger-s", "6", "--stop-file", str(tmp_path / "stop1"),
-                        audit_dir=a1)
-        svc.wait_jobs(lambda j: j[j1]["world_size"] == 4, "j1 on 4 GPUs")
-        wait_for("j1 training on 4", lambda: ring_size(svc.state, j1) == 4, 90, svc.job_logs)
+        j1 = _j1_on_four(svc, tmp_path, marker, a1, linger_s=6)
         j2 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--np", "2",
                         *ledger(tmp_path, "j2", 96), audit_dir=a2)
         wait_for("j1's shrink written", lambda: svc.events(j1, "shrink"), 60, svc.output)
         svc.kill9()
         held = json.loads((svc.state / "jobs" / j1 / "held.json").read_text())
         svc.start()
-        wait_for("j2 started", lambda: svc.events(j2, "run"), 90, svc.output)
-        (tmp_path / "stop1").touch()  # j1 trains on until j2 runs: then to its epoch's end
-        jobs = svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()),
-                             "both done", timeout_s=150)
+        jobs = _both_done_once_j2_runs(svc, tmp_path, j2)
     finally:
         os.environ.pop("HVD_EDL_TEST_MARKER", None)
         if sampler is not None:

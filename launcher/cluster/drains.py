@@ -20,6 +20,8 @@ import json
 import time
 from typing import Dict, Optional
 
+from launcher.cluster import pool as pool_
+
 
 def load(svc) -> Dict[str, dict]:
     """The drains the store keeps (host -> ``{"at", "deadline", "noted"}``, unix seconds)."""
@@ -46,7 +48,6 @@ def drain(svc, host: str, deadline_s: Optional[float] = None, undo: bool = False
     Raises:
         ValueError: a host the pool does not know, a deadline not positive, or an undo of a
             host not drained (a typo must not pass for done)."""
-    from launcher.cluster import pool as pool_
     if host not in svc.discovered and host not in svc.drains:
         raise ValueError(f"unknown host {host!r}: the pool has {sorted(svc.discovered)}")
     if deadline_s is not None and not deadline_s > 0:
@@ -104,7 +105,6 @@ def check(svc) -> None:
                             f"{', '.join(held)} still there", host=host, jobs=held)
     if changed:
         _save(svc)
-        from launcher.cluster import pool as pool_
         if set(svc.pool) & set(svc.drains):
             pool_.changed(svc, dict(svc.discovered))
 

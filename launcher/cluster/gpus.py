@@ -31,6 +31,8 @@ import shutil
 import subprocess
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
+from launcher.cluster.runs import takes_part
+
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 10.0  # one nvidia-smi call, local or over ssh
@@ -96,7 +98,6 @@ def pool_gpus(hosts: Dict[str, int], named: Dict[str, Tuple[str, ...]], assume: 
 def live_pairs(telemetry: Optional[dict]) -> List[Tuple[str, Optional[str]]]:
     """(host, gpu) of each worker that still takes part in the job in a ``/ctl/telemetry``
     answer (:func:`launcher.cluster.runs.takes_part`)."""
-    from launcher.cluster.runs import takes_part
     return [(w["host"], w.get("gpu")) for w in (telemetry or {}).get("workers", [])
             if takes_part(w)]
 

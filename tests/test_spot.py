@@ -38,7 +38,13 @@ def hosts_file(tmp_path, text):
     return path
 
 
-def test_gce_leaves_out_preempted_and_maintenance_hosts(tmp_path, cloud):
+def ends_of(stdout):
+    """{host: ends= unix seconds or None} of a discovery script's output."""
+    from launcher.discovery.hosts import parse_host_specs
+    return {h: e.ends for h, e in parse_host_specs(stdout, None).items()}
+
+
+def test_gce_prints_preempted_and_maintenance_hosts_with_their_end_in_30_s(tmp_path, cloud):
     path = hosts_file(tmp_path, """
         127.0.0.1:2
         127.0.0.2
@@ -49,12 +55,20 @@ def test_gce_leaves_out_preempted_and_maintenance_hosts(tmp_path, cloud):
     cloud.set("127.0.0.2", preempted="TRUE")
     cloud.set("127.0.0.3", maintenance_event="TERMINATE_ON_HOST_MAINTENANCE")
     cloud.set("127.0.0.4")
+    before = time.time()
     r = run_script("gce", "--hosts-file", path, "--metadata-url", cloud.gce_url)
+    after = time.time()
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["127.0.0.1:2", "127.0.0.4:4"]  # order and slots kept
-    assert "127.0.0.2 left out: instance/preempted is TRUE" in r.stderr
-    assert "127.0.0.3 left out: instance/maintenance-event is TERMINATE_ON_HOST_MAINTENANCE" \
-        in r.stderr
+    lines = r.stdout.splitlines()  # order and slots kept; the noticed hosts with their end
+    assert [x.split()[0] for x in lines] == ["127.0.0.1:2", "127.0.0.2", "127.0.0.3:1",
+                                             "127.0.0.4:4"], lines
+    ends = ends_of(r.stdout)
+    assert ends["127.0.0.1"] is None and ends["127.0.0.4"] is None, lines
+    for host in ("127.0.0.2", "127.0.0.3"):  # GCE's 30 s from when the notice was seen
+        assert before + 30 <= ends[host] <= after + 30, (host, ends, before, after)
+    assert "127.0.0.2 ends in 30 s: instance/preempted is TRUE" in r.stderr
+    assert "127.0.0.3 ends in 30 s: instance/maintenance-event is " \
+        "TERMINATE_ON_HOST_MAINTENANCE" in r.stderr
     assert all(headers.get("Metadata-Flavor") == "Google" for _, _, headers in cloud.requests)
 
 
@@ -75,18 +89,23 @@ def test_gce_unreachable_metadata_keeps_the_host_unless_drop(tmp_path, cloud):
     assert "metadata of all 2 hosts unreachable (is --metadata-url right?)" in r.stderr
 
 
-def test_aws_spot_notice_leaves_host_out_with_imdsv2_or_v1(tmp_path, cloud):
+def test_aws_spot_notice_prints_the_notice_end_with_imdsv2_or_v1(tmp_path, cloud):
     path = hosts_file(tmp_path, "127.0.0.1:2\n127.0.0.2:2\n127.0.0.3:2\n")
     cloud.set("127.0.0.1", imds="v2")
     cloud.set("127.0.0.2", imds="v2",
               instance_action='{"action": "terminate", "time": "2026-11-30T08:22:00Z"}')
     cloud.set("127.0.0.3", imds="v1", instance_action='{"action": "stop"}')
+    before = time.time()
     r = run_script("aws", "--hosts-file", path, "--metadata-url", cloud.aws_url)
+    after = time.time()
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == ["127.0.0.1:2"]
-    assert "127.0.0.2 left out: spot/instance-action: terminate at 2026-11-30T08:22:00Z" \
-        in r.stderr
-    assert "127.0.0.3 left out: spot/instance-action: stop" in r.stderr  # v1 fallback worked
+    assert r.stdout.splitlines()[:2] == ["127.0.0.1:2", "127.0.0.2:2 ends=1796026920"], r.stdout
+    ends = ends_of(r.stdout)  # the notice's own time; without one, AWS's two minutes
+    assert ends["127.0.0.1"] is None and ends["127.0.0.2"] == 1796026920.0
+    assert before + 120 <= ends["127.0.0.3"] <= after + 120, (ends, before, after)
+    assert "127.0.0.2 ends in" in r.stderr and \
+        "spot/instance-action: terminate at 2026-11-30T08:22:00Z" in r.stderr
+    assert "127.0.0.3 ends in 120 s: spot/instance-action: stop" in r.stderr  # v1 fallback
     gets = [(p, h) for m, p, h in cloud.requests if m == "GET" and "/127.0.0.2/" in p]
     assert gets and all("X-aws-ec2-metadata-token" in h for _, h in gets)  # IMDSv2 token used
 
@@ -179,8 +198,9 @@ def test_scripts_are_executable_files_too(tmp_path):
 
 
 def test_spot_notice_drains_its_host_gracefully(tmp_path, job_factory, cloud):
-    """GCE preemption notice on one of three hosts: its worker leaves at a commit boundary
-    (scale_in, nothing rolled back, no failure) and the job finishes on the other two.
+    """GCE preemption notice on one of three hosts (listed on with ``ends=``, 30 s ahead): its
+    worker leaves at a commit boundary (scale_in, nothing rolled back, no failure) and the job
+    finishes on the other two.
     Prints notice-to-exit: from setting the notice to the worker process's exit."""
     hosts = ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
     for h in hosts:
@@ -209,5 +229,9 @@ def test_spot_notice_drains_its_host_gracefully(tmp_path, job_factory, cloud):
     job.end_training()
     assert job.finish() == 0, job.output()[-3000:]
     out = job.output()
-    assert "w3@127.0.0.3:0 failed" not in out and "failure" not in [e["kind"] for e in job.events()]
+    kinds = [e["kind"] for e in job.events()]
+    assert "w3@127.0.0.3:0 failed" not in out and "failure" not in kinds
+    notice = job.notes("notice")  # the host listed on with ends=, not dropped
+    assert [e["host"] for e in notice] == ["127.0.0.3"], notice
+    assert noticed_wall + 30 <= notice[0]["ends"] <= noticed_wall + 31, notice
     assert summary(tmp_path)["world_size"] == 2

@@ -1,6 +1,17 @@
 """What the ``gce`` and ``aws`` discovery scripts share: read the candidate hosts from a hosts
 file, ask each host's metadata server (in parallel, short timeouts) whether the provider has
-announced that the machine is going, and print the hosts that stay in Horovod's format.
+announced that the machine is going, and print every host in Horovod's format, a host with a
+notice with the time its notice gives for its end (``host ends=UNIX_S``,
+:mod:`launcher.discovery.hosts`): no new worker goes there, and the job's workers there leave
+stop-free at their next commit (after a checkpoint where the job keeps them) before the machine
+goes.  Leaving such a host out instead would read as the host gone at once: no time to commit.
+
+When the end is: AWS's notice says it (``spot/instance-action``'s ``time``, two minutes after the
+notice); GCE's does not, and gives about 30 s from the notice (``instance/preempted`` turning
+TRUE, ``instance/maintenance-event`` announcing a termination), so the script prints the time it
+first sees the notice plus 30 s (:data:`GCE_NOTICE_S`).  A later call prints a later time for the
+same notice; the launcher keeps the first end it was given for a host (the earliest), and the
+cluster service's drain takes the first too.
 
 How the driver reaches each host's metadata: a cloud metadata server answers only the VM it runs
 on (``169.254.169.254`` / ``metadata.google.internal`` is link-local), so the driver cannot ask it
@@ -28,15 +39,18 @@ from __future__ import annotations
 import argparse
 import enum
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
 import requests
 
-from launcher.discovery.hosts import HostSpecError, format_host_entry, parse_host_lines
+from launcher.discovery.hosts import HostLine, HostSpecError, format_host_entry, parse_host_lines
 
 MAX_PARALLEL = 32
+GCE_NOTICE_S = 30.0   # GCE: a preemption / termination notice comes about 30 s before the end
+AWS_NOTICE_S = 120.0  # AWS: the spot interruption notice, two minutes (when its time is unreadable)
 
 
 class Verdict(enum.Enum):
@@ -49,15 +63,18 @@ class Verdict(enum.Enum):
 
 @dataclass(frozen=True)
 class HostCheck:
-    """One host's answer; ``reason`` says why for GOING / UNKNOWN."""
+    """One host's answer; ``reason`` says why for GOING / UNKNOWN; ``ends``: for GOING, the unix
+    time (seconds) the notice gives for the machine's end."""
     host: str
     slots: Optional[int]
     verdict: Verdict
     reason: str = ""
+    ends: Optional[float] = None
 
 
-# probe(session, base_url, timeout_s) -> (verdict, reason); may raise requests.RequestException
-Probe = Callable[[requests.Session, str, float], Tuple[Verdict, str]]
+# probe(session, base_url, timeout_s) -> (verdict, reason, ends: unix seconds for GOING, else
+# None); may raise requests.RequestException
+Probe = Callable[[requests.Session, str, float], Tuple[Verdict, str, Optional[float]]]
 
 
 def metadata_base(template: str, host: str) -> str:
@@ -75,10 +92,11 @@ def check_hosts(hosts: List[Tuple[str, Optional[int]]], probe: Probe, url_templa
         with requests.Session() as session:
             session.trust_env = False  # never send metadata requests through an HTTP proxy
             try:
-                verdict, reason = probe(session, metadata_base(url_template, host), timeout_s)
+                verdict, reason, ends = probe(session, metadata_base(url_template, host),
+                                              timeout_s)
             except requests.RequestException as e:
-                verdict, reason = Verdict.UNKNOWN, f"unreachable ({type(e).__name__})"
-        return HostCheck(host, slots, verdict, reason)
+                verdict, reason, ends = Verdict.UNKNOWN, f"unreachable ({type(e).__name__})", None
+        return HostCheck(host, slots, verdict, reason, ends)
 
     if not hosts:
         return []
@@ -128,17 +146,20 @@ def main(argv: Optional[List[str]], prog: str, description: str, default_url: st
               f"right?), e.g. {unknown[0].host}: {unknown[0].reason} at "
               f"{metadata_base(a.metadata_url, unknown[0].host)}", file=sys.stderr)
         return 1
-    keep = {Verdict.STAYS} | ({Verdict.UNKNOWN} if a.unreachable == "keep" else set())
+    keep = {Verdict.STAYS, Verdict.GOING} | \
+        ({Verdict.UNKNOWN} if a.unreachable == "keep" else set())
     for c in checks:
         if c.verdict is Verdict.GOING:
-            print(f"{prog}: {c.host} left out: {c.reason}", file=sys.stderr)
+            print(f"{prog}: {c.host} ends in {c.ends - time.time():.0f} s: {c.reason}",
+                  file=sys.stderr)
         elif c.verdict is Verdict.UNKNOWN:
             print(f"{prog}: {c.host} metadata {c.reason}: "
                   f"{'kept' if a.unreachable == 'keep' else 'left out'}", file=sys.stderr)
-    staying = [c for c in checks if c.verdict in keep]
-    if not staying:
+    listed = [c for c in checks if c.verdict in keep]
+    if not listed:
         print(f"{prog}: no host left: " + "; ".join(f"{c.host}: {c.reason}" for c in checks),
               file=sys.stderr)
         return 1
-    print("\n".join(format_host_entry(c.host, c.slots) for c in staying), flush=True)
+    print("\n".join(HostLine(c.host, c.slots, ends=c.ends).format() for c in listed),
+          flush=True)
     return 0

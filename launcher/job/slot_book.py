@@ -67,11 +67,14 @@ class SlotBook:
                   ends: Optional[Dict[str, float]] = None) -> bool:
         """Take discovery's new host set, the GPUs its lines name (``host -> the GPU of each
         slot``, hosts without ``gpus=`` left out) and the ends they announce (``host -> unix
-        time``: such a host takes no new worker and its workers leave, as a drained one);
+        time``: such a host takes no new worker and its workers leave, as a drained one; a
+        host already announced keeps the earliest end it was given, since a script that cannot
+        read the end from its notice prints "seen now + the notice period" on every call);
         True when any differs from the last."""
         gpus = {h: tuple(g) for h, g in (gpus or {}).items() if h in hosts}
         ends = {h: float(t) for h, t in (ends or {}).items() if h in hosts}
         with self._lock:
+            ends = {h: min(t, self._ends.get(h, t)) for h, t in ends.items()}
             if hosts == self._hosts and gpus == self._gpus and ends == self._ends:
                 return False
             self._hosts = dict(hosts)

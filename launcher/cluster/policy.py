@@ -29,6 +29,10 @@ def placement_of(hosts: Mapping[str, int]) -> Placement:
     return tuple(sorted((n for n in hosts.values() if n > 0), reverse=True))
 
 
+DEFAULT_USER = ""
+"""The user of every job in a cluster without users (:attr:`JobView.user`)."""
+
+
 @dataclass(frozen=True)
 class JobView:
     """One job as a policy sees it.
@@ -50,6 +54,9 @@ class JobView:
             ``launcher.apps.speed_model``); None while nothing is known (policies then assume
             linear scaling from one slot).
         elastic: it may be resized without a restart (an hvd-edl-run job with min < max).
+        user: who submitted it (a Unix user name); fair share and the quota count per user
+            (:mod:`launcher.cluster.fair_share`).  The default, one user for every job, is a
+            cluster without users: every policy then decides as it did before users existed.
     """
     id: str
     submitted_at: float
@@ -63,6 +70,7 @@ class JobView:
     last_change_at: float = 0.0
     throughput: Optional[Callable[[Placement], float]] = None
     elastic: bool = True
+    user: str = DEFAULT_USER
 
     @property
     def world_size(self) -> int:
@@ -82,12 +90,15 @@ class Snapshot:
             grow, shrink, suspend, resume): 30 s for a checkpoint restart, a fraction of a second
             for a stop-free switch.
         restart_cost_s: seconds a (re)start from nothing or from a checkpoint costs a job.
+        user_attained_gpu_s: user -> GPU-seconds its jobs attained, ended jobs included (fair
+            share's attained service per user); a user missing counts its jobs in ``jobs``.
     """
     now: float
     pool: Mapping[str, int]
     jobs: Tuple[JobView, ...]
     change_cost_s: float = 30.0
     restart_cost_s: float = 30.0
+    user_attained_gpu_s: Mapping[str, float] = field(default_factory=dict)
 
     def job(self, job_id: str) -> JobView:
         """The job with that id (KeyError if none)."""
@@ -101,12 +112,14 @@ class AllocationError(ValueError):
     """A policy's allocation breaks a bound (one line, naming the job and the bound)."""
 
 
-def check_allocation(snap: Snapshot, alloc: Allocation) -> None:
+def check_allocation(snap: Snapshot, alloc: Allocation, user_quota: Optional[int] = None) -> None:
     """Raise :class:`AllocationError` unless ``alloc`` keeps every bound of ``snap``: every job is
     known, every host is in the pool, no host's slots are promised beyond its capacity (so never
-    one slot to two jobs), and a job that holds slots holds between its ``min_np`` and
-    ``max_np``."""
+    one slot to two jobs), a job that holds slots holds between its ``min_np`` and ``max_np``,
+    and no user holds more than ``user_quota`` slots (None: no cap; the policy's
+    :attr:`Policy.user_quota`)."""
     used: Dict[str, int] = {}
+    per_user: Dict[str, int] = {}
     ids = {j.id: j for j in snap.jobs}
     for job_id, hosts in alloc.items():
         if job_id not in ids:
@@ -122,6 +135,12 @@ def check_allocation(snap: Snapshot, alloc: Allocation) -> None:
         j = ids[job_id]
         if n and not j.min_np <= n <= j.max_np:
             raise AllocationError(f"job {job_id}: {n} slots outside [{j.min_np}, {j.max_np}]")
+        per_user[j.user] = per_user.get(j.user, 0) + n
+    if user_quota is not None:
+        for user, n in per_user.items():
+            if n > user_quota:
+                raise AllocationError(f"user {user or '(default)'}: {n} slots, over the "
+                                      f"quota of {user_quota}")
     for host, k in used.items():
         if k > snap.pool[host]:
             raise AllocationError(f"host {host}: {k} slots promised, {snap.pool[host]} exist")
@@ -130,9 +149,17 @@ def check_allocation(snap: Snapshot, alloc: Allocation) -> None:
 class Policy(abc.ABC):
     """A scheduling policy: :meth:`allocate` is called once per scheduling round (and on every
     arrival, end and pool change); it must be deterministic for a given snapshot and may keep
-    no state that the snapshot does not carry (the service restarts it from the store)."""
+    no state that the snapshot does not carry (the service restarts it from the store).
+
+    Attributes:
+        fair_share: order jobs fair between users (:mod:`launcher.cluster.fair_share`); no
+            effect with one user.
+        user_quota: most slots one user holds (None: no cap); every allocation keeps it.
+    """
 
     name: str = "policy"
+    fair_share: bool = True
+    user_quota: Optional[int] = None
 
     @abc.abstractmethod
     def allocate(self, snap: Snapshot) -> Allocation:

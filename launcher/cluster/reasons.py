@@ -29,7 +29,11 @@ def _jobs(n: int) -> str:
 
 def order(snap: Snapshot, policy) -> List[JobView]:
     """The jobs of ``snap`` in ``policy``'s order (fifo: larger priority, then submission;
-    tiresias and edl: 2D-LAS with the policy's thresholds)."""
+    tiresias and edl: 2D-LAS with the policy's thresholds; fair between users where the policy
+    is: its ``order``)."""
+    own = getattr(policy, "order", None)
+    if callable(own):
+        return own(snap)
     thresholds = getattr(policy, "thresholds_gpu_s", None)
     if thresholds is not None:
         from launcher.cluster.policies.tiresias import las_order

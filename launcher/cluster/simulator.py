@@ -42,8 +42,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-from launcher.cluster.policy import (Allocation, JobView, Placement, Policy, Snapshot,
-                                     check_allocation, placement_of)
+from launcher.cluster.policy import (DEFAULT_USER, Allocation, JobView, Placement, Policy,
+                                     Snapshot, check_allocation, placement_of)
 
 
 def pool_of(nodes: int, slots: int, prefix: str = "n") -> Dict[str, int]:
@@ -64,6 +64,8 @@ class SimJob:
         samples_per_step: global batch, samples (throughput = samples_per_step / step_time).
         priority: larger first among equals.
         elastic: resized without a restart when the simulation is ``stop_free``.
+        user: who submitted it (fair share and the quota count per user; the default: one
+            user for every job).
     """
     id: str
     submitted_at: float
@@ -75,6 +77,7 @@ class SimJob:
     samples_per_step: float = 1.0
     priority: int = 0
     elastic: bool = True
+    user: str = DEFAULT_USER
 
     def __post_init__(self):
         self.min_np = self.np if self.min_np is None else self.min_np
@@ -307,10 +310,12 @@ def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
                         min_np=r.job.min_np, max_np=r.job.max_np, priority=r.job.priority,
                         allocation=dict(r.hosts), attained_gpu_s=r.res.gpu_s,
                         started=r.res.started_at is not None, last_change_at=r.last_change_at,
-                        throughput=r.throughput, elastic=r.job.elastic and stop_free)
-                for r in seen), change_cost_s=change_cost_s, restart_cost_s=restart_cost_s)
+                        throughput=r.throughput, elastic=r.job.elastic and stop_free,
+                        user=r.job.user)
+                for r in seen), change_cost_s=change_cost_s, restart_cost_s=restart_cost_s,
+                user_attained_gpu_s=_user_attained(runs))
             alloc: Allocation = policy.allocate(snap)
-            check_allocation(snap, alloc)
+            check_allocation(snap, alloc, getattr(policy, "user_quota", None))
             # preempted with stop_s: it trains on and holds its slots until it stops (see
             # above), so the round is decided again without them
             stops = [r for r in seen if stop_s > 0 and r.hosts
@@ -341,6 +346,15 @@ def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
     busy = sum(r.res.gpu_s for r in runs)
     return SimResult(res, sum(j.jct_s for j in done) / len(done) if done else 0.0, makespan,
                      busy / (capacity * makespan) if makespan > 0 else 0.0, n_rounds, line)
+
+
+def _user_attained(runs: List[_Run]) -> Dict[str, float]:
+    """user -> GPU-seconds its jobs held so far, ended jobs included."""
+    out: Dict[str, float] = {}
+    for r in runs:
+        if r.res.gpu_s:
+            out[r.job.user] = out.get(r.job.user, 0.0) + r.res.gpu_s
+    return out
 
 
 def _change(r: _Run, new: Dict[str, int], t: float, restart_cost_s: float,

@@ -2,6 +2,8 @@
 (:class:`launcher.cluster.policy.Policy` subclasses), and :func:`make_policy` by name."""
 from __future__ import annotations
 
+from typing import Optional
+
 from launcher.cluster.policy import Policy
 
 POLICIES = ("fifo", "tiresias", "edl")
@@ -24,18 +26,21 @@ def parse_objective(objective: str):
     raise ValueError(f"unknown objective {objective!r} (jct, throughput or efficiency:E)")
 
 
-def make_policy(name: str, objective: str = "jct") -> Policy:
+def make_policy(name: str, objective: str = "jct", *, fair_share: bool = True,
+                user_quota: Optional[int] = None) -> Policy:
     """The policy called ``name`` (fifo, tiresias, edl) for ``objective`` (jct, throughput,
     efficiency:E; only edl optimises one, fifo and tiresias accept any valid objective and ignore
-    it).  ValueError, one line, for an unknown name or a bad objective."""
+    it), fair between users (``fair_share``, :mod:`launcher.cluster.fair_share`; no effect with
+    one user), with at most ``user_quota`` slots per user (None: no cap).  ValueError, one line,
+    for an unknown name, a bad objective or a quota below 1."""
     obj, e = parse_objective(objective)
     if name == "fifo":
         from launcher.cluster.policies.fifo import FifoPolicy
-        return FifoPolicy()
+        return FifoPolicy(fair_share=fair_share, user_quota=user_quota)
     if name == "tiresias":
         from launcher.cluster.policies.tiresias import TiresiasPolicy
-        return TiresiasPolicy()
+        return TiresiasPolicy(fair_share=fair_share, user_quota=user_quota)
     if name == "edl":
         from launcher.cluster.policies.edl import EdlPolicy
-        return EdlPolicy(obj, e)
+        return EdlPolicy(obj, e, fair_share=fair_share, user_quota=user_quota)
     raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})")

@@ -30,12 +30,19 @@ One round, a pure function of the snapshot:
 
 Every job stays within ``[min_np, max_np]`` while it holds slots and no slot goes to two jobs
 (:func:`launcher.cluster.policy.check_allocation`).
+
+Several users (``fair_share``, on by default): admission takes the jobs fair between users within
+each 2D-LAS queue (:func:`launcher.cluster.fair_share.fair_order`, a job's size its ``min_np``), so
+another user's arrival takes back lent slots before the first user's later jobs are admitted.
+``user_quota`` caps the slots one user holds: admission, hold and lending all stop at it.  With
+one user both change nothing.
 """
 from __future__ import annotations
 
 import heapq
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from launcher.cluster.fair_share import Quota, check_user_quota
 from launcher.cluster.policy import (Allocation, JobView, Placement, Policy, Snapshot, fill_hosts,
                                      placement_of)
 from launcher.cluster.policies.fifo import keep_hosts
@@ -63,6 +70,8 @@ class EdlPolicy(Policy):
         payback_s: horizon a change must pay back its switch cost over (None: the larger of
             600 s and the hold time).
         queue_weight: per-queue weight of the ``jct`` objective (0 < w <= 1).
+        fair_share: admission fair between users (the module's docstring).
+        user_quota: most slots one user holds (None: no cap).
     Raises ValueError (one line) for a bad objective or parameter.
     """
 
@@ -71,7 +80,8 @@ class EdlPolicy(Policy):
     def __init__(self, objective: str = "jct", efficiency: Optional[float] = None,
                  thresholds_gpu_s: Sequence[float] = DEFAULT_THRESHOLDS_GPU_S,
                  hold_s: Optional[float] = None, payback_s: Optional[float] = None,
-                 queue_weight: float = 0.5):
+                 queue_weight: float = 0.5, fair_share: bool = True,
+                 user_quota: Optional[int] = None):
         if objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {objective!r} (jct, throughput or efficiency:E)")
         if (objective == "efficiency") != (efficiency is not None):
@@ -86,6 +96,13 @@ class EdlPolicy(Policy):
         self.hold_s = hold_s
         self.payback_s = payback_s
         self.queue_weight = queue_weight
+        self.fair_share = bool(fair_share)
+        self.user_quota = check_user_quota(user_quota)
+
+    def order(self, snap: Snapshot) -> List[JobView]:
+        """The jobs in admission order (2D-LAS, fair between users at each job's ``min_np``)."""
+        return las_order(snap, self.thresholds_gpu_s, fair_share=self.fair_share,
+                         size=lambda j: j.min_np)
 
     # -- the speed model -------------------------------------------------------------------------
     @staticmethod
@@ -136,20 +153,23 @@ class EdlPolicy(Policy):
         payback_s = self.payback_s if self.payback_s is not None else max(600.0, hold_s)
         threshold = cost / (payback_s - cost) if payback_s > cost else float("inf")
 
-        order = las_order(snap, self.thresholds_gpu_s)
+        order = self.order(snap)
         size: Dict[str, int] = {}
         left = capacity
+        quota = Quota(self.user_quota)
         for j in order:                               # 1. admission at min_np, 2D-LAS order
-            if j.min_np <= left:
+            if j.min_np <= left and quota.fits(j.user, j.min_np):
                 size[j.id] = j.min_np
                 left -= j.min_np
+                quota.take(j.user, j.min_np)
         admitted = [j for j in order if j.id in size]
         cur = {j.id: min(j.world_size, j.max_np) for j in admitted}
         for j in admitted:                            # 2. hold: keep the size of a recent change
             if cur[j.id] > size[j.id] and snap.now - j.last_change_at < hold_s:
-                extra = min(cur[j.id] - size[j.id], left)
+                extra = int(min(cur[j.id] - size[j.id], left, quota.room(j.user)))
                 size[j.id] += extra
                 left -= extra
+                quota.take(j.user, extra)
         held = {j.id for j in admitted if j.world_size and snap.now - j.last_change_at < hold_s}
         weight = {j.id: self.queue_weight ** queue_index(j, snap.now, self.thresholds_gpu_s)
                   for j in admitted}
@@ -157,7 +177,8 @@ class EdlPolicy(Policy):
         rank = {j.id: i for i, j in enumerate(admitted)}
 
         def push(j: JobView) -> None:
-            b = self._best_increment(j, size[j.id], cur[j.id], left, host_slots, weight[j.id],
+            spare = int(min(left, quota.room(j.user)))
+            b = self._best_increment(j, size[j.id], cur[j.id], spare, host_slots, weight[j.id],
                                      threshold, j.id not in held)
             if b is not None:
                 # ties: what it holds first (no change), then the 2D-LAS order
@@ -168,11 +189,12 @@ class EdlPolicy(Policy):
         while heap and left > 0:
             _, k, i = heapq.heappop(heap)
             j = admitted[i]
-            if k > left:                              # stale: fewer slots left than it wanted
+            if k > left or not quota.fits(j.user, k):   # stale: fewer slots left than it wanted
                 push(j)
                 continue
             size[j.id] += k
             left -= k
+            quota.take(j.user, k)
             push(j)
         return self._place(snap, admitted, size, hold_s, payback_s)
 

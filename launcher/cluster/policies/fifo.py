@@ -5,11 +5,18 @@ when its ``np`` slots are free, all at once (gang scheduling), keeps them until 
 resized or preempted.  Plain FIFO, no backfilling: when the head of the queue does not fit, nothing
 behind it starts (head-of-line blocking), even a job that would fit.  A job larger than the whole
 pool can never start and is passed over (it would block the queue for ever).
+
+Several users (``fair_share``, on by default): the queue is fair between users
+(:func:`launcher.cluster.fair_share.fair_order`: each user's jobs in priority and submission
+order, users interleaved by progressive filling of slots, then by attained service).
+``user_quota`` caps the slots one user holds; a job held at its user's quota is passed over and
+blocks no one (Slurm's QOS limits).  With one user both change nothing.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List, Optional
 
+from launcher.cluster.fair_share import Quota, check_user_quota, fair_order
 from launcher.cluster.policy import Allocation, JobView, Policy, Snapshot, fill_hosts
 
 
@@ -47,27 +54,54 @@ def top_up(j: JobView, free: Dict[str, int], size: int):
     return kept
 
 
+def fifo_key(j: JobView):
+    """FIFO's queue order of one job: larger ``priority`` first, then submission time, then id."""
+    return (-j.priority, j.submitted_at, j.id)
+
+
 class FifoPolicy(Policy):
     """First come first served, gang-scheduled, no backfilling (the module's docstring).  Queue
-    order: larger ``priority`` first, then submission time, then id."""
+    order: larger ``priority`` first, then submission time, then id (fair between users first
+    with ``fair_share``).
+
+    Args:
+        fair_share: a queue fair between users (the module's docstring).
+        user_quota: most slots one user holds (None: no cap).
+    Raises ValueError for a quota below 1.
+    """
 
     name = "fifo"
+
+    def __init__(self, fair_share: bool = True, user_quota: Optional[int] = None):
+        self.fair_share = bool(fair_share)
+        self.user_quota = check_user_quota(user_quota)
+
+    def order(self, snap: Snapshot) -> List[JobView]:
+        """The queue: the jobs in the order this policy considers them."""
+        if self.fair_share:
+            return fair_order(snap, fifo_key, requested_size)
+        return sorted(snap.jobs, key=fifo_key)
 
     def allocate(self, snap: Snapshot) -> Allocation:
         free = dict(snap.pool)
         capacity = sum(free.values())
         alloc: Allocation = {}
-        order = sorted(snap.jobs, key=lambda j: (-j.priority, j.submitted_at, j.id))
+        quota = Quota(self.user_quota)
+        order = self.order(snap)
         for j in order:                      # running jobs keep what they hold
-            if j.allocation:
+            if j.allocation and quota.fits(j.user, requested_size(j)):
                 got = top_up(j, free, requested_size(j))
                 if got:
                     alloc[j.id] = got
+                    quota.take(j.user, requested_size(j))
         for j in order:
             if j.id in alloc or requested_size(j) > capacity:
                 continue
+            if not quota.fits(j.user, requested_size(j)):
+                continue                     # held at its user's quota: blocks no one
             got = fill_hosts(free, requested_size(j))
             if got is None:
                 break                        # head-of-line blocking: nothing behind it starts
             alloc[j.id] = got
+            quota.take(j.user, requested_size(j))
         return alloc

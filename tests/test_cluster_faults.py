@@ -264,3 +264,62 @@ def test_a_vanished_pool_host_leaves_the_ring_shown_and_rests(tmp_path):
             if str(state) in " ".join(p.info["cmdline"] or []):
                 p.kill()
         c.close()
+
+
+def test_slots_its_launcher_rests_are_given_back_decision():
+    """:func:`launcher.cluster.rested.given_back`: a host's last slots resting for good, their
+    processes gone, leave the job's allocation; a resting slot below a live one, or one whose
+    process is still exiting, stays."""
+    from launcher.cluster.rested import given_back
+    rows = [{"host": "a", "slot": 0, "state": "member"}, {"host": "a", "slot": 1,
+                                                          "state": "member"}]
+    assert given_back({"a": 2, "b": 1}, {"resting": {"b": [0]}, "workers": rows}) == {"b": 0}
+    assert given_back({"a": 3}, {"resting": {"a": [2]}, "workers": rows}) == {"a": 2}
+    assert given_back({"a": 3}, {"resting": {"a": [1]}, "workers": rows[:1]}) == {}
+    assert given_back({"a": 3}, {"resting": {"a": [1, 2]}, "workers": rows[:1]}) == {"a": 1}
+    exiting = rows + [{"host": "a", "slot": 2, "state": "leaving"}]
+    assert given_back({"a": 3}, {"resting": {"a": [2]}, "workers": exiting}) == {}
+    assert given_back({"a": 2}, {"workers": rows}) == {}
+
+
+def test_a_slot_whose_joiner_failed_goes_back_to_the_pool(service, tmp_path):
+    """``serve --assume-gpus -H localhost:2,127.0.0.2:1``: j1 (1 to 3) is lent all three GPUs,
+    but its worker command fails on 127.0.0.2 (exit 1 at start) and its launcher rests that
+    slot for the rest of the run.  The service learns it from j1's telemetry and gives the slot
+    back (a ``rested`` event) once the failed process is gone; j2 (``--np 1``) then runs on it
+    to the end while j1 still trains, instead of waiting for j1 to end."""
+    marker = f"rested-{os.getpid()}-{time.monotonic_ns()}"
+    os.environ["HVD_EDL_TEST_MARKER"] = marker
+    sampler = None
+    bad = tmp_path / "no_driver_on_127_0_0_2.py"
+    bad.write_text("import os, runpy, sys\n"
+                   "if os.environ.get('HOROVOD_HOSTNAME') == '127.0.0.2':\n"
+                   "    sys.exit('CUDA driver not found on 127.0.0.2')\n"
+                   "sys.argv = sys.argv[1:]\n"
+                   "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    try:
+        svc = service("--policy", "edl", "--hold", "1", "--assume-gpus",
+                      "-H", "localhost:2,127.0.0.2:1")
+        sampler = GpuSampler(marker)
+        cmd = ledger(tmp_path, "j1", 64, epochs=1000, delay=0.03)
+        cmd = cmd[:2] + [str(bad)] + cmd[2:] + ["--stop-file", str(tmp_path / "stop1")]
+        j1 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--min-np", "1",
+                        "--max-np", "3", *cmd)
+        rested = wait_for("j1's rested slot given back", lambda: svc.events(j1, "rested"), 90,
+                          lambda: svc.output() + svc.job_logs())
+        assert rested[0]["hosts"] == {"localhost": 2} and \
+            rested[0]["slots"] == {"127.0.0.2": [0]}, rested
+        j2 = svc.submit("--env", f"HVD_EDL_TEST_MARKER={marker}", "--np", "1",
+                        *ledger(tmp_path, "j2", 48))
+        jobs = svc.wait_jobs(lambda j: j[j2]["state"] == "done", "j2 done", timeout_s=90)
+        assert jobs[j1]["state"] == "running" and jobs[j1]["allocation"] == {"localhost": 2}, \
+            jobs[j1]
+        assert [e["hosts"] for e in svc.events(j2, "run")] == [{"127.0.0.2": 1}]
+        (tmp_path / "stop1").touch()
+        jobs = svc.wait_jobs(lambda j: j[j1]["state"] == "done", "j1 done", timeout_s=90)
+    finally:
+        os.environ.pop("HVD_EDL_TEST_MARKER", None)
+        if sampler is not None:
+            sampler.stop()
+    assert sampler.shared_gpus() == [], sampler.shared_gpus()[:5]
+    assert jobs[j1]["runs"] == 1 and jobs[j2]["runs"] == 1, jobs

@@ -26,13 +26,15 @@ class GpuSampler:
     ``HVD_EDL_TEST_MARKER=marker`` (and a ``CUDA_VISIBLE_DEVICES``).
 
     ``samples``: one ``{pid: (launcher pid, worker id, GPU)}`` a sample; ``seen``: per
-    (launcher pid, worker id) ``[GPU, first seen, last seen]`` (monotonic seconds)."""
+    (launcher pid, worker id) ``[GPU, first seen, last seen]`` (monotonic seconds); ``hosts``:
+    pid -> its ``HOROVOD_HOSTNAME`` (GPU 0 of two hosts are two GPUs)."""
 
     def __init__(self, marker: str, period_s: float = 0.1):
         self.marker = marker
         self.period_s = period_s
         self.samples: List[Dict[int, Tuple[int, str, str]]] = []
         self.seen: Dict[Tuple[int, str], list] = {}
+        self.hosts: Dict[int, str] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -61,6 +63,7 @@ class GpuSampler:
                     continue
                 key = (launcher, env["HVD_EDL_WORKER_ID"])
                 sample[pid] = (launcher, key[1], gpu)
+                self.hosts[pid] = env.get("HOROVOD_HOSTNAME", "")
                 self.seen.setdefault(key, [gpu, now, now])[2] = now
             self.samples.append(sample)
             self._stop.wait(self.period_s)
@@ -70,11 +73,14 @@ class GpuSampler:
         self._thread.join(10)
 
     def shared_gpus(self) -> List[Tuple[str, list]]:
-        """Every (GPU, processes) selected by two live workers in one sample."""
+        """Every (GPU, processes) selected by two live workers on one host in one sample (the
+        GPU as ``host/GPU`` where the workers' host is not this one's only)."""
         bad = []
         for sample in self.samples:
             by_gpu: Dict[str, list] = {}
+            hosts = {self.hosts.get(pid, "") for pid in sample}
             for pid, (launcher, worker, gpu) in sample.items():
-                by_gpu.setdefault(gpu, []).append((pid, launcher, worker))
+                where = f"{self.hosts.get(pid, '')}/{gpu}" if len(hosts) > 1 else gpu
+                by_gpu.setdefault(where, []).append((pid, launcher, worker))
             bad += [(g, users) for g, users in by_gpu.items() if len(users) > 1]
         return bad

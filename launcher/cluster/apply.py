@@ -115,6 +115,7 @@ def write(svc, job_id: str, hosts: Dict[str, int]) -> None:
     JobFiles(svc.state_dir, job_id).write_hosts(hosts, lists)
     gpus_.hold(svc, job_id, lists)
     svc.written[job_id] = dict(hosts)
+    svc.written_at[job_id] = time.monotonic()
     svc.store.update(job_id, world_size=sum(hosts.values()))
     before = svc.occupied.get(job_id, {})
     occ = {h: max(before.get(h, 0), hosts.get(h, 0)) for h in set(before) | set(hosts)}

@@ -41,6 +41,7 @@ beside it, as functions that take the service explicitly (the event log: a small
 :mod:`launcher.cluster.adoption`   re-adopting the runs after a restart
 :mod:`launcher.cluster.pool`       the pool's discovery thread, hosts leaving the pool
 :mod:`launcher.cluster.reach`      hosts no job reaches (telemetry): they rest for a cooldown
+:mod:`launcher.cluster.rested`     slots a job's launcher rests (a worker failed): given back
 :mod:`launcher.cluster.drains`     drained hosts (``drain HOST``, a pool line's ``ends=``)
 :mod:`launcher.cluster.telemetry`  the jobs' telemetry thread, speed points
 :mod:`launcher.cluster.events`     the event log (store + ``events.jsonl``), decision counts
@@ -58,7 +59,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import filelock
 
-from launcher.cluster import adoption, apply, ends, handlers, orphans, reasons, telemetry
+from launcher.cluster import adoption, apply, ends, handlers, orphans, reasons, rested, telemetry
 from launcher.cluster import drains as drains_
 from launcher.cluster import gpus as gpus_
 from launcher.cluster import pool as pool_
@@ -137,6 +138,9 @@ class Service:
         self.drains: Dict[str, dict] = {}  # host -> its drain (launcher.cluster.drains)
         self.runs: Dict[str, Run] = {}           # job id -> its live run
         self.written: Dict[str, Dict[str, int]] = {}  # job id -> its allocation file now
+        self.written_at: Dict[str, float] = {}   # job id -> when that file was written (monotonic)
+        # job id -> (run number, host -> most slots that run can use): slots it gave back (rested)
+        self.caps: Dict[str, Tuple[int, Dict[str, int]]] = {}
         self.occupied: Dict[str, Dict[str, int]] = {}  # job id -> slots it still uses
         self.telemetry: Dict[str, Tuple[float, dict]] = {}  # job id -> (monotonic, answer)
         self.releasing: Dict[str, float] = {}    # job id -> when its shrink was written
@@ -329,6 +333,7 @@ class Service:
         drains_.check(self)
         orphans.check(self)
         reach_.check(self)
+        rested.check(self)
         self._account()
         now = time.monotonic()
         if self.decide_now or now - self.last_round >= self.round_s:
@@ -386,6 +391,7 @@ class Service:
         except AllocationError as e:
             self.events.note(None, "refused", f"the policy's allocation was refused: {e}")
             return
+        alloc = rested.clamp(self, alloc)  # never more than a run's launcher can use
         self.waiting_reasons = reasons.waiting(snap, alloc, self.policy, sum(self.pool.values()))
         explain = getattr(self.policy, "explain", None)
         for view in snap.jobs:

@@ -469,16 +469,19 @@ class Driver:
         """The heartbeats' figures (``launcher.observe.telemetry``), JSON-ready: ``job`` (world size,
         generation, target world size, steps/s, samples/s, mean step / compute / wait seconds,
         last stall, whether the job is finishing), ``workers`` (one row per worker: step /
-        compute / wait seconds per step, rates, state; members first by rank) and ``counters``
-        (failures, evictions, stragglers, migrations, autoscale decisions).  Cheap: asks the
-        workers nothing (``hvd-edl-ctl top`` polls it)."""
+        compute / wait seconds per step, rates, state; members first by rank), ``counters``
+        (failures, evictions, stragglers, migrations, autoscale decisions) and ``resting``
+        (host -> slots that rest for the rest of the job, :meth:`SlotBook.resting_for_good`:
+        the cluster service gives them back).  Cheap: asks the workers nothing
+        (``hvd-edl-ctl top`` polls it)."""
         tel = self.coord.telemetry
         job = tel.job()
         job["target_world_size"] = self._capacity()  # usable slots up to the target
         states, job["finishing"] = self.coord.worker_states()
         return {"job": job, "counters": tel.counters(), "window_s": tel.window_s,
                 "workers": [dict(w.as_dict(), state=states.get(w.worker_id, "unknown"))
-                            for w in tel.workers()]}
+                            for w in tel.workers()],
+                "resting": self.slots.resting_for_good()}
 
     def status(self) -> dict:
         """The job as ``hvd-edl-ctl status`` shows it (see :meth:`Coordinator.snapshot`), plus

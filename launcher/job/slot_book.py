@@ -181,6 +181,22 @@ class SlotBook:
         with self._lock:
             return sorted(h for h, t in self._blacklist.items() if t > now)
 
+    def resting_for_good(self) -> Dict[str, List[int]]:
+        """host -> its listed slots that rest for the rest of the job (a worker failed there and
+        no cooldown range was given, or the host is blacklisted for good), sorted: what the
+        cluster service gives back to its pool (``/ctl/telemetry``'s ``resting``)."""
+        inf = float("inf")
+        with self._lock:
+            out: Dict[str, List[int]] = {}
+            for host, n in self._hosts.items():
+                if self._blacklist.get(host, 0.0) == inf:
+                    out[host] = list(range(n))
+                    continue
+                slots = [s for s in range(n) if self._cooldown.get((host, s), 0.0) == inf]
+                if slots:
+                    out[host] = slots
+            return out
+
     def change_pending(self, now: float) -> bool:
         """Whether a cooldown or a blacklisting ends after ``now`` (at a finite time): a slot
         becomes usable with time alone, so the driver must look again."""

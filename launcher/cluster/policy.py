@@ -57,6 +57,9 @@ class JobView:
         user: who submitted it (a Unix user name); fair share and the quota count per user
             (:mod:`launcher.cluster.fair_share`).  The default, one user for every job, is a
             cluster without users: every policy then decides as it did before users existed.
+        goodput: its goodput model (:class:`launcher.cluster.goodput.GoodputView`: gradient
+            statistics, batch bounds, step times) when it reports one, else None; a job whose
+            view ``adapts`` takes the batch :meth:`Policy.batch_sizes` gives it.
     """
     id: str
     submitted_at: float
@@ -71,6 +74,7 @@ class JobView:
     throughput: Optional[Callable[[Placement], float]] = None
     elastic: bool = True
     user: str = DEFAULT_USER
+    goodput: Optional[object] = None
 
     @property
     def world_size(self) -> int:
@@ -164,6 +168,12 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def allocate(self, snap: Snapshot) -> Allocation:
         """The allocation after this round (see the module's docstring)."""
+
+    def batch_sizes(self, snap: Snapshot, alloc: Allocation) -> Dict[str, int]:
+        """The global batch (samples) each job whose ``goodput`` view adapts is to run at with
+        ``alloc`` (job id -> batch; a job left out keeps its batch).  The default chooses none:
+        only goodput policies (Pollux, OSDI 2021) co-adapt the batch with the allocation."""
+        return {}
 
 
 def fill_hosts(free: Dict[str, int], n: int, prefer: Sequence[str] = ()) -> Optional[Dict[str, int]]:

@@ -66,6 +66,9 @@ class SimJob:
         elastic: resized without a restart when the simulation is ``stop_free``.
         user: who submitted it (fair share and the quota count per user; the default: one
             user for every job).
+        batch: the job adapts its global batch (a :class:`launcher.cluster.progress.BatchModel`:
+            Pollux's progress model; ``step_time`` and ``total_steps`` then follow its batch,
+            ``samples_per_step`` is ignored) or None: a fixed batch.
     """
     id: str
     submitted_at: float
@@ -78,6 +81,7 @@ class SimJob:
     priority: int = 0
     elastic: bool = True
     user: str = DEFAULT_USER
+    batch: Optional[object] = None
 
     def __post_init__(self):
         self.min_np = self.np if self.min_np is None else self.min_np
@@ -104,6 +108,7 @@ class JobResult:
     started_at: Optional[float] = None
     finished_at: Optional[float] = None
     changes: int = 0
+    batch_changes: int = 0
     preemptions: int = 0
     gpu_s: float = 0.0
 
@@ -137,7 +142,8 @@ class SimResult:
                 "utilisation": self.utilisation, "rounds": self.rounds,
                 "jobs": {k: {"jct_s": j.jct_s, "submitted_at": j.submitted_at,
                              "started_at": j.started_at, "finished_at": j.finished_at,
-                             "changes": j.changes, "preemptions": j.preemptions,
+                             "changes": j.changes, "batch_changes": j.batch_changes,
+                             "preemptions": j.preemptions,
                              "gpu_s": j.gpu_s} for k, j in self.jobs.items()},
                 "timeline": [[t, a, q] for t, a, q in self.timeline]}
 
@@ -154,7 +160,10 @@ class _Run:
         self.rate = 0.0
         self.phases: List[Tuple[float, float]] = []
         self.last_change_at = job.submitted_at
-        self._rates: Dict[Placement, float] = {}
+        self._rates: Dict[Tuple[Placement, Optional[int]], float] = {}
+        self.batch = job.batch.b0 if job.batch is not None else None
+        self.total = (job.batch.model.total_steps(self.batch) if job.batch is not None
+                      else job.total_steps)       # optimizer steps to its end at its batch
         self.end_at: Optional[float] = None  # its last step done: it ends then (``end_s``)
         self.stop_at: Optional[float] = None  # preempted: it trains on and holds its slots
         #                                      until then (``stop_s``), then is suspended
@@ -162,10 +171,42 @@ class _Run:
     def rate_at(self, pl: Placement) -> float:
         if not pl:
             return 0.0
-        r = self._rates.get(pl)
+        r = self._rates.get((pl, self.batch))
         if r is None:
-            r = self._rates[pl] = 1.0 / self.job.step_time(pl)
+            st = (self.job.step_time(pl) if self.batch is None
+                  else self.job.batch.step_time(pl, self.batch))
+            r = self._rates[(pl, self.batch)] = 1.0 / st
         return r
+
+    def view(self):
+        """The goodput view a policy sees of an adapting job (None for a fixed batch)."""
+        if self.batch is None:
+            return None
+        m = self.job.batch
+        return m.view(m.model.progress(self.batch, self.done), self.batch)
+
+    def set_batch(self, batch: int, t: float, stall_s: float) -> bool:
+        """Run at global ``batch`` from ``t`` on (as run at its slots, whole micro-batches): the steps
+        done and to do are converted at the progress reached, and a running job stalls
+        ``stall_s`` (the switch that carries the change).  False if nothing changes."""
+        m = self.job.batch
+        n = sum(self.hosts.values())
+        if batch == self.batch:
+            return False
+        p = m.model.progress(self.batch, self.done)
+        e = m.model.epoch(p)
+        factor = m.model.gain(self.batch, e) / m.model.gain(batch, e)
+        self.phases = [(u, r * factor) for u, r in self.phases]
+        self.batch = batch
+        self.done = m.model.steps(batch, p)
+        self.total = m.model.total_steps(batch)
+        self.res.batch_changes += 1
+        if n:
+            self.rate = self.rate_at(placement_of(self.hosts))
+            if stall_s > 0 and self.end_at is None:
+                self.phases = [(t + stall_s, 0.0)] + [(u, r) for u, r in self.phases
+                                                      if u > t + stall_s]
+        return True
 
     def throughput(self, pl: Placement) -> float:
         return self.rate_at(tuple(pl)) * self.job.samples_per_step
@@ -183,7 +224,7 @@ class _Run:
         return self._last_step_time(t0) + end_s
 
     def _last_step_time(self, t0: float) -> float:
-        left, t = self.job.total_steps - self.done, t0
+        left, t = self.total - self.done, t0
         for until, r in self.phases:
             if until <= t:
                 continue
@@ -202,7 +243,7 @@ class _Run:
         if self.end_at is None:
             last = self._last_step_time(t0)
             if last <= t1:
-                self.done = self.job.total_steps
+                self.done = self.total
                 self.end_at = last + end_s
         if self.end_at is not None:
             self.res.gpu_s += n * max(0.0, min(self.end_at, t1) - t0)
@@ -228,7 +269,8 @@ def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
              stop_free: bool = False, join_s: float = 0.0, end_s: float = 0.0,
              stop_s: float = 0.0, event_rounds: bool = False,
              timeline: bool = False, max_time_s: float = 1e8,
-             until_s: Optional[float] = None) -> SimResult:
+             until_s: Optional[float] = None,
+             batch_change_cost_s: Optional[float] = None) -> SimResult:
     """Run ``jobs`` on ``pool`` (host -> slots) under ``policy`` (the module's docstring).
 
     ``end_s``: seconds from a job's last step to its end (its script's last lines, the
@@ -237,6 +279,10 @@ def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
     service's checkpoint request and SIGTERM, honoured at a commit): the job trains on and
     holds its slots meanwhile, out of the policy's sight; one that finishes then ends done.
     ``until_s``: stop there (the averages then cover the jobs finished by then).
+    ``batch_change_cost_s``: the stall of a running job whose batch alone changes (jobs with a
+    ``batch`` model, as the policy's :meth:`~launcher.cluster.policy.Policy.batch_sizes` says);
+    None: ``change_cost_s`` when ``stop_free``, else 0 (Pollux's simulator changes the batch at
+    no cost).  A batch change with an allocation change costs what that change costs.
     Every allocation is checked (:func:`check_allocation`, AllocationError on a broken bound).
     Raises ValueError for duplicate job ids, RuntimeError (one line) if jobs remain that the
     policy never runs (e.g. larger than the pool) or past ``max_time_s``.
@@ -247,6 +293,8 @@ def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
     if not runs:
         return SimResult({}, 0.0, 0.0, 0.0, 0)
     capacity = sum(pool.values())
+    if batch_change_cost_s is None:
+        batch_change_cost_s = change_cost_s if stop_free else 0.0
     arrivals = list(runs)
     arrivals.reverse()                       # pop() the earliest
     active: List[_Run] = []
@@ -305,12 +353,15 @@ def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
                 for h, k in r.hosts.items():
                     free_pool[h] -= k
             seen = [r for r in active if r.stop_at is None]
+            views = {r.job.id: r.view() for r in seen}
             snap = Snapshot(now=t, pool=free_pool, jobs=tuple(
                 JobView(id=r.job.id, submitted_at=r.job.submitted_at, np=r.job.np,
                         min_np=r.job.min_np, max_np=r.job.max_np, priority=r.job.priority,
                         allocation=dict(r.hosts), attained_gpu_s=r.res.gpu_s,
                         started=r.res.started_at is not None, last_change_at=r.last_change_at,
-                        throughput=r.throughput, elastic=r.job.elastic and stop_free,
+                        throughput=(r.throughput if views[r.job.id] is None
+                                    else views[r.job.id].speed),
+                        elastic=r.job.elastic and stop_free, goodput=views[r.job.id],
                         user=r.job.user)
                 for r in seen), change_cost_s=change_cost_s, restart_cost_s=restart_cost_s,
                 user_attained_gpu_s=_user_attained(runs))
@@ -324,8 +375,16 @@ def simulate(jobs: Iterable[SimJob], pool: Dict[str, int], policy: Policy, *,
                 r.stop_at = t + stop_s
             if not stops:
                 break
+        batches = policy.batch_sizes(snap, alloc)
         for r in seen:
             new = {h: k for h, k in alloc.get(r.job.id, {}).items() if k > 0}
+            b = batches.get(r.job.id)
+            if b is not None and r.batch is not None and r.job.batch.adapts:
+                # the batch is carried by the allocation's change when there is one, else by
+                # a switch of its own (``batch_change_cost_s``)
+                n = sum(new.values())
+                r.set_batch(r.job.batch.run_batch(n, b)[0] if n else b, t,
+                            batch_change_cost_s if new == r.hosts else 0.0)
             if new != r.hosts:
                 _change(r, new, t, restart_cost_s, change_cost_s, stop_free, join_s)
         if timeline:

@@ -149,7 +149,10 @@ class Application:
         return st + (micro - 1) * (st - sy)
 
     # -- work --------------------------------------------------------------------------------
-    def _grad_stats(self, batch_size: int, epoch: int) -> Tuple[float, float]:
+    def grad_stats(self, batch_size: float, epoch: int) -> Tuple[float, float]:
+        """(grad_sqr, grad_var) of validation-B.csv at ``epoch`` (0-based) for global
+        ``batch_size``, linearly interpolated between the validated batches around it (clamped
+        to the validated range), as Pollux's simulator."""
         bs = list(self.validation)
         lo = max((b for b in bs if b <= batch_size), default=bs[0])
         hi = min((b for b in bs if b >= batch_size), default=bs[-1])
@@ -176,7 +179,7 @@ class Application:
         scale = batch_size / self.init_batch_size
         for e in range(self.epochs):
             nxt = min(rows[e]["progress"] for rows in self.validation.values())
-            sqr, var = self._grad_stats(batch_size, e)
+            sqr, var = self.grad_stats(batch_size, e)
             gain = (var + sqr) / (var / scale + sqr)
             steps += (nxt - prev) / gain
             prev = nxt

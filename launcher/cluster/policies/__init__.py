@@ -1,4 +1,4 @@
-"""The scheduling policies, one module each: ``fifo``, ``tiresias``, ``edl``
+"""The scheduling policies, one module each: ``fifo``, ``tiresias``, ``edl``, ``goodput``
 (:class:`launcher.cluster.policy.Policy` subclasses), and :func:`make_policy` by name."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Optional
 
 from launcher.cluster.policy import Policy
 
-POLICIES = ("fifo", "tiresias", "edl")
+POLICIES = ("fifo", "tiresias", "edl", "goodput")
 
 
 def parse_objective(objective: str):
@@ -28,9 +28,9 @@ def parse_objective(objective: str):
 
 def make_policy(name: str, objective: str = "jct", *, fair_share: bool = True,
                 user_quota: Optional[int] = None) -> Policy:
-    """The policy called ``name`` (fifo, tiresias, edl) for ``objective`` (jct, throughput,
-    efficiency:E; only edl optimises one, fifo and tiresias accept any valid objective and ignore
-    it), fair between users (``fair_share``, :mod:`launcher.cluster.fair_share`; no effect with
+    """The policy called ``name`` (fifo, tiresias, edl, goodput) for ``objective`` (jct,
+    throughput, efficiency:E; only edl and goodput optimise one, fifo and tiresias accept any
+    valid objective and ignore it), fair between users (``fair_share``, :mod:`launcher.cluster.fair_share`; no effect with
     one user), with at most ``user_quota`` slots per user (None: no cap).  ValueError, one line,
     for an unknown name, a bad objective or a quota below 1."""
     obj, e = parse_objective(objective)
@@ -43,4 +43,7 @@ def make_policy(name: str, objective: str = "jct", *, fair_share: bool = True,
     if name == "edl":
         from launcher.cluster.policies.edl import EdlPolicy
         return EdlPolicy(obj, e, fair_share=fair_share, user_quota=user_quota)
+    if name == "goodput":
+        from launcher.cluster.policies.goodput import GoodputPolicy
+        return GoodputPolicy(obj, e, fair_share=fair_share, user_quota=user_quota)
     raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})")

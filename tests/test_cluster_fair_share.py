@@ -5,6 +5,7 @@ import random
 
 import pytest
 
+from launcher.cluster import reasons
 from launcher.cluster.fair_share import attained_band, fair_order, slots_per_user
 from launcher.cluster.policies import POLICIES, make_policy
 from launcher.cluster.policy import AllocationError, JobView, Snapshot, check_allocation
@@ -119,3 +120,33 @@ def test_one_user_decides_as_without_users(policy):
     assert jcts(make_policy(policy), lambda i: "alice") == base     # one named user
     # and the stream is one where users do change things (the test can fail)
     assert jcts(make_policy(policy), lambda i: ("alice", "bob")[i % 7 == 0]) != base
+
+
+def test_edl_lends_spare_slots_fair_between_users():
+    """alice's three elastic jobs and bob's one on 8 slots: bob's job is lent up to an equal
+    share (4 slots), alice's three share the other 4; without fair share bob's gets 2."""
+    jobs = tuple(JobView(id=f"a{i}", submitted_at=float(i), np=1, min_np=1, max_np=8,
+                         user="alice", throughput=lambda pl: sum(pl) ** 0.9) for i in range(3))
+    jobs += (JobView(id="b0", submitted_at=5.0, np=1, min_np=1, max_np=8, user="bob",
+                     throughput=lambda pl: sum(pl) ** 0.9),)
+    snap = Snapshot(now=100.0, pool={"h0": 4, "h1": 4}, jobs=jobs)
+    fair = make_policy("edl").allocate(snap)
+    check_allocation(snap, fair)
+    assert slots_per_user(snap, fair) == {"alice": 4, "bob": 4}
+    unfair = make_policy("edl", fair_share=False).allocate(snap)
+    assert slots_per_user(snap, unfair)["bob"] < 4
+
+
+def test_a_job_held_at_its_users_quota_says_so():
+    snap = Snapshot(now=0.0, pool={"h": 8}, jobs=(_view("a0", "alice", 0.0, np=4),
+                                                  _view("a1", "alice", 1.0, np=2),
+                                                  _view("a2", "alice", 2.0, np=6),
+                                                  _view("b0", "bob", 3.0, np=2)))
+    policy = make_policy("tiresias", user_quota=5)
+    alloc = policy.allocate(snap)
+    check_allocation(snap, alloc, policy.user_quota)
+    assert slots_per_user(snap, alloc) == {"alice": 4, "bob": 2}
+    why = reasons.waiting(snap, alloc, policy, 8)
+    assert why == {"a1": "needs 2 slots; its user alice holds 4 of the quota of 5 slots per user",
+                   "a2": "needs 6 slots, over the quota of 5 slots per user: never starts under "
+                         "this quota"}

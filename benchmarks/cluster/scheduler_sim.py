@@ -1,6 +1,8 @@
 """Simulated scheduling on Pollux's published workloads: fidelity, JCT per policy, round time.
 
     .venv/bin/python benchmarks/cluster/scheduler_sim.py [--workloads 1-8] [--loads 0.5,1.0,1.5,2.0]
+    .venv/bin/python benchmarks/cluster/scheduler_sim.py --users 4   (fair share between users:
+        benchmarks/cluster/scheduler_sim_users.py, writes scheduler_sim_users.json instead)
 
 Needs ``../shared/traces/pollux-osdi21`` (or ``$HVD_EDL_POLLUX_TRACES``).  Prints three tables and
 writes ``benchmarks/results/scheduler_sim.json`` and ``scheduler_sim.png``:
@@ -185,7 +187,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--workloads", default="1-8", help="workload indices, e.g. 1-8 or 1,3")
     ap.add_argument("--loads", default=",".join(LOADS))
-    ap.add_argument("--out", default=str(RESULTS / "scheduler_sim.json"))
+    ap.add_argument("--out", default=None, help="default benchmarks/results/scheduler_sim.json "
+                    "(scheduler_sim_users.json with --users)")
+    ap.add_argument("--users", type=int, default=0,
+                    help="split each workload's jobs among N users: per-user JCT with and without "
+                         "fair share and with a quota (scheduler_sim_users.py)")
+    ap.add_argument("--shares", default="50,25,15,10",
+                    help="with --users: each user's share of the jobs, %% (N numbers, sum 100)")
+    ap.add_argument("--user-quota", type=int, default=48,
+                    help="with --users: slots one user may hold in the quota runs")
     ap.add_argument("--no-scale", action="store_true", help="skip the 1,024-GPU round timing")
     args = ap.parse_args(argv)
     try:
@@ -203,6 +213,16 @@ def main(argv=None) -> int:
     if bad or not all(1 <= i <= 8 for i in wl):
         print(f"scheduler_sim: loads must be among {', '.join(LOADS)}, workloads 1-8", file=sys.stderr)
         return 2
+    if args.users:
+        try:
+            shares = [float(x) / 100 for x in args.shares.split(",")]
+        except ValueError:
+            shares = []
+        if (len(shares) != args.users or any(x <= 0 for x in shares)
+                or abs(sum(shares) - 1) > 1e-6 or args.user_quota < 1):
+            print(f"scheduler_sim: --shares needs {args.users} positive percentages summing to "
+                  f"100 (got {args.shares!r}), --user-quota at least 1", file=sys.stderr)
+            return 2
     t0 = time.process_time()
     sf = measured_switch_costs()
     ckpt = dict(restart_cost_s=PUBLISHED_RESTART_S, change_cost_s=PUBLISHED_RESTART_S)
@@ -213,6 +233,10 @@ def main(argv=None) -> int:
         print(f"  {f}: {v}")
     print(f"  -> change (switch stall) {sf['change_cost_s']} s, joiner start-up {sf['join_s']} s, "
           f"start/resume {sf['restart_cost_s']} s ({sf['rule']})")
+    if args.users:
+        from scheduler_sim_users import main as users_main
+        return users_main(wl, loads, shares, args.user_quota, ckpt, stopfree,
+                          Path(args.out or RESULTS / "scheduler_sim_users.json"))
 
     table, detail = {}, {}
     for load in loads:
@@ -290,7 +314,7 @@ def main(argv=None) -> int:
                                      ("edl stop-free", "edl", True, stopfree)):
             tl[name] = simulate(sim_jobs(load_workload("1.0", wl[0]), elastic=el), pool_of(16, 4),
                                 make_policy(pol), timeline=True, **costs).timeline
-    out = Path(args.out)
+    out = Path(args.out or RESULTS / "scheduler_sim.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
         "setting": {"pool": "16 nodes x 4 GPUs", "round_s": 60, "workloads": wl, "loads": loads,

@@ -56,6 +56,11 @@ def attained_band(gpu_s: float) -> int:
     return int(math.floor(math.log2(1.0 + max(0.0, gpu_s) / 3600.0)))
 
 
+def user_bands(snap: Snapshot) -> Dict[str, int]:
+    """user -> :func:`attained_band` of its attained service (:func:`user_attained`)."""
+    return {u: attained_band(s) for u, s in user_attained(snap).items()}
+
+
 def fair_order(snap: Snapshot, own_key: OwnKey, size: Callable[[JobView], int],
                tier: Optional[Callable[[JobView], int]] = None) -> List[JobView]:
     """The jobs of ``snap`` in fair-share order (the module's docstring).
@@ -67,7 +72,7 @@ def fair_order(snap: Snapshot, own_key: OwnKey, size: Callable[[JobView], int],
         tier: an order above fairness (Tiresias's queue); None: none.
     Returns every job once.  One user: the same order as ``sorted(jobs, key=own_key)``.
     """
-    band = {u: attained_band(s) for u, s in user_attained(snap).items()}
+    band = user_bands(snap)
     ahead: Dict[str, int] = {}
     keyed = []
     for j in sorted(snap.jobs, key=own_key):
@@ -94,6 +99,10 @@ class Quota:
         if self.user_quota is None:
             return math.inf
         return max(0, self.user_quota - self.held.get(user, 0))
+
+    def holds(self, user: str) -> int:
+        """Slots counted against ``user`` so far this round."""
+        return self.held.get(user, 0)
 
     def fits(self, user: str, n: int) -> bool:
         """Whether ``user`` may take ``n`` more slots."""

@@ -9,6 +9,7 @@ rules: the size a job starts at (its ``np`` under fifo and tiresias, which gang-
 round leaves free (under edl: not held at some job's minimum, so lent slots count as free), the
 jobs ahead of it in the policy's order (fifo: priority, then submission; tiresias, edl: 2D-LAS,
 :func:`launcher.cluster.policies.tiresias.las_order`), and fifo's head-of-line blocking.
+A job held at its user's quota (``serve --user-quota``) says so.
 :func:`shown` gives the reason a job's row shows: the waiting reason of a job without slots,
 the store's (the last decision's, or how the job ended) otherwise.
 """
@@ -61,11 +62,22 @@ def waiting(snap: Snapshot, alloc: Allocation, policy, pool_slots: int) -> Dict[
     out: Dict[str, str] = {}
     ahead: List[JobView] = []
     fifo = getattr(policy, "name", "") == "fifo"
+    quota = getattr(policy, "user_quota", None)
+    per_user: Dict[str, int] = {}
+    for j in jobs:
+        per_user[j.user] = per_user.get(j.user, 0) + held[j.id]
     for j in jobs:
         if held[j.id]:
             continue
         need = start_size(j, policy)
-        if need > pool_slots:
+        user = j.user or "(default)"
+        if quota is not None and need > quota:
+            why = f"needs {_slots(need)}, over the quota of {_slots(quota)} per user: never " \
+                  f"starts under this quota"
+        elif quota is not None and per_user[j.user] + need > quota:
+            why = f"needs {_slots(need)}; its user {user} holds {per_user[j.user]} of the " \
+                  f"quota of {_slots(quota)} per user"
+        elif need > pool_slots:
             why = f"needs {_slots(need)}, the whole pool has {pool_slots}: waits for hosts " \
                   f"to join"
         else:

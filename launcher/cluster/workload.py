@@ -253,3 +253,30 @@ def sim_jobs(trace: List[TraceJob], elastic: bool = False, path: Optional[str] =
             out.append(SimJob(tj.name, tj.time, step, app.total_steps(b, model), tj.num_replicas,
                               samples_per_step=b, elastic=False))
     return out
+
+
+USER_SHARES = (0.5, 0.25, 0.15, 0.1)
+"""Default skewed split of a workload's jobs among 4 users (fractions of the jobs)."""
+
+
+def assign_users(jobs, shares=USER_SHARES, seed: int = 0, prefix: str = "user"):
+    """The same :class:`launcher.cluster.simulator.SimJob` objects' copies, each given a user:
+    ``round(share x len(jobs))`` jobs to each of ``prefix1``, ``prefix2``, ... (the last takes
+    what rounding leaves), chosen by a shuffle seeded with ``seed`` (the same split every run).
+    ValueError (one line) for shares that are not positive or do not sum to 1 (within 1e-6)."""
+    import dataclasses
+    import random
+    shares = [float(s) for s in shares]
+    if not shares or any(s <= 0 for s in shares) or abs(sum(shares) - 1.0) > 1e-6:
+        raise ValueError(f"user shares must be positive and sum to 1, got {shares}")
+    jobs = list(jobs)
+    idx = list(range(len(jobs)))
+    random.Random(seed).shuffle(idx)
+    user_of = {}
+    at = 0
+    for k, s in enumerate(shares):
+        n = len(jobs) - at if k == len(shares) - 1 else round(s * len(jobs))
+        for i in idx[at:at + n]:
+            user_of[i] = f"{prefix}{k + 1}"
+        at += n
+    return [dataclasses.replace(j, user=user_of[i]) for i, j in enumerate(jobs)]

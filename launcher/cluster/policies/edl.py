@@ -42,7 +42,7 @@ from __future__ import annotations
 import heapq
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from launcher.cluster.fair_share import Quota, check_user_quota
+from launcher.cluster.fair_share import Quota, check_user_quota, user_bands
 from launcher.cluster.policy import (Allocation, JobView, Placement, Policy, Snapshot, fill_hosts,
                                      placement_of)
 from launcher.cluster.policies.fifo import keep_hosts
@@ -173,8 +173,12 @@ class EdlPolicy(Policy):
         held = {j.id for j in admitted if j.world_size and snap.now - j.last_change_at < hold_s}
         weight = {j.id: self.queue_weight ** queue_index(j, snap.now, self.thresholds_gpu_s)
                   for j in admitted}
-        heap: List[Tuple[float, int, int]] = []       # 3. lending, best increment first
+        # 3. lending, best increment first; fair between users: one heap per user, the user
+        # holding the fewest slots so far lends next (progressive filling; one user: one heap)
+        heaps: Dict[str, List[Tuple[float, int, int]]] = {}
         rank = {j.id: i for i, j in enumerate(admitted)}
+        band = user_bands(snap)
+        share = capacity / max(1, len({j.user for j in admitted}))
 
         def push(j: JobView) -> None:
             spare = int(min(left, quota.room(j.user)))
@@ -182,12 +186,21 @@ class EdlPolicy(Policy):
                                      threshold, j.id not in held)
             if b is not None:
                 # ties: what it holds first (no change), then the 2D-LAS order
-                heapq.heappush(heap, (-b[0], b[1], rank[j.id]))
+                heapq.heappush(heaps.setdefault(j.user if self.fair_share else "", []),
+                               (-b[0], b[1], rank[j.id]))
 
         for j in admitted:
             push(j)
-        while heap and left > 0:
-            _, k, i = heapq.heappop(heap)
+        while left > 0:
+            lenders = [u for u, h in heaps.items() if h]
+            if not lenders:
+                break
+            below = [u for u in lenders if quota.holds(u) < share]
+            if below:                                 # a user under its share lends first
+                u = min(below, key=lambda u: (quota.holds(u), band.get(u, 0), u))
+            else:                                     # then the best increment of anyone's
+                u = min(lenders, key=lambda u: heaps[u][0])
+            _, k, i = heapq.heappop(heaps[u])
             j = admitted[i]
             if k > left or not quota.fits(j.user, k):   # stale: fewer slots left than it wanted
                 push(j)

@@ -323,3 +323,91 @@ def test_a_slot_whose_joiner_failed_goes_back_to_the_pool(service, tmp_path):
             sampler.stop()
     assert sampler.shared_gpus() == [], sampler.shared_gpus()[:5]
     assert jobs[j1]["runs"] == 1 and jobs[j2]["runs"] == 1, jobs
+
+
+def _wrapper_run(files, number: int) -> subprocess.Popen:
+    """Run ``number`` as :meth:`launcher.cluster.runs.Run.start` starts it (its wrapper, holding
+    the run's lock, in a session of its own), with an idle stand-in for ``hvd-edl-run``."""
+    import fcntl
+    lock_fd = os.open(files.run_file(number, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return subprocess.Popen(
+            [sys.executable, "-m", "launcher.cluster.wrapper", "--pid-file",
+             str(files.run_file(number, "pid")), "--exit-file", str(files.run_file(number, "exit")),
+             "--", sys.executable, "-c", "import time; time.sleep(120)"],
+            start_new_session=True, pass_fds=(lock_fd,),
+            cwd=str(Path(__file__).resolve().parent.parent))
+    finally:
+        os.close(lock_fd)
+
+
+def test_a_service_killed_right_after_a_decision_restarts_from_what_was_done(tmp_path):
+    """The state a service killed (-9) right after a round leaves: j1's run alive on 4 GPUs
+    (its file) but decided down to 2 (the store), j2's run 1 recorded (``running``) but never
+    started, j3 decided a start not begun.  The restarted service (a pool of 7 now) adopts j1
+    with what its file gives it, puts j2 and j3 back in the queue with no ``run`` event (no
+    start happened), names each dropped decision, and its own first round decides from that: j2
+    and j3 start on the free GPUs and j1 is not shrunk (the old service shrank it before any
+    round of its own, and started j2 on a stale decision)."""
+    from launcher.cluster.policies import make_policy
+    from launcher.cluster.runs import JobFiles, Run
+    from launcher.cluster.service import Service
+    from launcher.cluster.store import JobRecord
+    from launcher.discovery import FixedHosts
+    state = tmp_path / "state"
+
+    def open_service(slots: int) -> Service:
+        svc = Service(state, FixedHosts({"localhost": slots}), make_policy("edl"),
+                      fixed_pool=True, assume_gpus=True)
+        svc.open()
+        return svc
+
+    def job(np_: int, min_np: int, max_np: int, **fields) -> str:
+        return old.store.add_job(JobRecord(
+            id="", name="t", argv=["python", "t.py"], cwd="/", env={}, np=np_, min_np=min_np,
+            max_np=max_np, priority=0, checkpoint_dir="", state="queued",
+            submitted_at=time.time(), **fields)).id
+
+    old = open_service(4)
+    wrapper = None
+    try:
+        j1, j2, j3 = job(4, 1, 4), job(2, 2, 2), job(1, 1, 1)
+        files = JobFiles(state, j1).make()
+        files.write_hosts({"localhost": 4}, {"localhost": ("0", "1", "2", "3")})
+        wrapper = _wrapper_run(files, 1)
+        wait_for("j1's wrapper", lambda: Run(files, 1).probe()[0] == "alive", 30)
+        old.store.update(j1, state="running", run=1, allocation={"localhost": 2},
+                         started_at=time.time(), event={"kind": "shrink", "reason": "edl"})
+        old.store.update(j2, state="running", run=1, allocation={"localhost": 2},
+                         started_at=time.time(), event={"kind": "start", "reason": "edl"})
+        old.store.update(j3, allocation={"localhost": 1}, event={"kind": "start",
+                                                                 "reason": "edl"})
+        old.close()  # what kill -9 leaves: the store as it was (the lock goes with the process)
+
+        svc = open_service(7)
+        try:
+            jobs = {j.id: j for j in svc.store.jobs()}
+            assert (jobs[j2].state, jobs[j2].run, jobs[j2].started_at) == ("queued", 0, None)
+            assert jobs[j3].state == "queued" and jobs[j1].state == "running"
+            assert svc.store.allocations() == {j1: {"localhost": 4}}  # what was done
+            assert svc.written[j1] == {"localhost": 4} and j2 not in svc.runs
+            events = [json.loads(x) for x in svc.events_path.read_text().splitlines()]
+            stored = svc.store.events()
+            assert not [e for e in events + stored if e["kind"] == "run"], events
+            dropped = {e["job"]: e.get("dropped") for e in events
+                       if e["kind"] in ("adopt", "undone")}
+            assert dropped == {j1: {"localhost": 2}, j2: {"localhost": 2},
+                               j3: {"localhost": 1}}, events
+            svc._round()  # the restarted service's own first decision
+            assert svc.store.allocations() == {j1: {"localhost": 4}, j2: {"localhost": 2},
+                                               j3: {"localhost": 1}}, svc.store.allocations()
+            kinds = [(e["job"], e["kind"]) for e in
+                     map(json.loads, svc.events_path.read_text().splitlines())]
+            assert (j1, "shrink") not in kinds[kinds.index((j1, "adopt")):], kinds
+        finally:
+            svc.close()
+    finally:
+        if wrapper is not None:
+            wrapper.terminate()
+            wrapper.wait(30)

@@ -127,25 +127,25 @@ def write(svc, job_id: str, hosts: Dict[str, int]) -> None:
 
 def start(svc, job: JobRecord, hosts: Dict[str, int]) -> None:
     """Start a new run of ``job`` on ``hosts``: recorded first (run number, state), then
-    started, so a service killed in between starts it on restart, never twice."""
+    started, so a service killed in between finds the run recorded but never started and puts
+    the job back in the queue (:mod:`.adoption`), never starting it twice; the ``run`` event is
+    written once the run has started (the event log says only what was done)."""
     number = job.run + 1
     resumed = job.run > 0
     now = time.time()
     waited = time.monotonic() - svc.waiting_since.pop(job.id, time.monotonic())
     svc.store.update(job.id, state="running", run=number, stopping=None,
-                     started_at=job.started_at or now, world_size=sum(hosts.values()),
-                     event={"kind": "run", "reason": f"run {number} started"
-                            + (" from its checkpoint" if resumed else ""),
-                            "hosts": hosts, "run": number,
-                            "waited_s": round(waited, 3),
-                            "since_submit_s": round(now - job.submitted_at, 3)})
-    launch(svc, svc.store.job(job.id), hosts, number)
+                     started_at=job.started_at or now, world_size=sum(hosts.values()))
+    launch(svc, svc.store.job(job.id), hosts, number,
+           reason=f"run {number} started" + (" from its checkpoint" if resumed else ""),
+           waited_s=round(waited, 3), since_submit_s=round(now - job.submitted_at, 3))
 
 
-def launch(svc, job: JobRecord, hosts: Dict[str, int], number: int) -> None:
-    """Start run ``number`` of ``job`` on ``hosts``, as the store already records it (by
-    :func:`start`, or a run recorded but never started that a restarted service adopts): its
-    allocation file first, then the run; a run that cannot start fails the job."""
+def launch(svc, job: JobRecord, hosts: Dict[str, int], number: int,
+           reason: str = "", **detail) -> None:
+    """Start run ``number`` of ``job`` on ``hosts``, as :func:`start` recorded it: its
+    allocation file first, then the run, then its ``run`` event (``reason``, ``detail``:
+    ``waited_s``, ``since_submit_s``); a run that cannot start fails the job."""
     files = JobFiles(svc.state_dir, job.id).make()
     write(svc, job.id, hosts)
     spec = RunSpec(argv=tuple(job.argv), cwd=job.cwd, env=tuple(sorted(job.env.items())),
@@ -158,8 +158,8 @@ def launch(svc, job: JobRecord, hosts: Dict[str, int], number: int) -> None:
         return
     svc.runs[job.id] = run
     svc.store.update(job.id, wrapper_pid=run.proc.pid, job_file=str(files.job_file))
-    svc.events.write({"job": job.id, "kind": "run", "run": number, "hosts": hosts,
-                      "reason": f"run {number} started"})
+    svc.events.note(job.id, "run", reason or f"run {number} started", hosts=hosts, run=number,
+                    wrapper_pid=run.proc.pid, **detail)
 
 
 def preempt(svc, job: JobRecord) -> None:

@@ -156,12 +156,30 @@ def build_parser() -> argparse.ArgumentParser:
                         "generation, stalls, steps/s, samples/s, per-worker step, compute and "
                         "wait seconds, failures...) on the --bind-address; 0 picks a free port "
                         "and prints it (default: no metrics)")
-    p.add_argument("--autoscale", metavar="efficiency:E|cost", default=None,
+    p.add_argument("--autoscale", metavar="efficiency:E|cost|time", default=None,
                    help="elastic: size the job on a speed model fitted from a start-up profile "
                         "(launcher/apps/autoscale.py): efficiency:E grows while one more worker adds "
                         ">= E (0 < E <= 1) of a lone worker's throughput; cost picks the size "
                         "with the lowest predicted cost per sample (--price-*, "
-                        "--revocation-rate)")
+                        "--revocation-rate).  With --samples and a typed --hostfile: time / "
+                        "cost choose the GPU type and number at start, soonest within --budget "
+                        "or cheapest within --deadline (launcher/apps/server_choice.py, "
+                        "docs/transient.md)")
+    p.add_argument("--samples", type=_positive_float, default=None, metavar="N",
+                   help="--autoscale time|cost: the job's work in samples (epochs x dataset)")
+    p.add_argument("--deadline", type=float, default=None, metavar="S",
+                   help="--autoscale cost: finish within S seconds (a unix time if >= 1e9)")
+    p.add_argument("--budget", type=float, default=None, metavar="DOLLARS",
+                   help="--autoscale time: spend at most this many dollars")
+    p.add_argument("--prices", default=None, metavar="FILE",
+                   help="--autoscale time|cost: price table, CSV type,on_demand,spot[,tflops] "
+                        "per GPU-hour (host lines' price= win)")
+    p.add_argument("--revocation-risk", default=None, metavar="FILE",
+                   help="--autoscale time|cost: spot revocations per GPU-hour, CSV type,zone,"
+                        "revocations_per_hour (default GCE's measured preemptible lifetimes)")
+    p.add_argument("--speed-profile", default=None, metavar="FILE",
+                   help='--autoscale time|cost: the job\'s samples/s per type and size, JSON '
+                        '{"t4": {"1": 50, "2": 96}}')
     p.add_argument("--price-on-demand", type=float, default=None, metavar="P",
                    help="--autoscale cost: price of an on-demand worker per hour (with "
                         "--price-spot: rank 0 on demand, the others spot)")
@@ -302,6 +320,32 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
     if a.straggler_policy in ("evict", "replace") and not elastic:
         parser.error(f"--straggler-policy {a.straggler_policy} needs an elastic job "
                      f"(--min-np/--max-np or a host discovery script)")
+    typed = [f for f, v in (("--samples", a.samples), ("--deadline", a.deadline),
+                            ("--budget", a.budget), ("--prices", a.prices),
+                            ("--revocation-risk", a.revocation_risk),
+                            ("--speed-profile", a.speed_profile)) if v is not None]
+    if a.autoscale == "time" or (a.autoscale == "cost" and a.samples is not None):
+        if not isinstance(discovery, FixedHosts) or not a.hostfile:
+            parser.error(f"--autoscale {a.autoscale} --samples chooses among the hosts of a "
+                         f"typed --hostfile (host:slots type=NAME [price=D] [spot])")
+        from launcher.apps.server_choice import choose_hosts
+        try:
+            hosts, pred = choose_hosts(discovery.lines, a.autoscale, a.samples, a.deadline,
+                                       a.budget, min_np, max_np if elastic else 10 ** 6,
+                                       a.prices, a.revocation_risk, a.speed_profile,
+                                       commit_s=a.checkpoint_every if a.checkpoint_dir
+                                       else 2.0)
+        except ValueError as e:
+            _refuse(str(e))
+        print(f"hvd-edl-run: --autoscale {a.autoscale}: {pred.why}"
+              + ("" if pred.fits else " (runs anyway: the closest)"), flush=True)
+        discovery = FixedHosts(hosts, {h: discovery.gpus[h][:k] for h, k in hosts.items()
+                                       if h in discovery.gpus})
+        np_ = pred.n
+        min_np, max_np = (min(min_np, np_), max_np) if elastic else (np_, np_)
+        a.autoscale = None
+    elif typed:
+        parser.error(f"{typed[0]} goes with --autoscale time|cost --samples N")
     autoscale = None
     if a.autoscale is not None or any(v is not None for v in (
             a.price_on_demand, a.price_spot, a.revocation_rate, a.autoscale_profile)):

@@ -76,10 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "nvidia-smi (hosts without it, tests on CPU machines); by default a "
                         "host's GPUs are its line's gpus= or what nvidia-smi there reports, and "
                         "a host without GPUs has CPU slots")
-    s.add_argument("--policy", choices=("edl", "tiresias", "fifo"), default="edl",
+    s.add_argument("--policy", choices=("edl", "tiresias", "fifo", "typed"), default="edl",
                    help="edl: elastic (lend idle slots, take them back stop-free); tiresias: "
                         "least attained service with preemption; fifo: gang-scheduled, first "
-                        "come first served (default edl)")
+                        "come first served; typed: GPU types and prices, each job's --objective "
+                        "(docs/transient.md) (default edl)")
+    s.add_argument("--prices", metavar="FILE", default=None,
+                   help="price table, CSV type,on_demand,spot[,tflops] in dollars per GPU-hour "
+                        "(host lines' price= win); docs/transient.md")
+    s.add_argument("--revocation-risk", metavar="FILE", default=None,
+                   help="revocations per GPU-hour of spot hosts, CSV type,zone,"
+                        "revocations_per_hour (default GCE's measured preemptible lifetimes)")
     s.add_argument("--objective", default="jct", help="jct, throughput or efficiency:E "
                    "(edl; default jct)")
     s.add_argument("--queue-thresholds", metavar="GPU_S[,GPU_S...]", default=None,
@@ -110,6 +117,23 @@ def build_parser() -> argparse.ArgumentParser:
                    "default a folder of the service's)")
     t.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="set in the job's environment (repeatable)")
+    t.add_argument("--objective", choices=("time", "cost"), default=None,
+                   help="choose the GPU type and number (serve --policy typed): time: finish "
+                        "soonest within --budget; cost: cheapest within --deadline; expected "
+                        "revocations of spot hosts counted (docs/transient.md); needs --samples")
+    t.add_argument("--samples", type=_positive_float, default=None, metavar="N",
+                   help="--objective: the job's work, samples in all (epochs x dataset)")
+    t.add_argument("--deadline", type=float, default=None, metavar="S",
+                   help="--objective cost: finish within S seconds from now (or by the unix "
+                        "time S when S >= 1e9)")
+    t.add_argument("--budget", type=float, default=None, metavar="DOLLARS",
+                   help="--objective time: spend at most this many dollars")
+    t.add_argument("--types", default=None, metavar="TYPE[,TYPE...]",
+                   help="--objective: only these GPU types (default any in the pool)")
+    t.add_argument("--speed-profile", default=None, metavar="FILE",
+                   help='--objective: the job\'s samples/s per type and size, JSON '
+                        '{"t4": {"1": 50, "2": 96}} (else learned as it runs, other types '
+                        'scaled by TFLOPS)')
     t.add_argument("command", nargs=argparse.REMAINDER, help="-- python train.py ...")
     sub.add_parser("queue", help="the jobs waiting, in order")
     st = sub.add_parser("status", help="every job, or one")
@@ -243,15 +267,57 @@ def submit(a, client) -> int:
     from launcher.cluster.runs import environment
     try:
         env = environment(a.env)
+        goal = _goal(a)
     except ValueError as e:
         return _fail(str(e))
     r = client.call("submit", argv=command, cwd=os.getcwd(), env=env, name=a.name, np=np_,
                     min_np=lo, max_np=hi, priority=a.priority,
                     checkpoint_dir=os.path.abspath(a.checkpoint_dir) if a.checkpoint_dir
-                    else None)
+                    else None, **goal)
     print(f"{PROG}: submitted {r['id']} ({r['state']}); {PROG} status {r['id']}")
     print(r["id"])
     return 0
+
+
+def _goal(a) -> dict:
+    """``submit``'s --objective and its companions as the request's ``goal`` and
+    ``speed_profile`` ({} without --objective).
+
+    Raises:
+        ValueError: one line: a companion flag without --objective, no --samples, a deadline
+            already past, a negative budget, an unreadable speed profile."""
+    import math
+    import time
+    extra = [f for f, v in (("--samples", a.samples), ("--deadline", a.deadline),
+                            ("--budget", a.budget), ("--types", a.types),
+                            ("--speed-profile", a.speed_profile)) if v is not None]
+    if a.objective is None:
+        if extra:
+            raise ValueError(f"{extra[0]} goes with --objective time|cost")
+        return {}
+    if a.samples is None:
+        raise ValueError("--objective needs --samples N: the job's work in samples (epochs x "
+                         "the dataset's size)")
+    deadline_at = None
+    if a.deadline is not None:
+        if not math.isfinite(a.deadline):
+            raise ValueError(f"--deadline {a.deadline}: not a number of seconds")
+        deadline_at = a.deadline if a.deadline >= 1e9 else time.time() + a.deadline
+        if deadline_at <= time.time():
+            raise ValueError(f"--deadline {a.deadline:g} is already past")
+    if a.budget is not None and not (math.isfinite(a.budget) and a.budget > 0):
+        raise ValueError(f"--budget needs a positive number of dollars, got {a.budget:g}")
+    types = [t.strip().lower() for t in a.types.split(",") if t.strip()] if a.types else []
+    profile = None
+    if a.speed_profile is not None:
+        try:
+            with open(a.speed_profile) as f:
+                profile = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--speed-profile {a.speed_profile}: not a readable JSON file "
+                             f"({e})") from None
+    return {"goal": {"objective": a.objective, "samples": a.samples, "deadline_at": deadline_at,
+                     "budget_usd": a.budget, "types": types}, "speed_profile": profile}
 
 
 def serve(a, parser) -> int:
@@ -312,10 +378,16 @@ def serve(a, parser) -> int:
         launcher_args += ["-i", key]
     if a.nic is not None:
         launcher_args += ["--network-interface", a.nic]
+    from launcher.discovery.prices import RiskTable, TableError, read_prices
+    try:
+        prices = read_prices(a.prices) if a.prices else {}
+        risk = RiskTable.read(a.revocation_risk) if a.revocation_risk else RiskTable()
+    except TableError as e:
+        return _fail(str(e))
     service = Service(os.path.abspath(os.path.expanduser(a.state_dir)), discovery, policy,
                       discovery_interval_s=a.discovery_interval, round_s=a.round_s,
                       fixed_pool=not a.discovery_script, launcher_args=launcher_args,
-                      assume_gpus=a.assume_gpus)
+                      assume_gpus=a.assume_gpus, prices=prices, risk=risk)
     try:
         service.open()
     except ServiceError as e:

@@ -39,7 +39,7 @@ def submit(svc, req: dict) -> dict:
         ``{"id": ..., "state": "queued"}``.
     Raises:
         RequestError: no command, a bad size or environment, (a fixed pool) a ``min_np``
-            that can never fit, or a training script (the first argument after the
+            that can never fit, a bad goal (:func:`check_goal`), or a training script (the first argument after the
             interpreter ending in ``.py``) that is not a readable file.
     """
     argv = req.get("argv")
@@ -80,12 +80,14 @@ def submit(svc, req: dict) -> dict:
         raise RequestError(f"training script {given!r}: " + (
             "no such file" if not os.path.exists(path) else "not a readable file")
             + f" (the job runs in {cwd})")
+    goal, speed = check_goal(svc, req.get("goal"), req.get("speed_profile"))
     script = next((a for a in argv if a.endswith(".py")), argv[0])
     name = req.get("name") or os.path.basename(script)
     ckpt = req.get("checkpoint_dir") or ""
     job = JobRecord(id="", name=str(name)[:64], argv=argv, cwd=str(cwd), env=env, np=np_,
                     min_np=lo, max_np=hi, priority=nums["priority"] or 0,
-                    checkpoint_dir=str(ckpt), state="queued", submitted_at=time.time())
+                    checkpoint_dir=str(ckpt), state="queued", submitted_at=time.time(),
+                    goal=goal, speed=speed)
     job = svc.store.add_job(job, event={"kind": "submit", "reason": "submitted",
                                         "np": np_, "min_np": lo, "max_np": hi})
     if not ckpt:
@@ -97,6 +99,51 @@ def submit(svc, req: dict) -> dict:
                       "reason": "submitted", "np": np_, "min_np": lo, "max_np": hi})
     svc.decide_now = True
     return {"id": job.id, "state": "queued"}
+
+
+def check_goal(svc, goal, profile) -> tuple:
+    """A submit's ``goal`` (``{"objective", "samples", "deadline_at", "budget_usd",
+    "types"}``, :class:`launcher.cluster.choice.Goal`) and ``speed_profile`` checked: returns
+    (the goal's dict or {}, the job's first speed points).
+
+    Raises:
+        RequestError: an unknown objective, samples not positive, a deadline already past, a
+            budget not positive, a GPU type neither the pool nor the price table knows, or a
+            malformed speed profile."""
+    import math
+    from launcher.cluster import speed as speed_
+    from launcher.cluster.choice import OBJECTIVES, Goal
+    if not goal:
+        if profile:
+            raise RequestError("a speed profile goes with an objective (--objective)")
+        return {}, {}
+    if not isinstance(goal, dict) or goal.get("objective") not in OBJECTIVES:
+        raise RequestError(f"objective must be one of {', '.join(OBJECTIVES)}")
+    try:
+        g = Goal.from_dict(goal)
+    except (KeyError, TypeError, ValueError):
+        raise RequestError("a goal needs objective and samples (a number)") from None
+    if not (math.isfinite(g.samples) and g.samples > 0):
+        raise RequestError(f"--samples must be positive, got {g.samples:g}")
+    if g.deadline_at is not None and not (isinstance(g.deadline_at, (int, float))
+                                          and g.deadline_at > time.time()):
+        raise RequestError(f"the deadline {g.deadline_at!r} is already past")
+    if g.budget_usd is not None and not (isinstance(g.budget_usd, (int, float))
+                                         and math.isfinite(g.budget_usd) and g.budget_usd > 0):
+        raise RequestError(f"the budget must be a positive number of dollars, got "
+                           f"{g.budget_usd!r}")
+    known_types = svc.known_types()
+    for t in list(g.types) + list((profile or {}).keys()):
+        if t not in known_types:
+            raise RequestError(f"unknown GPU type {t!r} (the pool and the price table know: "
+                               f"{', '.join(sorted(known_types)) or 'none'})")
+    try:
+        points = speed_.profile_points(profile) if profile else {}
+    except ValueError as e:
+        raise RequestError(f"--speed-profile: {e}") from None
+    out = g.as_dict()
+    out["done_samples"] = 0.0
+    return out, points
 
 
 def cancel(svc, job_id: str) -> dict:

@@ -60,6 +60,11 @@ class JobView:
         goodput: its goodput model (:class:`launcher.cluster.goodput.GoodputView`: gradient
             statistics, batch bounds, step times) when it reports one, else None; a job whose
             view ``adapts`` takes the batch :meth:`Policy.batch_sizes` gives it.
+        goal: its objective (``launcher.cluster.choice.Goal.as_dict()`` plus ``done_samples``,
+            samples trained so far); None: none (issue 42).
+        speed_of: samples/s on ``n`` GPUs of a type (``launcher.cluster.speed.typed_speed``;
+            None where unknown).
+        spent_usd: dollars it has cost so far.
     """
     id: str
     submitted_at: float
@@ -75,6 +80,9 @@ class JobView:
     elastic: bool = True
     user: str = DEFAULT_USER
     goodput: Optional[object] = None
+    goal: Optional[Mapping[str, object]] = None
+    speed_of: Optional[Callable[[str, int], Optional[float]]] = None
+    spent_usd: float = 0.0
 
     @property
     def world_size(self) -> int:
@@ -96,6 +104,9 @@ class Snapshot:
         restart_cost_s: seconds a (re)start from nothing or from a checkpoint costs a job.
         user_attained_gpu_s: user -> GPU-seconds its jobs attained, ended jobs included (fair
             share's attained service per user); a user missing counts its jobs in ``jobs``.
+        hosts: host -> its terms (``launcher.discovery.prices.HostTerms``: GPU type, price per
+            GPU-hour, spot, revocations per hour, a replacement's start-up); empty: an untyped
+            pool where every host counts the same.
     """
     now: float
     pool: Mapping[str, int]
@@ -103,6 +114,7 @@ class Snapshot:
     change_cost_s: float = 30.0
     restart_cost_s: float = 30.0
     user_attained_gpu_s: Mapping[str, float] = field(default_factory=dict)
+    hosts: Mapping[str, object] = field(default_factory=dict)
 
     def job(self, job_id: str) -> JobView:
         """The job with that id (KeyError if none)."""

@@ -11,7 +11,8 @@ path                  body                                   answer
 ====================  =====================================  ==================================
 ``/cluster/submit``   ``{"argv", "cwd", "env", "name", "np",  ``{"id", "state"}``
                       "min_np", "max_np", "priority",
-                      "checkpoint_dir"}``
+                      "checkpoint_dir", "goal",
+                      "speed_profile"}``
 ``/cluster/status``   ``{"job": ID}`` or ``{}``              ``{"jobs": [...], "pool", "slots",
                                                              "queue", "holders", "policy"}``
 ``/cluster/cancel``   ``{"job": ID}``                        ``{"id", "state"}``

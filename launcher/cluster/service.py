@@ -113,13 +113,16 @@ class Service:
         assume_gpus: every slot is GPU ``0..slots-1`` of its host, nothing asked
             (``serve --assume-gpus``); otherwise a host's GPUs are its line's ``gpus=`` or what
             ``nvidia-smi`` there says (:mod:`launcher.cluster.gpus`).
+        prices: the price table (type -> ``launcher.discovery.prices.TypePrice``; ``--prices``).
+        risk: the revocation-risk table (``launcher.discovery.prices.RiskTable``; default GCE's).
     """
 
     def __init__(self, state_dir: Path, discovery, policy: Policy,
                  discovery_interval_s: float = 1.0, round_s: float = ROUND_S,
                  fixed_pool: bool = False, change_cost_s: float = CHANGE_COST_S,
                  restart_cost_s: float = RESTART_COST_S, launcher_args: Sequence[str] = (),
-                 assume_gpus: bool = False):
+                 assume_gpus: bool = False, prices: Optional[Dict[str, object]] = None,
+                 risk=None):
         self.state_dir = Path(state_dir)
         self.discovery = discovery
         self.policy = policy
@@ -130,6 +133,9 @@ class Service:
         self.restart_cost_s = restart_cost_s
         self.launcher_args = tuple(launcher_args)
         self.assume_gpus = assume_gpus
+        self.prices = dict(prices or {})
+        self.risk = risk
+        self.host_terms: Dict[str, object] = {}  # host -> HostTerms (type, price, spot, risk)
         self.pool: Dict[str, int] = {}
         self.discovered: Dict[str, int] = {}  # the pool as discovery last gave it
         self.host_gpus: Dict[str, Tuple[str, ...]] = {}  # host -> its GPUs (GPU hosts only)
@@ -234,10 +240,22 @@ class Service:
                                 lambda h: gpus_.probe(h, is_local(h), ssh))
         pool = {h: (min(k, len(found[h])) if h in found else k)
                 for h, k in drains_.effective(self, hosts).items()}
+        from launcher.discovery.prices import host_terms
+        terms = host_terms(getattr(self.discovery, "lines", {}) or {}, self.prices, self.risk)
         with self._lock:
             self.discovered = dict(hosts)
             self.pool = pool
             self.host_gpus = found
+            self.host_terms = terms
+
+    def known_types(self) -> set:
+        """The GPU types the pool's lines and the price table name."""
+        return {t.gpu_type for t in self.host_terms.values() if t.gpu_type} | set(self.prices)
+
+    def type_of(self, hosts) -> Optional[str]:
+        """The one GPU type of all of ``hosts`` (None: untyped or mixed)."""
+        types = {getattr(self.host_terms.get(h), "gpu_type", None) for h in hosts}
+        return next(iter(types)) if len(types) == 1 else None
 
     def set_occupied(self, job_id: str, hosts: Dict[str, int]) -> None:
         """The slots ``job_id`` still uses ({} none): the one write of ``occupied``, under the
@@ -343,18 +361,31 @@ class Service:
         apply.apply_allocations(self)
 
     def _account(self) -> None:
-        """Add each running job's slots x seconds to its attained service (Tiresias's), about
-        once a second."""
+        """Add each running job's slots x seconds to its attained service (Tiresias's), its
+        slots x their hosts' prices x hours to its cost, and (a job with an objective) its
+        samples/s x seconds to its samples done, about once a second."""
         now = time.monotonic()
         dt = now - self.last_attained
         if dt < 1.0:
             return
         self.last_attained = now
         for job_id in list(self.runs):
+            held = self.occupied.get(job_id) or self.written.get(job_id, {})
             n = sum(self.written.get(job_id, {}).values())
             job = self.store.job(job_id)
-            if job is not None and n:
-                self.store.update(job_id, attained_gpu_s=job.attained_gpu_s + n * dt)
+            if job is None or not n:
+                continue
+            cost = sum(k * (getattr(self.host_terms.get(h), "price", None) or 0.0)
+                       for h, k in held.items()) * dt / 3600.0
+            fields = {"attained_gpu_s": job.attained_gpu_s + n * dt,
+                      "cost_usd": job.cost_usd + cost}
+            if job.goal:
+                tel = (self.telemetry.get(job_id) or (0, None))[1] or {}
+                rate = (tel.get("job") or {}).get("samples_per_s") or 0.0
+                goal = dict(job.goal)
+                goal["done_samples"] = float(goal.get("done_samples") or 0.0) + rate * dt
+                fields["goal"] = goal
+            self.store.update(job_id, **fields)
 
     # ---- the round ------------------------------------------------------------------------------
 
@@ -363,6 +394,7 @@ class Service:
         ended and not being stopped."""
         allocs = self.store.allocations()
         pool = {h: k for h, k in self.pool.items() if h not in self.reach.resting_hosts()}
+        tflops = {t: p.tflops for t, p in self.prices.items() if getattr(p, "tflops", None)}
         views = []
         for job in self.store.jobs(("queued", "running", "suspended")):
             if job.stopping:  # its slots stay its own until its run ended
@@ -376,9 +408,11 @@ class Service:
                 max_np=job.max_np, priority=job.priority, allocation=held,
                 attained_gpu_s=job.attained_gpu_s, started=job.run > 0,
                 last_change_at=job.last_change_at, throughput=speed_.throughput(job.speed),
-                elastic=job.min_np < job.max_np))
+                elastic=job.min_np < job.max_np, goal=job.goal or None,
+                speed_of=speed_.typed_speed(job.speed, tflops), spent_usd=job.cost_usd))
         return Snapshot(now=time.time(), pool=pool, jobs=tuple(views),
-                        change_cost_s=self.change_cost_s, restart_cost_s=self.restart_cost_s)
+                        change_cost_s=self.change_cost_s, restart_cost_s=self.restart_cost_s,
+                        hosts={h: t for h, t in self.host_terms.items() if h in pool})
 
     def _round(self) -> None:
         """Ask the policy for an allocation of :meth:`snapshot` and record each job's change
@@ -394,6 +428,7 @@ class Service:
         alloc = rested.clamp(self, alloc)  # never more than a run's launcher can use
         self.waiting_reasons = reasons.waiting(snap, alloc, self.policy, sum(self.pool.values()))
         explain = getattr(self.policy, "explain", None)
+        self._note_choices(snap)
         for view in snap.jobs:
             new = {h: k for h, k in alloc.get(view.id, {}).items() if k > 0}
             old = dict(view.allocation)
@@ -413,6 +448,27 @@ class Service:
             self.events.count(kind)
             if n_new and not n_old:
                 self.waiting_since.setdefault(view.id, time.monotonic())
+
+
+    def _note_choices(self, snap: Snapshot) -> None:
+        """Keep the policy's choice per job with an objective (``typed``: type, number,
+        predicted time and cost) in its ``goal``: ``choice`` the latest, ``first_choice`` the
+        one it started with (what ``status`` shows beside the cost so far)."""
+        for job_id, pred in (getattr(self.policy, "choices", None) or {}).items():
+            job = self.store.job(job_id)
+            if job is None or not job.goal:
+                continue
+            goal = dict(job.goal)
+            d = pred.as_dict()
+            d["at"] = snap.now
+            if goal.get("choice", {}).get("why") == d["why"] and \
+                    goal.get("choice", {}).get("n") == d["n"]:
+                continue
+            goal["choice"] = d
+            if "first_choice" not in goal and job_id in {
+                    v.id for v in snap.jobs if not v.allocation}:
+                goal["first_choice"] = d
+            self.store.update(job_id, goal=goal)
 
 
 def _default_reason(kind: str, n_old: int, n_new: int, policy) -> str:

@@ -17,7 +17,9 @@ Tables (schema version :data:`SCHEMA_VERSION`, kept in ``meta``):
   ``job_file``, ``launcher_pid``, ``wrapper_pid``, ``stopping`` (None, "preempt" or "cancel":
   a stop asked of the current run), ``last_change_at``, ``world_size`` (slots it holds),
   ``speed`` (JSON: world size -> the telemetry's figures at that size), ``reason`` (the last
-  decision's).
+  decision's), ``goal`` (JSON: a job's objective, samples, deadline, budget, types, samples done
+  and the type and number chosen with their predicted time and cost, issue 42; ``{}`` none),
+  ``cost_usd`` (dollars spent: slots x each host's price per GPU-hour x hours held).
 * ``allocations``: ``(job_id, host, slots)``, what each job is to hold (the policy's last word).
 * ``events``: ``(id, at, job_id, kind, reason, detail JSON)``, append-only.
 """
@@ -31,7 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# columns added since version 1: name -> SQL type (an older database gets them on open)
+_ADDED_COLUMNS = {"goal": "TEXT NOT NULL DEFAULT '{}'", "cost_usd": "REAL NOT NULL DEFAULT 0"}
 STATES = ("queued", "running", "suspended", "done", "failed", "cancelled")
 ENDED = ("done", "failed", "cancelled")
 
@@ -64,7 +68,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     last_change_at REAL NOT NULL DEFAULT 0,
     world_size INTEGER NOT NULL DEFAULT 0,
     speed TEXT NOT NULL DEFAULT '{}',
-    reason TEXT
+    reason TEXT,
+    goal TEXT NOT NULL DEFAULT '{}',
+    cost_usd REAL NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS allocations (
     job_id TEXT NOT NULL REFERENCES jobs(id),
@@ -115,6 +121,8 @@ class JobRecord:
     world_size: int = 0
     speed: Dict[str, dict] = field(default_factory=dict)
     reason: Optional[str] = None
+    goal: Dict[str, object] = field(default_factory=dict)
+    cost_usd: float = 0.0
 
     @property
     def ended(self) -> bool:
@@ -129,10 +137,11 @@ class JobRecord:
                 "max_np": self.max_np, "priority": self.priority, "runs": self.run,
                 "attained_gpu_s": round(self.attained_gpu_s, 3), "command": self.argv,
                 "checkpoint_dir": self.checkpoint_dir, "allocation": allocation or {},
-                "reason": self.reason}
+                "reason": self.reason, "goal": self.goal or None,
+                "cost_usd": round(self.cost_usd, 6)}
 
 
-_JSON_FIELDS = ("argv", "env", "speed")
+_JSON_FIELDS = ("argv", "env", "speed", "goal")
 _FIELDS = [f for f in JobRecord.__dataclass_fields__]
 
 
@@ -169,6 +178,12 @@ class Store:
                 elif int(row[0]) > SCHEMA_VERSION:
                     raise StoreError(f"{self.path} has schema version {row[0]}, newer than "
                                      f"this hvd-edl-cluster's {SCHEMA_VERSION}: upgrade hvd_edl")
+                have = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
+                for name, sql in _ADDED_COLUMNS.items():
+                    if name not in have:
+                        db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {sql}")
+                db.execute("UPDATE meta SET value=? WHERE key='schema_version'",
+                           (str(SCHEMA_VERSION),))
         except sqlite3.DatabaseError as e:
             raise StoreError(f"cannot use {self.path} as the cluster's database: {e}") from None
 

@@ -67,7 +67,7 @@ def speed_point(svc, steady: Dict[str, Tuple[int, float]], job_id: str,
         return
     if time.monotonic() - since[1] < speed_.STEADY_S:
         return
-    p = speed_.point(tel_job)
+    p = speed_.point(tel_job, svc.type_of(svc.written.get(job_id, {})))
     if p is None:
         return
 
@@ -75,6 +75,6 @@ def speed_point(svc, steady: Dict[str, Tuple[int, float]], job_id: str,
         job = svc.store.job(job_id)
         if job is not None and not job.ended:
             sp = dict(job.speed)
-            sp[str(p["world_size"])] = p
+            sp[speed_.key(p)] = p
             svc.store.update(job_id, speed=sp)
     svc.post(record)

@@ -52,6 +52,9 @@ def frame_lines(status: dict) -> list:
                      f"{j['np']:>3} {str(j['min_np']) + '-' + str(j['max_np']):>8} "
                      f"{_age(j['submitted_at']):>6} {_age(j['started_at']):>6} "
                      f"{'' if j['exit_code'] is None else j['exit_code']:>5}"[:WIDTH])
+        goal_line = objective_line(j)
+        if goal_line:
+            lines.append(f"{'':6}{goal_line}"[:WIDTH])
         if j["state"] in ("queued", "suspended", "failed") and j.get("reason"):
             lines.append(f"{'':6}{j['reason']}"[:WIDTH])  # why it waits, why it failed
         if j.get("workers"):  # where its workers run: host:slot, and the GPU where there is one
@@ -60,6 +63,31 @@ def frame_lines(status: dict) -> list:
                               for w in j["workers"])
             lines.append(f"{'':6}{places}"[:WIDTH])
     return lines
+
+
+def objective_line(j: dict) -> str:
+    """A job with an objective (issue 42): its choice with the predicted time and cost, and
+    the cost so far (``time<=$0.05: 2 x a100 spot, pred 120 s $0.0310; spent $0.0102``);
+    "" for a job without one."""
+    g = j.get("goal")
+    if not g:
+        return ""
+    lim = (f"<=${g['budget_usd']:g}" if g.get("budget_usd") is not None else
+           f" by {_age_left(g['deadline_at'])}" if g.get("deadline_at") else "")
+    c = g.get("first_choice") or g.get("choice")
+    what = (f"{c['n']} x {c['type']}{' spot' if c.get('spot') else ''}, pred "
+            f"{c['time_s']:.0f} s ${c['cost_usd']:.4f}" + ("" if c.get("fits", True)
+                                                          else " (does not fit)")) \
+        if c else "no choice yet"
+    now = g.get("choice")
+    moved = (f"; now {now['n']} x {now['type']}" if c and now and
+             (now["n"], now["type"]) != (c["n"], c["type"]) else "")
+    return f"{g['objective']}{lim}: {what}{moved}; spent ${j.get('cost_usd', 0):.4f}"
+
+
+def _age_left(t) -> str:
+    s = t - time.time()
+    return f"{s:.0f}s" if s >= 0 else "past"
 
 
 def run(client, interval_s: float = 2.0, once: bool = False) -> int:

@@ -33,7 +33,8 @@ import threading
 import time
 from typing import Dict, Hashable, Optional, Tuple
 
-from launcher.discovery.hosts import HostSpecError, check_host, format_host_entry, parse_host_specs
+from launcher.discovery.hosts import (HostLine, HostSpecError, check_host, format_host_entry,
+                                     parse_host_specs)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class FixedHosts:
         self.hosts = dict(hosts)
         self.gpus: Dict[str, Tuple[str, ...]] = dict(gpus or {})
         self.ends: Dict[str, float] = {}  # host -> its announced end (ends=), unix seconds
+        self.lines: Dict[str, HostLine] = {}  # host -> its whole line (type=, price=, spot)
 
     @classmethod
     def from_lines(cls, text: str, default_slots: int = 1) -> "FixedHosts":
@@ -75,6 +77,7 @@ class FixedHosts:
         out = cls({h: e.slots for h, e in specs.items()},
                   {h: e.gpus for h, e in specs.items() if e.gpus})
         out.ends = {h: e.ends for h, e in specs.items() if e.ends}
+        out.lines = dict(specs)
         return out
 
     def find_available_hosts_and_slots(self) -> Dict[str, int]:
@@ -103,6 +106,7 @@ class HostDiscoveryScript:
         self.reasons: Dict[str, str] = {}  # host -> why the last good call left it out
         self.gpus: Dict[str, Tuple[str, ...]] = {}  # host -> its gpus= in the last good call
         self.ends: Dict[str, float] = {}  # host -> its announced end (ends=), unix seconds
+        self.lines: Dict[str, HostLine] = {}  # host -> its whole line in the last good call
 
     def find_available_hosts_and_slots(self) -> Dict[str, int]:
         """Returns ``{host: slots}`` in the script's order.
@@ -138,6 +142,7 @@ class HostDiscoveryScript:
         self.reasons = {}
         self.gpus = {h: e.gpus for h, e in specs.items() if e.gpus}
         self.ends = {h: e.ends for h, e in specs.items() if e.ends}
+        self.lines = dict(specs)
         for m in filter(None, map(_LEFT_OUT_RE.match, lines)):
             host = _canonical(m.group("host").strip("[]"))
             if host is not None:  # in the form the hosts take (lower case, ...)

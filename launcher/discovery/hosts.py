@@ -16,8 +16,18 @@ starts with ``CUDA_VISIBLE_DEVICES`` set to the whole list, so its own GPU sits 
 ``ends=T`` announces the host's end at unix time ``T`` (a spot / preemptible VM's notice: AWS
 gives 120 s, GCE 30 s): no new worker goes there, the workers there leave stop-free at their
 next commit (after a checkpoint where the job keeps them), and the pool stops placing work there.
-Further attributes (a GPU type, a price) take the same form; an unknown one is an error, so
-that a typo is never silently ignored.
+``type=NAME`` names the host's GPU type (``t4``, ``a100``...: lower-cased, what the price and
+revocation tables and a job's speeds per type are keyed by), ``price=D`` its price in dollars per
+GPU-hour (per slot-hour on a host without GPUs), ``zone=Z`` where it runs, and the bare word
+``spot`` marks it transient
+(spot / preemptible: cheaper, revocable; its revocation risk comes from the operator's table,
+:mod:`launcher.discovery.prices`).  A host line without ``price=`` takes its type's price from
+the price table given once (``--prices FILE``), on-demand or spot as the line says::
+
+    node3:4 type=t4 price=0.35 spot
+    node4 gpus=0,1 type=a100
+
+An unknown attribute is an error, so that a typo is never silently ignored.
 
 Every host is checked and put in one canonical form where it enters (:func:`check_host`):
 
@@ -164,7 +174,10 @@ def format_host_entry(host: str, slots: Optional[int] = None) -> str:
 
 
 GPU_ID_RE = re.compile(r"[0-9]{1,4}|(?:GPU|MIG)-[0-9A-Za-z][0-9A-Za-z\-/]{0,95}")
-HOST_ATTRIBUTES = ("slots", "gpus", "ends")  # what a line may give after its host
+HOST_ATTRIBUTES = ("slots", "gpus", "ends", "type", "price", "zone")  # key=value after the host
+HOST_FLAGS = ("spot",)  # bare words after the host
+GPU_TYPE_RE = re.compile(r"[a-z0-9][a-z0-9_.\-]{0,31}")
+MAX_PRICE = 1e4  # dollars per GPU-hour: more is a typo (the dearest cloud GPU is ~ $15)
 
 
 @dataclass(frozen=True)
@@ -176,12 +189,49 @@ class HostLine:
     slots: Optional[int]
     gpus: Optional[Tuple[str, ...]] = None
     ends: Optional[float] = None  # unix seconds the host's notice gives for its end
+    gpu_type: Optional[str] = None  # type=: the GPU type (lower-case), None: not given
+    price: Optional[float] = None   # price=: dollars per GPU-hour, None: the price table's
+    spot: bool = False              # spot: transient (revocable)
+    zone: Optional[str] = None      # zone=: where it runs (its revocation risk may differ)
 
     def format(self) -> str:
-        """The line again: ``node1:2 gpus=0,1`` (``node1`` alone without slots)."""
+        """The line again: ``node1:2 gpus=0,1 type=t4 price=0.35 spot`` (``node1`` alone
+        without slots)."""
         text = format_host_entry(self.host, self.slots)
         text += f" gpus={','.join(self.gpus)}" if self.gpus else ""
-        return text + (f" ends={self.ends:.3f}".rstrip("0").rstrip(".") if self.ends else "")
+        text += f" ends={self.ends:.3f}".rstrip("0").rstrip(".") if self.ends else ""
+        text += f" type={self.gpu_type}" if self.gpu_type else ""
+        text += f" price={self.price:g}" if self.price is not None else ""
+        text += f" zone={self.zone}" if self.zone else ""
+        return text + (" spot" if self.spot else "")
+
+
+def parse_gpu_type(text: str, where: str = "") -> str:
+    """``"A100"`` -> ``"a100"``: a GPU type name, 1 to 32 letters, digits, ``_ . -``, starting
+    with a letter or digit; lower-cased.
+
+    Raises:
+        HostSpecError: another form."""
+    name = text.strip().lower()
+    if not GPU_TYPE_RE.fullmatch(name):
+        raise HostSpecError(f"{where}type= needs a GPU type name (letters, digits, _ . -; at "
+                            f"most 32), got {_show(text)}")
+    return name
+
+
+def parse_price(text: str, where: str = "price=") -> float:
+    """``"0.35"`` -> 0.35: dollars per GPU-hour, a finite number in [0, MAX_PRICE].
+
+    Raises:
+        HostSpecError: not a number, negative, infinite or above :data:`MAX_PRICE`."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if not 0 <= value <= MAX_PRICE:  # NaN fails too
+        raise HostSpecError(f"{where} needs a price in dollars per GPU-hour, a number from 0 "
+                            f"to {MAX_PRICE:g}, got {_show(str(text))}")
+    return value
 
 
 def parse_gpus(text: str, where: str = "") -> Tuple[str, ...]:
@@ -207,12 +257,14 @@ def parse_gpus(text: str, where: str = "") -> Tuple[str, ...]:
 
 
 def parse_host_line(line: str, default_slots: Optional[int] = 1) -> HostLine:
-    """One line, ``host[:slots] [slots=N] [gpus=LIST]`` (see the module docstring).  With
-    ``gpus=`` and no slots, a slot per GPU; with both, as many slots as GPUs.
+    """One line, ``host[:slots] [slots=N] [gpus=LIST] [ends=T] [type=NAME] [price=D] [spot]``
+    (see the module docstring).  With ``gpus=`` and no slots, a slot per GPU; with both, as many
+    slots as GPUs.
 
     Raises:
-        HostSpecError: see :func:`parse_host_entry`, :func:`parse_gpus`; an unknown or
-            repeated attribute, ``slots`` given twice or disagreeing with ``gpus``."""
+        HostSpecError: see :func:`parse_host_entry`, :func:`parse_gpus`,
+            :func:`parse_gpu_type`, :func:`parse_price`; an unknown or repeated attribute,
+            ``slots`` given twice or disagreeing with ``gpus``."""
     words = re.sub(r"\s*=\s*", "=", line.strip()).split()  # "slots = 4" as MPI writes it
     if not words:
         raise HostSpecError("empty host line")
@@ -221,7 +273,12 @@ def parse_host_line(line: str, default_slots: Optional[int] = 1) -> HostLine:
     for word in words[1:]:
         key, eq, value = word.partition("=")
         key = key.strip().lower()
-        known = ", ".join(k + "=" for k in HOST_ATTRIBUTES)
+        known = ", ".join([k + "=" for k in HOST_ATTRIBUTES] + list(HOST_FLAGS))
+        if not eq and key in HOST_FLAGS:
+            if key in attrs:
+                raise HostSpecError(f"host {host}: {key} given twice")
+            attrs[key] = ""
+            continue
         if not eq:
             raise HostSpecError(f"unknown host syntax {_show(line)} (expected host[:slots], "
                                 f"then attributes key=value: {known})")
@@ -250,7 +307,17 @@ def parse_host_line(line: str, default_slots: Optional[int] = 1) -> HostLine:
         if ends is None or not 0 < ends < 1e11:
             raise HostSpecError(f"host {host}: ends= needs the end's unix time in seconds, got "
                                 f"{_show(attrs['ends'])}")
-    return HostLine(host, default_slots if slots is None else slots, gpus, ends)
+    where = f"host {host}: "
+    gpu_type = parse_gpu_type(attrs["type"], where) if "type" in attrs else None
+    price = parse_price(attrs["price"], f"{where}price=") if "price" in attrs else None
+    zone = None
+    if "zone" in attrs:
+        zone = attrs["zone"].strip().lower()
+        if not re.fullmatch(r"[a-z0-9][a-z0-9_.\-]{0,62}", zone):
+            raise HostSpecError(f"{where}zone= needs a zone name (e.g. us-east1-c), got "
+                                f"{_show(attrs['zone'])}")
+    return HostLine(host, default_slots if slots is None else slots, gpus, ends, gpu_type,
+                    price, "spot" in attrs, zone)
 
 
 def parse_host_specs(text: str, default_slots: Optional[int] = 1) -> Dict[str, HostLine]:

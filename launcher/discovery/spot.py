@@ -37,16 +37,18 @@ call that fails.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import enum
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import requests
 
-from launcher.discovery.hosts import HostLine, HostSpecError, format_host_entry, parse_host_lines
+from launcher.discovery.hosts import (HostLine, HostSpecError, format_host_entry,
+                                     parse_host_specs)
 
 MAX_PARALLEL = 32
 GCE_NOTICE_S = 30.0   # GCE: a preemption / termination notice comes about 30 s before the end
@@ -111,8 +113,20 @@ def read_candidates(path: str) -> List[Tuple[str, Optional[int]]]:
         OSError: the file cannot be read.
         HostSpecError: a malformed line (its number in the message) or a host listed twice.
     """
+    return [(h, e.slots) for h, e in read_lines(path).items()]
+
+
+def read_lines(path: str) -> Dict[str, HostLine]:
+    """The hosts file's lines, host -> :class:`HostLine` in order, with what they give beyond
+    slots (``type=``, ``price=``, ``spot``: printed again for the hosts that stay, so the
+    cluster service knows each host's GPU type, price and transience).
+
+    Raises:
+        OSError: the file cannot be read.
+        HostSpecError: a malformed line (its number in the message) or a host listed twice.
+    """
     with open(path) as f:
-        return list(parse_host_lines(f.read(), default_slots=None).items())
+        return parse_host_specs(f.read(), default_slots=None)
 
 
 def main(argv: Optional[List[str]], prog: str, description: str, default_url: str,
@@ -121,7 +135,8 @@ def main(argv: Optional[List[str]], prog: str, description: str, default_url: st
     1: nothing usable or a bad hosts file, 2: bad flags)."""
     p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--hosts-file", required=True,
-                   help="candidate hosts, one 'host[:slots]' a line (re-read every call)")
+                   help="candidate hosts, one 'host[:slots] [type=NAME] [price=D] [spot]' a "
+                        "line (re-read every call; the attributes are printed again)")
     p.add_argument("--metadata-url", default=default_url,
                    help="metadata base URL; '{host}' is replaced by each host "
                         f"(default {default_url}, i.e. this machine's own metadata)")
@@ -132,7 +147,8 @@ def main(argv: Optional[List[str]], prog: str, description: str, default_url: st
                         "or is left out (drop)")
     a = p.parse_args(argv)
     try:
-        candidates = read_candidates(a.hosts_file)
+        lines = read_lines(a.hosts_file)
+        candidates = [(h, e.slots) for h, e in lines.items()]
     except (OSError, HostSpecError) as e:
         print(f"{prog}: {a.hosts_file}: {e}", file=sys.stderr)
         return 1
@@ -160,6 +176,6 @@ def main(argv: Optional[List[str]], prog: str, description: str, default_url: st
         print(f"{prog}: no host left: " + "; ".join(f"{c.host}: {c.reason}" for c in checks),
               file=sys.stderr)
         return 1
-    print("\n".join(HostLine(c.host, c.slots, ends=c.ends).format() for c in listed),
-          flush=True)
+    print("\n".join(dataclasses.replace(lines[c.host], ends=c.ends or lines[c.host].ends)
+                     .format() for c in listed), flush=True)
     return 0

@@ -1,4 +1,5 @@
-"""The scheduling policies, one module each: ``fifo``, ``tiresias``, ``edl``, ``goodput``
+"""The scheduling policies, one module each: ``fifo``, ``tiresias``, ``edl``, ``goodput``,
+``typed`` (GPU types, prices, objectives: issue 42)
 (:class:`launcher.cluster.policy.Policy` subclasses), and :func:`make_policy` by name."""
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Optional
 
 from launcher.cluster.policy import Policy
 
-POLICIES = ("fifo", "tiresias", "edl", "goodput")
+POLICIES = ("fifo", "tiresias", "edl", "goodput", "typed")
 
 
 def parse_objective(objective: str):
@@ -46,4 +47,7 @@ def make_policy(name: str, objective: str = "jct", *, fair_share: bool = True,
     if name == "goodput":
         from launcher.cluster.policies.goodput import GoodputPolicy
         return GoodputPolicy(obj, e, fair_share=fair_share, user_quota=user_quota)
+    if name == "typed":
+        from launcher.cluster.policies.typed import TypedPolicy
+        return TypedPolicy()
     raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})")

@@ -1,0 +1,176 @@
+"""Choosing a job's GPU type and number for an objective (CM-DARE, Li, Walls, Guo, arXiv
+2004.03072: predict training speed per server type and cluster size, then choose the servers
+that train fastest within a budget or cheapest within a deadline, revocations counted).
+
+``hvd-edl-cluster submit --objective time|cost [--deadline S] [--budget DOLLARS] --samples N``:
+the job has ``N`` samples of work (epochs x the dataset).  For each GPU type the pool offers
+and each size ``n`` in the job's bounds, :func:`predict` gives the time and cost to finish:
+
+* ``T0 = remaining / speed(type, n)`` from the job's speed on that type and size (measured as
+  it runs, :mod:`launcher.cluster.speed`; before that its ``--speed-profile``, or another
+  type's measurements scaled by the types' TFLOPS);
+* on transient (``spot``) hosts, revocations arrive at ``lambda = rate x n`` per hour
+  (:mod:`launcher.discovery.prices`: the operator's table, GCE's lifetimes by default), each
+  costing ``loss = lost work + switch + start-up x (1 - speed(n-1)/speed(n))``: the work since
+  the last commit (none with a notice: the workers leave at a commit), a stop-free switch, and
+  the replacement's start-up during which the job trains one host short; so
+  ``T = start + T0 / (1 - lambda x loss / 3600)``;
+* ``cost = price x n x T / 3600`` (price per GPU-hour), plus what the job spent so far.
+
+``time``: the shortest ``T`` whose cost stays within the budget (any cost without one);
+``cost``: the lowest cost whose ``T`` meets the deadline (the shortest ``T`` without one is
+not asked: the cheapest).  When nothing fits, the closest (least over budget, or soonest past
+the deadline) with ``fits = False`` and why.  Pure functions: the cluster policy
+(:mod:`launcher.cluster.policies.typed`) and the benchmark call the same.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Optional, Tuple
+
+OBJECTIVES = ("time", "cost")
+MAX_REVOCATION_SHARE = 0.9  # a size whose revocations eat more of its time than this: refused
+
+
+@dataclass(frozen=True)
+class Goal:
+    """What a job asked for: ``objective`` ("time" or "cost"), ``samples`` of work in all,
+    ``deadline_at`` (unix seconds; None: none), ``budget_usd`` (None: none), ``types``
+    (allowed GPU types; empty: any)."""
+    objective: str
+    samples: float
+    deadline_at: Optional[float] = None
+    budget_usd: Optional[float] = None
+    types: Tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        return {"objective": self.objective, "samples": self.samples,
+                "deadline_at": self.deadline_at, "budget_usd": self.budget_usd,
+                "types": list(self.types)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Goal":
+        return cls(d["objective"], float(d["samples"]), d.get("deadline_at"),
+                   d.get("budget_usd"), tuple(d.get("types") or ()))
+
+
+@dataclass(frozen=True)
+class Offer:
+    """One GPU type as a job may use it now: ``slots`` it could hold, ``price`` dollars per
+    GPU-hour, ``revocations_per_h`` per GPU (0: on demand), ``startup_s`` of a replacement
+    host."""
+    gpu_type: str
+    slots: int
+    price: float
+    revocations_per_h: float = 0.0
+    startup_s: float = 0.0
+    spot: bool = False
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """A choice and what it predicts: ``gpu_type``, ``n`` workers, ``time_s`` to finish,
+    ``cost_usd`` in all (spent so far included), ``revocations`` expected, ``fits`` (within the
+    budget / deadline) and ``why`` (one line for ``status``)."""
+    gpu_type: str
+    n: int
+    time_s: float
+    cost_usd: float
+    revocations: float
+    fits: bool = True
+    why: str = ""
+    spot: bool = False
+
+    def as_dict(self) -> dict:
+        return {"type": self.gpu_type, "spot": self.spot, "n": self.n, "time_s": round(self.time_s, 3),
+                "cost_usd": round(self.cost_usd, 6), "revocations": round(self.revocations, 4),
+                "fits": self.fits, "why": self.why}
+
+
+def predict(remaining: float, speed: Callable[[int], Optional[float]], n: int, offer: Offer,
+            commit_s: float = 1.0, switch_s: float = 0.5, start_s: float = 0.0,
+            notice: bool = False, spent_usd: float = 0.0) -> Optional[Prediction]:
+    """Time and cost to finish ``remaining`` samples on ``n`` GPUs of ``offer`` (module
+    docstring); ``speed(n)``: samples/s at ``n`` (None: unknown); ``commit_s``: the job's
+    commit period (the work a revocation without notice loses); ``switch_s``: a stop-free
+    switch; ``start_s``: the job's own start (0 for a running job); ``notice``: revocations
+    come with one (no work lost).  None when the speed is unknown or revocations would eat
+    more than :data:`MAX_REVOCATION_SHARE` of the time."""
+    thr = speed(n)
+    if not thr or thr <= 0:
+        return None
+    t0 = max(0.0, remaining) / thr
+    lam = offer.revocations_per_h * n
+    revs = 0.0
+    t = t0
+    if lam > 0:
+        short = speed(n - 1) if n > 1 else 0.0
+        loss = (0.0 if notice else commit_s) + switch_s + offer.startup_s * (
+            1.0 - min(1.0, (short or 0.0) / thr))
+        share = lam * loss / 3600.0
+        if share >= MAX_REVOCATION_SHARE:
+            return None
+        t = t0 / (1.0 - share)
+        revs = lam * t / 3600.0
+    t += start_s
+    cost = spent_usd + offer.price * n * t / 3600.0
+    return Prediction(offer.gpu_type, n, t, cost, revs, spot=offer.spot)
+
+
+def choose(goal: Goal, remaining: float, speed: Callable[[str, int], Optional[float]],
+           offers: Iterable[Offer], now: float, min_np: int, max_np: int,
+           spent_usd: float = 0.0, **predict_kw) -> Optional[Prediction]:
+    """The type and number for ``goal`` (module docstring) among ``offers``, sizes in
+    [``min_np``, ``max_np``] and each offer's slots; ``speed(type, n)``: samples/s (None:
+    unknown); ``now``: unix seconds (the deadline's clock); ``predict_kw``: :func:`predict`'s
+    ``commit_s``, ``switch_s``, ``start_s``, ``notice``.  None when no offer has a known speed
+    at a size that fits the bounds."""
+    cands = []
+    for offer in offers:
+        if goal.types and offer.gpu_type not in goal.types:
+            continue
+        for n in range(max(1, min_np), min(max_np, offer.slots) + 1):
+            p = predict(remaining, lambda k, t=offer.gpu_type: speed(t, k), n, offer,
+                        spent_usd=spent_usd, **predict_kw)
+            if p is not None:
+                cands.append(p)
+    if not cands:
+        return None
+    if goal.objective == "time":
+        budget = math.inf if goal.budget_usd is None else goal.budget_usd
+        fit = [p for p in cands if p.cost_usd <= budget]
+        if fit:
+            best = min(fit, key=lambda p: (p.time_s, p.cost_usd, p.gpu_type, p.n))
+            return _with(best, True, f"soonest: {_fig(best)}" + (
+                f" within the ${budget:g} budget" if goal.budget_usd is not None else ""))
+        best = min(cands, key=lambda p: (p.cost_usd, p.time_s, p.gpu_type, p.n))
+        return _with(best, False, f"no choice fits the ${budget:g} budget; the cheapest: "
+                     f"{_fig(best)}")
+    left = math.inf if goal.deadline_at is None else goal.deadline_at - now
+    fit = [p for p in cands if p.time_s <= left]
+    if fit:
+        best = min(fit, key=lambda p: (p.cost_usd, p.time_s, p.gpu_type, p.n))
+        return _with(best, True, f"cheapest: {_fig(best)}" + (
+            f" within the deadline ({left:.0f} s left)" if goal.deadline_at is not None
+            else ""))
+    best = min(cands, key=lambda p: (p.time_s, p.cost_usd, p.gpu_type, p.n))
+    return _with(best, False, f"no choice meets the deadline ({left:.0f} s left); the "
+                 f"soonest: {_fig(best)}")
+
+
+def _fig(p: Prediction) -> str:
+    return (f"{p.n} x {p.gpu_type}{' spot' if p.spot else ''}, {p.time_s:.0f} s, "
+            f"${p.cost_usd:.4f}"
+            + (f", {p.revocations:.2f} revocations expected" if p.revocations else ""))
+
+
+def _with(p: Prediction, fits: bool, why: str) -> Prediction:
+    return Prediction(p.gpu_type, p.n, p.time_s, p.cost_usd, p.revocations, fits, why, p.spot)
+
+
+def better(objective: str, a: Prediction, b: Prediction) -> float:
+    """How much better ``a`` is than ``b`` for ``objective``: the relative saving of time
+    ("time") or cost ("cost"), 1 - a / b (negative: worse)."""
+    x, y = (a.time_s, b.time_s) if objective == "time" else (a.cost_usd, b.cost_usd)
+    return 1.0 - x / y if y > 0 else 0.0

@@ -1,0 +1,219 @@
+"""``typed``: a policy for a pool of several GPU types with prices and transient (spot) hosts
+(issue 42; CM-DARE, arXiv 2004.03072, for the choice of one job's servers; Sia, SOSP 2023, for
+placing jobs on types by what each gains from a type).
+
+Each round, in order:
+
+1. a running job keeps its slots (on hosts still in the pool), unless its objective is better
+   served elsewhere by more than :attr:`TypedPolicy.move_gain` (a stop-free move: its new
+   workers start, the old ones leave at their next commit);
+2. a waiting job with an objective (``submit --objective time|cost``) gets the type and number
+   :func:`launcher.cluster.choice.choose` picks among the slots free now, grouped by (type,
+   spot): soonest within its budget, or cheapest within its deadline, expected revocations
+   counted; while its speed is unknown everywhere it starts at ``--np`` on the type with the
+   most free slots, to be measured (and moved once that pays back);
+3. the other waiting jobs in the order of their gain from the fastest type over the slowest
+   (their measured speeds per type; unknown: 1), so a job that gains 3x from an a100 over a
+   t4 takes the a100 before one that gains 1.5x; each at ``--np`` on the fastest type with
+   room, else anywhere (a job never spans types unless no single type has room).
+
+Pure: a function of the snapshot (its ``hosts`` give each host's type, price, risk); the
+choices of the last round are kept in :attr:`TypedPolicy.choices` (job id ->
+:class:`launcher.cluster.choice.Prediction`) for the service to show, and :meth:`explain`
+gives one line per decision.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+from launcher.cluster.choice import Goal, Offer, Prediction, better, choose, predict
+from launcher.cluster.policy import Allocation, JobView, Policy, Snapshot, fill_hosts
+
+Klass = Tuple[str, bool]  # (GPU type, spot)
+
+
+class TypedPolicy(Policy):
+    """See the module docstring.
+
+    Args:
+        commit_s: a job's commit period, seconds (what a revocation without notice loses).
+        switch_s: a stop-free switch, seconds.
+        start_s: a job's start (launcher, imports, first ring), seconds.
+        move_gain: the least relative gain (time or cost) that moves a running job.
+        notice: revocations come with a notice (no work lost)."""
+
+    name = "typed"
+
+    def __init__(self, commit_s: float = 2.0, switch_s: float = 0.5, start_s: float = 10.0,
+                 move_gain: float = 0.25, notice: bool = False):
+        self.commit_s = commit_s
+        self.switch_s = switch_s
+        self.start_s = start_s
+        self.move_gain = move_gain
+        self.notice = notice
+        self.choices: Dict[str, Prediction] = {}
+        self._why: Dict[str, str] = {}
+
+    def explain(self, job_id: str) -> Optional[str]:
+        """The last round's reason for ``job_id``'s allocation (None: none given)."""
+        return self._why.get(job_id)
+
+    # ---- the round ------------------------------------------------------------------------------
+
+    def allocate(self, snap: Snapshot) -> Allocation:
+        self.choices, self._why = {}, {}
+        klass = {h: _klass(snap.hosts.get(h)) for h in snap.pool}
+        free = dict(snap.pool)
+        alloc: Allocation = {}
+        for j in snap.jobs:  # 1. running jobs keep their slots
+            held = {h: min(k, free[h]) for h, k in j.allocation.items() if free.get(h, 0) > 0}
+            if sum(held.values()) >= j.min_np:
+                alloc[j.id] = held
+                for h, k in held.items():
+                    free[h] -= k
+        for j in snap.jobs:
+            if j.id in alloc and j.goal:
+                self._maybe_move(snap, j, alloc, free, klass)
+        waiting = [j for j in snap.jobs if j.id not in alloc]
+        for j in [j for j in waiting if j.goal]:  # 2. objectives, in submission order
+            self._place_goal(snap, j, alloc, free, klass)
+        rest = sorted((j for j in waiting if not j.goal),  # 3. by gain across types
+                      key=lambda j: (-j.priority, -_gain(j, klass), j.submitted_at, j.id))
+        for j in rest:
+            self._place_plain(j, alloc, free, klass)
+        return alloc
+
+    # ---- helpers --------------------------------------------------------------------------------
+
+    def _offers(self, snap: Snapshot, free: Dict[str, int], klass, extra=None) -> List[Offer]:
+        by: Dict[Klass, List[str]] = {}
+        for h, k in free.items():
+            if k + (extra or {}).get(h, 0) > 0:
+                by.setdefault(klass[h], []).append(h)
+        out = []
+        for (t, spot), hosts in sorted(by.items()):
+            terms = [snap.hosts.get(h) for h in hosts]
+            out.append(Offer(t, sum(free[h] + (extra or {}).get(h, 0) for h in hosts),
+                             max((getattr(x, "price", None) or 0.0) for x in terms),
+                             max((getattr(x, "revocations_per_h", 0.0) or 0.0) for x in terms),
+                             max((getattr(x, "startup_s", 0.0) or 0.0) for x in terms), spot))
+        return out
+
+    def _choose(self, snap: Snapshot, j: JobView, offers: List[Offer],
+                start_s: float) -> Optional[Prediction]:
+        g = Goal.from_dict(dict(j.goal))
+        remaining = max(0.0, g.samples - float(j.goal.get("done_samples") or 0.0))
+        speed = j.speed_of or (lambda t, n: None)
+        return choose(g, remaining, speed, offers, snap.now, j.min_np, j.max_np,
+                      spent_usd=j.spent_usd, commit_s=self.commit_s, switch_s=self.switch_s,
+                      start_s=start_s, notice=self.notice)
+
+    def _take(self, free, klass, k: Klass, n: int, prefer=()) -> Optional[Dict[str, int]]:
+        sub = {h: free[h] for h in free if klass[h] == k and free[h] > 0}
+        got = fill_hosts(sub, n, prefer)
+        if got is not None:
+            for h, m in got.items():
+                free[h] -= m
+        return got
+
+    def _place_goal(self, snap, j: JobView, alloc, free, klass) -> None:
+        best = self._choose(snap, j, self._offers(snap, free, klass), self.start_s)
+        if best is None:  # speed unknown everywhere: start at np where most slots are free
+            room: Dict[Klass, int] = {}
+            for h, k in free.items():
+                room[klass[h]] = room.get(klass[h], 0) + max(0, k)
+            k = max(sorted(room), key=lambda c: room[c], default=None)
+            n = min(j.np, room.get(k, 0)) if k is not None else 0
+            if k is None or n < j.min_np:
+                self._why[j.id] = "typed: waits for slots of one type"
+                return
+            got = self._take(free, klass, k, n)
+            alloc[j.id] = got
+            self._why[j.id] = (f"typed: speed unknown, starts on {n} x {k[0]} to measure it")
+            return
+        got = self._take(free, klass, (best.gpu_type, best.spot), best.n)
+        if got is None:
+            return
+        alloc[j.id] = got
+        self.choices[j.id] = best
+        self._why[j.id] = f"typed: {best.why}"
+
+    def _maybe_move(self, snap, j: JobView, alloc, free, klass) -> None:
+        held = alloc[j.id]
+        kinds = {klass[h] for h in held}
+        if len(kinds) != 1 or j.speed_of is None:
+            return
+        cur_k = next(iter(kinds))
+        n = sum(held.values())
+        g = Goal.from_dict(dict(j.goal))
+        remaining = max(0.0, g.samples - float(j.goal.get("done_samples") or 0.0))
+        mine = [o for o in self._offers(snap, free, klass, held)
+                if (o.gpu_type, o.spot) == cur_k]
+        if not mine:
+            return
+        cur = predict(remaining, lambda k: j.speed_of(cur_k[0], k), n, mine[0],
+                      self.commit_s, self.switch_s, 0.0, self.notice, j.spent_usd)
+        best = self._choose(snap, j, self._offers(snap, free, klass, held), self.switch_s)
+        if cur is None or best is None:
+            if best is not None:
+                self.choices[j.id] = best
+            return
+        fits_now = (g.objective == "time" and (g.budget_usd is None
+                                                or cur.cost_usd <= g.budget_usd)) or \
+            (g.objective == "cost" and (g.deadline_at is None
+                                         or cur.time_s <= g.deadline_at - snap.now))
+        gain = better(g.objective, best, cur)
+        if ((best.gpu_type, best.spot) == cur_k and best.n == n) or \
+                (fits_now and gain < self.move_gain) or (best.fits is False and fits_now):
+            self.choices[j.id] = _keep(cur, best)
+            return
+        for h, k in held.items():  # give back, then take the new choice (prefer the same)
+            free[h] += k
+        got = self._take(free, klass, (best.gpu_type, best.spot), best.n, prefer=list(held))
+        if got is None:
+            for h, k in held.items():
+                free[h] -= k
+            self.choices[j.id] = _keep(cur, best)
+            return
+        alloc[j.id] = got
+        self.choices[j.id] = best
+        self._why[j.id] = f"typed: moves ({gain:.0%} better): {best.why}"
+
+    def _place_plain(self, j: JobView, alloc, free, klass) -> None:
+        room: Dict[Klass, int] = {}
+        for h, k in free.items():
+            room[klass[h]] = room.get(klass[h], 0) + max(0, k)
+        order = sorted(room, key=lambda c: (-(_speed(j, c[0], j.np) or 0.0), -room[c], c))
+        for k in order:
+            if room[k] >= j.np:
+                alloc[j.id] = self._take(free, klass, k, j.np)
+                self._why[j.id] = f"typed: starts on {j.np} x {k[0] or 'untyped'}"
+                return
+        got = fill_hosts({h: k for h, k in free.items() if k > 0}, j.np)
+        if got is not None:
+            for h, m in got.items():
+                free[h] -= m
+            alloc[j.id] = got
+            self._why[j.id] = f"typed: starts on {j.np} slots of several types"
+
+
+def _klass(terms) -> Klass:
+    return (getattr(terms, "gpu_type", None) or "", bool(getattr(terms, "spot", False)))
+
+
+def _speed(j: JobView, gpu_type: str, n: int) -> Optional[float]:
+    return j.speed_of(gpu_type, n) if j.speed_of is not None else None
+
+
+def _gain(j: JobView, klass) -> float:
+    """The job's speed on its fastest type over its slowest (1 when fewer than two known)."""
+    speeds = [s for s in (_speed(j, t, max(1, j.np)) for t in {k[0] for k in klass.values()})
+              if s]
+    return max(speeds) / min(speeds) if len(speeds) >= 2 else 1.0
+
+
+def _keep(cur: Prediction, best: Prediction) -> Prediction:
+    return Prediction(cur.gpu_type, cur.n, cur.time_s, cur.cost_usd, cur.revocations,
+                      True, f"stays on {cur.n} x {cur.gpu_type} (best elsewhere: "
+                      f"{best.n} x {best.gpu_type}, {best.time_s:.0f} s, "
+                      f"${best.cost_usd:.4f})", cur.spot)

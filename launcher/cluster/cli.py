@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "least attained service with preemption; fifo: gang-scheduled, first "
                         "come first served; typed: GPU types and prices, each job's --objective "
                         "(docs/transient.md) (default edl)")
+    s.add_argument("--start-cost", type=_positive_float, default=None, metavar="SECONDS",
+                   help="seconds a job's (re)start costs (launcher, workers' imports, first "
+                        "ring; default 10): what the policies, and typed's predictions, count")
     s.add_argument("--prices", metavar="FILE", default=None,
                    help="price table, CSV type,on_demand,spot[,tflops] in dollars per GPU-hour "
                         "(host lines' price= win); docs/transient.md")
@@ -387,7 +390,8 @@ def serve(a, parser) -> int:
     service = Service(os.path.abspath(os.path.expanduser(a.state_dir)), discovery, policy,
                       discovery_interval_s=a.discovery_interval, round_s=a.round_s,
                       fixed_pool=not a.discovery_script, launcher_args=launcher_args,
-                      assume_gpus=a.assume_gpus, prices=prices, risk=risk)
+                      assume_gpus=a.assume_gpus, prices=prices, risk=risk,
+                      **({"restart_cost_s": a.start_cost} if a.start_cost else {}))
     try:
         service.open()
     except ServiceError as e:

@@ -32,6 +32,9 @@ p.add_argument("--batch-size", type=int, default=8)
 p.add_argument("--epochs", type=int, default=2)
 p.add_argument("--commit-every", type=int, default=4)
 p.add_argument("--step-delay", type=float, default=0.0)
+p.add_argument("--busy-s", type=float, default=0.0,
+               help="CPU seconds of work per step (a busy loop: under a CPU quota its wall time "
+                    "stretches, as a slower GPU type's step does)")
 p.add_argument("--done-log", required=True)
 p.add_argument("--post-s", default="", help="RANK:SECONDS,...: work after training, by rank")
 p.add_argument("--freeze-after", default="")
@@ -87,6 +90,10 @@ def train(state):
                 sys.exit(0)
             if args.step_delay:
                 time.sleep(args.step_delay)
+            if args.busy_s:
+                spin_until = time.thread_time() + args.busy_s
+                while time.thread_time() < spin_until:
+                    pass
             if batch_idx % args.commit_every == 0:
                 state.commit()
         state.epoch += 1

@@ -37,15 +37,17 @@ class TypedPolicy(Policy):
 
     Args:
         commit_s: a job's commit period, seconds (what a revocation without notice loses).
-        switch_s: a stop-free switch, seconds.
-        start_s: a job's start (launcher, imports, first ring), seconds.
+        switch_s: a stop-free switch, seconds (None: the snapshot's ``change_cost_s``).
+        start_s: a job's start (launcher, imports, first ring), seconds (None: the
+            snapshot's ``restart_cost_s``, ``serve --start-cost``).
         move_gain: the least relative gain (time or cost) that moves a running job.
         notice: revocations come with a notice (no work lost)."""
 
     name = "typed"
 
-    def __init__(self, commit_s: float = 2.0, switch_s: float = 0.5, start_s: float = 10.0,
-                 move_gain: float = 0.25, notice: bool = False):
+    def __init__(self, commit_s: float = 2.0, switch_s: Optional[float] = None,
+                 start_s: Optional[float] = None, move_gain: float = 0.25,
+                 notice: bool = False):
         self.commit_s = commit_s
         self.switch_s = switch_s
         self.start_s = start_s
@@ -62,6 +64,8 @@ class TypedPolicy(Policy):
 
     def allocate(self, snap: Snapshot) -> Allocation:
         self.choices, self._why = {}, {}
+        self._switch_s = snap.change_cost_s if self.switch_s is None else self.switch_s
+        self._start_s = snap.restart_cost_s if self.start_s is None else self.start_s
         klass = {h: _klass(snap.hosts.get(h)) for h in snap.pool}
         free = dict(snap.pool)
         alloc: Allocation = {}
@@ -105,7 +109,7 @@ class TypedPolicy(Policy):
         remaining = max(0.0, g.samples - float(j.goal.get("done_samples") or 0.0))
         speed = j.speed_of or (lambda t, n: None)
         return choose(g, remaining, speed, offers, snap.now, j.min_np, j.max_np,
-                      spent_usd=j.spent_usd, commit_s=self.commit_s, switch_s=self.switch_s,
+                      spent_usd=j.spent_usd, commit_s=self.commit_s, switch_s=self._switch_s,
                       start_s=start_s, notice=self.notice)
 
     def _take(self, free, klass, k: Klass, n: int, prefer=()) -> Optional[Dict[str, int]]:
@@ -117,7 +121,7 @@ class TypedPolicy(Policy):
         return got
 
     def _place_goal(self, snap, j: JobView, alloc, free, klass) -> None:
-        best = self._choose(snap, j, self._offers(snap, free, klass), self.start_s)
+        best = self._choose(snap, j, self._offers(snap, free, klass), self._start_s)
         if best is None:  # speed unknown everywhere: start at np where most slots are free
             room: Dict[Klass, int] = {}
             for h, k in free.items():
@@ -152,8 +156,8 @@ class TypedPolicy(Policy):
         if not mine:
             return
         cur = predict(remaining, lambda k: j.speed_of(cur_k[0], k), n, mine[0],
-                      self.commit_s, self.switch_s, 0.0, self.notice, j.spent_usd)
-        best = self._choose(snap, j, self._offers(snap, free, klass, held), self.switch_s)
+                      self.commit_s, self._switch_s, 0.0, self.notice, j.spent_usd)
+        best = self._choose(snap, j, self._offers(snap, free, klass, held), self._switch_s)
         if cur is None or best is None:
             if best is not None:
                 self.choices[j.id] = best

@@ -1,0 +1,447 @@
+"""Transient servers of two emulated GPU types, for real (issue 42 s5): which type and number
+the ``typed`` policy chooses for each job's objective, its predicted vs measured time and cost,
+exactly-once audits through every move and revocation, the same stream under the type-blind
+``edl`` policy, and the notice-to-leave times.
+
+    sudo .venv/bin/python benchmarks/cluster/transient_real.py [--jobs 8]   # ~10-15 min, 2 cores
+
+The pool: 4 namespace hosts of the test cluster (tests/cluster.py), one slot each, reached over
+ssh.  h1, h2 are type ``fast`` (on-demand, $3.06 per GPU-hour: Bamboo's p3 on-demand price);
+h3, h4 type ``slow`` and ``spot`` ($0.91: Bamboo's spot price).  A GPU type is emulated by a
+cgroup v1 CPU quota on every process of the host (its sshd and all it starts:
+``/sys/fs/cgroup/cpu/hvdedl-t42-<type>/cpu.cfs_quota_us``): fast 40000 us per 100000 us (0.4
+CPU per host), slow 20000 (0.2 CPU), so a worker's busy step (tests/horovod_style/ledger_main.py
+``--busy-s``) takes twice as long on slow.  Price table: fast 3.06 on demand, slow 0.91 spot,
+TFLOPS 2 and 1.
+
+Calibration: one job per (type, size) (all four at once would skew the speeds, so two at a
+time) gives the job's speed per type and size (the service's telemetry points) and the start
+cost (measured time minus samples / speed); the stream's jobs are submitted with that speed
+profile and the service with that ``--start-cost``.
+
+The stream: ``--jobs`` jobs, one every ``--gap`` seconds, alternating ``--objective time`` with
+a budget and ``--objective cost`` with a deadline (budgets and deadlines drawn so that both
+types get chosen), ``--min-np 1 --max-np 2``.  During the stream a script revokes h4 with a
+notice (``ends=now+30`` on its pool line, the line removed and the host cut off the bridge at
+the deadline, back 20 s later) and then h3 without one (cut off and its line removed at once,
+back 20 s later).  The same stream and revocations then run under ``edl`` (type-blind).
+
+Written to benchmarks/results/transient_real.json and printed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from hvd_edl import audit  # noqa: E402
+
+LEDGER = str(ROOT / "tests" / "horovod_style" / "ledger_main.py")
+CLI = [sys.executable, "-m", "launcher.cluster.cli"]
+RESULTS = ROOT / "benchmarks" / "results"
+CGROUP = Path("/sys/fs/cgroup/cpu")
+PERIOD_US = 100_000
+QUOTA_US = {"fast": 40_000, "slow": 20_000}
+PRICES = {"fast": (3.06, None, 2.0), "slow": (None, 0.91, 1.0)}  # on demand, spot, tflops
+TYPES = {"h1": "fast", "h2": "fast", "h3": "slow", "h4": "slow"}
+BUSY_S = 0.012          # CPU seconds per step: 0.03 s a step on fast, 0.06 on slow
+DATASET, BATCH = 256, 8
+
+
+# ---- outside: the cluster and the cgroups --------------------------------------------------------
+
+def outer(a) -> int:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from cluster import Cluster
+    groups = {t: CGROUP / f"hvdedl-t42-{t}" for t in QUOTA_US}
+    try:
+        with Cluster(hosts=4) as c:
+            for t, g in groups.items():
+                g.mkdir(exist_ok=True)
+                (g / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+                (g / "cpu.cfs_quota_us").write_text(str(QUOTA_US[t]))
+            for name in c.hosts:
+                for pid in c.pids(name):  # its sshd: everything the host starts inherits it
+                    (groups[TYPES[name]] / "cgroup.procs").write_text(str(pid))
+            inner = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--inner",
+                     json.dumps({"ssh": ["-i", c.identity_file, "--network-interface", c.nic],
+                                 "registry": str(Path(tempfile.gettempdir()) /
+                                                 f"t42-{os.getpid()}.json")})]
+            ctl = Control(c)
+            ctl.start()
+            try:
+                return subprocess.run(c.exec_argv("launcher", inner), cwd=str(ROOT),
+                                      env=dict(os.environ, T42_CONTROL=ctl.path)).returncode
+            finally:
+                ctl.stop()
+    finally:
+        for g in groups.values():
+            if g.exists():
+                for pid in (g / "cgroup.procs").read_text().split():
+                    try:
+                        (CGROUP / "cgroup.procs").write_text(pid)
+                    except OSError:
+                        pass
+                try:
+                    g.rmdir()
+                except OSError as e:
+                    print(f"transient_real: cannot remove {g}: {e}", file=sys.stderr)
+
+
+class Control:
+    """The inner benchmark (in the launcher namespace) asks the outer one, which owns the
+    cluster, to cut / reconnect a host: one command a line in a FIFO-like file, polled."""
+
+    def __init__(self, c):
+        self.c = c
+        self.path = str(Path(tempfile.mkdtemp(prefix="t42-ctl-")) / "commands")
+        Path(self.path).write_text("")
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self):
+        self.done.set()
+        self.thread.join(5)
+
+    def loop(self):
+        seen = 0
+        while not self.done.is_set():
+            lines = Path(self.path).read_text().splitlines()
+            for line in lines[seen:]:
+                verb, host = line.split()
+                if verb == "cut":
+                    self.c.cut(host)
+                elif verb == "back":  # a fresh VM: nothing but its sshd, on the bridge again
+                    sshd = {self.c._sshd[host].pid}  # the cluster's own record of it
+                    for pid in self.c.pids(host):
+                        if pid not in sshd:
+                            try:
+                                os.kill(pid, signal.SIGKILL)
+                            except OSError:
+                                pass
+                    self.c.reconnect(host)
+                Path(self.path + ".ack").write_text(str(len(lines)))
+            seen = len(lines)
+            time.sleep(0.1)
+
+
+def ask(verb: str, host: str) -> None:
+    """Ask the outer process to ``cut`` / bring ``back`` a host, and wait for it (10 s)."""
+    path = os.environ["T42_CONTROL"]
+    with open(path, "a") as f:
+        f.write(f"{verb} {host}\n")
+    n = len(Path(path).read_text().splitlines())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        ack = Path(path + ".ack")
+        if ack.exists() and ack.read_text().strip() and int(ack.read_text()) >= n:
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{verb} {host}: no answer from the cluster's owner")
+
+
+# ---- inside: the service, the jobs ---------------------------------------------------------------
+
+class Pool:
+    """The pool file the service's discovery script prints (``cat``)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lines = {h: f"{h}:1 type={t}" + (" spot" if t == "slow" else "")
+                      for h, t in TYPES.items()}
+        self.write()
+
+    def write(self):
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("\n".join(self.lines.values()) + "\n")
+        os.replace(tmp, self.path)
+
+
+class Service:
+    def __init__(self, tmp: Path, policy: str, ssh, prices: Path, start_cost: float):
+        self.tmp, self.state, self.cluster = tmp, tmp / "state", tmp / "cluster.json"
+        self.pool = Pool(tmp / "pool")
+        self.proc = subprocess.Popen(
+            CLI + ["serve", "--host-discovery-script", f"cat {self.pool.path}",
+                   "--discovery-interval", "0.3", *ssh, "--state-dir", str(self.state),
+                   "--cluster-file", str(self.cluster), "--policy", policy, "--prices",
+                   str(prices), "--start-cost", f"{start_cost:.2f}", "--round", "2"]
+            + (["--hold", "5"] if policy == "edl" else []),
+            stdout=open(tmp / "serve.log", "w"), stderr=subprocess.STDOUT, cwd=str(ROOT))
+        deadline = time.monotonic() + 60
+        while not self.cluster.exists():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise RuntimeError("serve did not start: " + (tmp / "serve.log").read_text())
+            time.sleep(0.1)
+
+    def call(self, route, **args):
+        from launcher.cluster import cluster_file
+        from launcher.cluster.server import ClusterClient
+        return ClusterClient(cluster_file.read(self.cluster), timeout_s=15).call(route, **args)
+
+    def submit(self, name, samples, *args) -> str:
+        epochs = max(1, round(samples / DATASET))
+        adir = self.tmp / "audit" / name
+        r = subprocess.run(CLI + ["--cluster", str(self.cluster), "submit", "--name", name,
+                                  "--env", f"{audit.ENV_AUDIT_DIR}={adir}", *args, "--",
+                                  sys.executable, LEDGER, "--dataset-size", str(DATASET),
+                                  "--batch-size", str(BATCH), "--epochs", str(epochs),
+                                  "--busy-s", str(BUSY_S), "--commit-every", "4",
+                                  "--done-log", str(self.tmp / f"{name}.done")],
+                           capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+        if r.returncode != 0:
+            raise RuntimeError(f"submit {name}: {r.stderr.strip()}")
+        return r.stdout.strip().splitlines()[-1]
+
+    def wait_all(self, timeout_s: float) -> list:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            st = self.call("status")
+            if st["jobs"] and all(j["state"] in ("done", "failed", "cancelled")
+                                  for j in st["jobs"]):
+                return st["jobs"]
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"jobs not done within {timeout_s:.0f} s: "
+                                   + json.dumps([(j["id"], j["state"]) for j in st["jobs"]]))
+            time.sleep(0.5)
+
+    def events(self) -> list:
+        return [json.loads(x) for x in (self.state / "events.jsonl").read_text().splitlines()]
+
+    def speed(self) -> dict:
+        import sqlite3
+        db = sqlite3.connect(str(self.state / "cluster.db"))
+        return {r[0]: json.loads(r[1]) for r in db.execute("SELECT id, speed FROM jobs")}
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+def calibrate(tmp: Path, ssh, prices: Path, samples: int) -> tuple:
+    """The job's samples/s per (type, size) and its start cost, from four real runs."""
+    svc = Service(tmp / "calibration", "typed", ssh, prices, 10.0)
+    profile, starts = {}, []
+    try:
+        for n in (2, 1):
+            ids = {svc.submit(f"cal-{t}-{n}", samples, "--objective", "time", "--samples",
+                              str(samples), "--types", t, "--min-np", str(n), "--max-np",
+                              str(n)): (t, n) for t in ("fast", "slow")}
+            jobs = {j["id"]: j for j in svc.wait_all(600)}
+            sp = svc.speed()
+            for jid, (t, n_) in ids.items():
+                pts = [p for p in sp[jid].values() if p.get("type") == t
+                       and p["world_size"] == n_]
+                if not pts:
+                    raise RuntimeError(f"calibration {t} x {n_}: no speed point ({sp[jid]})")
+                thr = max(pts, key=lambda p: p["at"])["samples_per_s"]
+                profile.setdefault(t, {})[str(n_)] = round(thr, 2)
+                j = jobs[jid]
+                starts.append(j["finished_at"] - j["started_at"] - samples / thr)
+    finally:
+        svc.stop()
+        stop_jobs(svc)
+    return profile, sum(starts) / len(starts), starts
+
+
+def stop_jobs(svc: Service) -> None:
+    from launcher.cluster.runs import JobFiles, Run
+    for pid_file in svc.state.glob("jobs/*/run*.pid"):
+        run = Run(JobFiles(svc.state, pid_file.parent.name), int(pid_file.stem[3:]))
+        run.stop(signal.SIGTERM)
+
+
+def stream(n_jobs: int, profile: dict, start_s: float, seed: int = 42) -> list:
+    """[(name, samples, submit args)]: alternating time-with-budget and cost-with-deadline
+    jobs whose limits fall between the types' predictions (so both get chosen)."""
+    import random
+    rng = random.Random(seed)
+    out = []
+    for i in range(n_jobs):
+        samples = DATASET * rng.choice((16, 24, 32))
+        fast2 = start_s + samples / profile["fast"]["2"]
+        slow2 = start_s + samples / profile["slow"]["2"]
+        if i % 2 == 0:   # time within a budget: between slow x 2's and fast x 2's cost
+            lo = 0.91 * 2 * slow2 / 3600
+            hi = 3.06 * 2 * fast2 / 3600
+            budget = lo + (hi - lo) * rng.choice((0.3, 1.2))
+            out.append((f"t{i}", samples, ["--objective", "time", "--budget", f"{budget:.6f}"]))
+        else:            # cost within a deadline: between fast x 2's and slow x 2's time
+            deadline = fast2 + (slow2 - fast2) * rng.choice((0.5, 1.5)) + 30
+            out.append((f"c{i}", samples, ["--objective", "cost", "--deadline",
+                                            f"{deadline:.0f}"]))
+    return out
+
+
+def revocations(svc: Service, t0: float, at_notice: float, at_cut: float, log: list) -> None:
+    """h4 revoked with a 30 s notice at ``at_notice``, h3 without one at ``at_cut`` (seconds
+    after t0); each back 20 s after it went."""
+    def at(t):
+        wait = t0 + t - time.time()
+        if wait > 0:
+            time.sleep(wait)
+    at(at_notice)
+    ends = time.time() + 30
+    svc.pool.lines["h4"] = svc.pool.lines["h4"] + f" ends={ends:.1f}"
+    svc.pool.write()
+    log.append({"host": "h4", "notice_at_s": round(time.time() - t0, 2), "ends_in_s": 30})
+    at(ends - t0)
+    del svc.pool.lines["h4"]
+    svc.pool.write()
+    ask("cut", "h4")
+    log[-1]["revoked_at_s"] = round(time.time() - t0, 2)
+    at(ends - t0 + 20)
+    ask("back", "h4")
+    svc.pool.lines["h4"] = "h4:1 type=slow spot"
+    svc.pool.write()
+    at(max(at_cut, ends - t0 + 25))
+    ask("cut", "h3")
+    del svc.pool.lines["h3"]
+    svc.pool.write()
+    log.append({"host": "h3", "revoked_at_s": round(time.time() - t0, 2), "notice": False})
+    at(time.time() - t0 + 20)
+    ask("back", "h3")
+    svc.pool.lines["h3"] = "h3:1 type=slow spot"
+    svc.pool.write()
+
+
+def run_stream(policy: str, tmp: Path, ssh, prices: Path, start_s: float, jobs, profile_path,
+               gap_s: float, notice_at: float, cut_at: float) -> dict:
+    svc = Service(tmp / policy, policy, ssh, prices, start_s)
+    t0 = time.time()
+    revs: list = []
+    rev = threading.Thread(target=revocations, args=(svc, t0, notice_at, cut_at, revs),
+                           daemon=True)
+    rev.start()
+    ids = {}
+    try:
+        for i, (name, samples, args) in enumerate(jobs):
+            wait = t0 + i * gap_s - time.time()
+            if wait > 0:
+                time.sleep(wait)
+            ids[svc.submit(name, samples, *args, "--samples", str(samples), "--speed-profile",
+                           str(profile_path), "--min-np", "1", "--max-np", "2",
+                           "--np", "2")] = (name, samples)
+        final = {j["id"]: j for j in svc.wait_all(1500)}
+        rev.join(120)
+        events = svc.events()
+    finally:
+        svc.stop()
+        stop_jobs(svc)
+    rows = []
+    for jid, (name, samples) in ids.items():
+        j = final[jid]
+        g = j.get("goal") or {}
+        c = g.get("first_choice") or {}
+        rep = audit.check(svc.tmp / "audit" / name, DATASET)
+        hosts = sorted({h for e in events if e.get("job") == jid and e.get("hosts")
+                        for h in e["hosts"]})
+        rows.append({
+            "job": jid, "name": name, "objective": g.get("objective"),
+            "limit": (f"budget ${g['budget_usd']:.4f}" if g.get("budget_usd") is not None else
+                      f"deadline {g['deadline_at'] - j['submitted_at']:.0f} s"),
+            "samples": samples, "state": j["state"],
+            "chosen": f"{c['n']} x {c['type']}" if c else None,
+            "hosts_used": hosts, "pred_time_s": c.get("time_s"),
+            "time_s": round(j["finished_at"] - j["started_at"], 2),
+            "jct_s": round(j["finished_at"] - j["submitted_at"], 2),
+            "pred_cost_usd": c.get("cost_usd"), "cost_usd": j["cost_usd"],
+            "fits_pred": c.get("fits"),
+            "met": (j["cost_usd"] <= g["budget_usd"]) if g.get("budget_usd") is not None else
+                   (j["finished_at"] <= g["deadline_at"]),
+            "repeated": rep.repeated, "missing": rep.missing, "audit_ok": rep.ok,
+            "runs": j["runs"]})
+        for k in ("time", "cost"):
+            p, m = rows[-1][f"pred_{k}_s" if k == "time" else "pred_cost_usd"], \
+                rows[-1]["time_s" if k == "time" else "cost_usd"]
+            rows[-1][f"{k}_error"] = round(abs(p - m) / m, 4) if p and m else None
+    drains = [{k: e.get(k) for k in ("host", "took_s", "spare_s")} for e in events
+              if e["kind"] == "drained"]
+    late = [e.get("host") for e in events if e["kind"] == "drain_late"]
+    return {"policy": policy, "jobs": rows, "revocations": revs, "drained": drains,
+            "drain_late": late,
+            "mean_jct_s": round(sum(r["jct_s"] for r in rows) / len(rows), 2),
+            "total_cost_usd": round(sum(r["cost_usd"] for r in rows), 6),
+            "makespan_s": round(max(final[j]["finished_at"] for j in ids) - t0, 2),
+            "limits_met": sum(bool(r["met"]) for r in rows)}
+
+
+def inner(a) -> int:
+    ctx = json.loads(a.inner)
+    tmp = Path(tempfile.mkdtemp(prefix="transient-real-"))
+    prices = tmp / "prices.csv"
+    prices.write_text("type,on_demand,spot,tflops\n" + "".join(
+        f"{t},{'' if od is None else od},{'' if sp is None else sp},{tf}\n"
+        for t, (od, sp, tf) in PRICES.items()))
+    t_cal = time.time()
+    profile, start_s, starts = calibrate(tmp, ctx["ssh"], prices, DATASET * 20)
+    print(f"calibration ({time.time() - t_cal:.0f} s): samples/s {profile}; start cost "
+          f"{start_s:.1f} s (each: {', '.join(f'{s:.1f}' for s in starts)})", flush=True)
+    profile_path = tmp / "profile.json"
+    profile_path.write_text(json.dumps(profile))
+    jobs = stream(a.jobs, profile, start_s)
+    out = {"command": "sudo .venv/bin/python benchmarks/cluster/transient_real.py "
+                      + " ".join(sys.argv[1:sys.argv.index("--inner")]),
+           "machine": "2 cores shared with other sessions' work (loaded)",
+           "quotas_us": {"period": PERIOD_US, **QUOTA_US}, "prices": PRICES,
+           "busy_s_per_step": BUSY_S, "dataset": DATASET, "batch": BATCH,
+           "calibration": {"samples_per_s": profile, "start_cost_s": round(start_s, 2),
+                           "starts_s": [round(s, 2) for s in starts]},
+           "stream": [{"name": n, "samples": s, "args": x} for n, s, x in jobs], "runs": {}}
+    for policy in ("typed", "edl"):
+        r = run_stream(policy, tmp, ctx["ssh"], prices, start_s, jobs, profile_path, a.gap,
+                       a.notice_at, a.cut_at)
+        out["runs"][policy] = r
+        print_run(r)
+    RESULTS.mkdir(exist_ok=True)
+    Path(a.out).write_text(json.dumps(out, indent=1))
+    print(f"written to {a.out}")
+    return 0
+
+
+def print_run(r: dict) -> None:
+    print(f"\n== {r['policy']}: mean JCT {r['mean_jct_s']:.1f} s, makespan {r['makespan_s']:.1f} "
+          f"s, cost ${r['total_cost_usd']:.4f}, limits met {r['limits_met']}/{len(r['jobs'])}")
+    print(f"{'job':<4}{'name':<5}{'objective':<10}{'limit':<18}{'chosen':<10}{'hosts':<12}"
+          f"{'pred s':>7}{'meas s':>7}{'err':>6}{'pred $':>9}{'meas $':>9}{'err':>6}"
+          f"{'met':>5}{'rep/miss':>9}")
+    for x in r["jobs"]:
+        print(f"{x['job']:<4}{x['name']:<5}{x['objective']:<10}{x['limit']:<18}"
+              f"{x['chosen'] or '-':<10}{','.join(x['hosts_used']):<12}"
+              f"{x['pred_time_s'] or 0:>7.1f}{x['time_s']:>7.1f}"
+              f"{(x['time_error'] or 0) * 100:>5.0f}%{x['pred_cost_usd'] or 0:>9.5f}"
+              f"{x['cost_usd']:>9.5f}{(x['cost_error'] or 0) * 100:>5.0f}%"
+              f"{'yes' if x['met'] else 'no':>5}{x['repeated']:>5}/{x['missing']}")
+    print(f"revocations: {r['revocations']}; drained: {r['drained']}; late: {r['drain_late']}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--gap", type=float, default=12.0, help="seconds between submissions")
+    ap.add_argument("--notice-at", type=float, default=30.0,
+                    help="seconds into a stream when h4 gets its 30 s notice")
+    ap.add_argument("--cut-at", type=float, default=90.0,
+                    help="seconds into a stream when h3 is revoked without notice")
+    ap.add_argument("--out", default=str(RESULTS / "transient_real.json"))
+    ap.add_argument("--inner", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    return inner(a) if a.inner else outer(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -36,6 +36,17 @@ def parse_args():
     p.add_argument("--global-batch-size", type=int,
                    help="fixed samples per step, split over the ranks (ElasticBatchSampler): "
                    "the run then does not depend on the world size; replaces --batch-size")
+    p.add_argument("--adaptive-batch", action="store_true",
+                   help="opt in to an adaptive global batch (hvd.elastic.AdaptiveBatchSampler "
+                   "and hvd.AdaptiveOptimizer; docs/adaptive_batch.md): starts at "
+                   "--global-batch-size (default 32), may change at a switch "
+                   "between it and --max-batch")
+    p.add_argument("--max-batch", type=int, help="adaptive batch: largest global batch "
+                   "(default 32 x the initial)")
+    p.add_argument("--max-local-batch", type=int, help="adaptive batch: most samples a rank "
+                   "computes at once (larger shares are accumulated)")
+    p.add_argument("--lr-rule", default="adascale", choices=("adascale", "sqrt", "linear", "none"),
+                   help="adaptive batch: how the learning rate follows it (default adascale)")
     p.add_argument("--train-size", type=int, help="use only the first N training samples")
     p.add_argument("--repeat-data", type=int, default=1,
                    help="an epoch passes over K copies of the training set (longer epochs)")
@@ -211,7 +222,14 @@ def main():
     model = DigitsCNN().to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
-    if args.global_batch_size:
+    if args.adaptive_batch:  # the two lines that opt in to an adaptive batch
+        sampler = hvd.elastic.AdaptiveBatchSampler(
+            train_ds, batch_size=args.global_batch_size or 32, max_batch=args.max_batch,
+            max_local_batch=args.max_local_batch, shuffle=True, seed=args.seed)
+        optimizer = hvd.AdaptiveOptimizer(optimizer, sampler, lr_rule=args.lr_rule)
+        loader = torch.utils.data.DataLoader(train_ds, batch_sampler=sampler)
+        weight = sampler.loss_weight
+    elif args.global_batch_size:
         sampler = hvd.elastic.ElasticBatchSampler(train_ds, args.global_batch_size,
                                                   shuffle=True, seed=args.seed)
         loader = torch.utils.data.DataLoader(train_ds, batch_sampler=sampler)

@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 
-from hvd_edl import messages
+from hvd_edl import adaptive_batch, gradient_noise, messages
 from hvd_edl.client import CoordinatorClient, CoordinatorUnreachable
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,8 @@ class Heartbeat:
             try:
                 reply = self.client.post(
                     "/beat", messages.Beat(self.rt.worker_id, generation, self.rt.steps,
-                                           steps, compute_s, wait_s, samples),
+                                           steps, compute_s, wait_s, samples,
+                                           noise=_noise(), batch=adaptive_batch.published()),
                     messages.BeatReply, timeout_s=max(1.0, 4 * self.period_s))
             except (CoordinatorUnreachable, RuntimeError) as e:
                 log.debug("heartbeat of %s not answered: %s", self.rt.worker_id, e)
@@ -72,3 +73,9 @@ class Heartbeat:
                         self._released.add(generation)
             next_at = max(next_at + self.period_s, time.monotonic())
             time.sleep(max(0.0, next_at - time.monotonic()))
+
+
+def _noise() -> dict:
+    """The process's latest gradient noise estimate as the beat carries it ({} before any)."""
+    est = gradient_noise.published()
+    return {} if est is None else est.as_dict()

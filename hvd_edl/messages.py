@@ -261,7 +261,10 @@ class Beat:
     optimizer steps.  Telemetry (``hvd_edl.step_timer``), sums since the previous answered
     beat: ``steps_done`` timed optimizer steps, ``compute_s`` and ``wait_s`` their seconds
     computing and blocked in collectives, ``samples`` this rank's samples (0 from old
-    senders)."""
+    senders).  ``noise``: the latest gradient noise estimate
+    (:meth:`hvd_edl.gradient_noise.NoiseEstimate.as_dict`; empty before the first measured
+    step); ``batch``: the script's adaptive batch, when it opted in
+    (:meth:`hvd_edl.adaptive_batch.BatchPlan.as_dict`; empty when it did not)."""
     worker_id: str
     generation: int
     step: int = -1
@@ -269,6 +272,8 @@ class Beat:
     compute_s: float = 0.0
     wait_s: float = 0.0
     samples: int = 0
+    noise: Dict[str, float] = field(default_factory=dict)
+    batch: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -324,6 +329,10 @@ class Assignment:
     :class:`Register`), ``state_token``: this generation's random token, from which the sync's
     keys are derived under the job's secret (``hvd_edl.state_stream.sync_keys``); port 0: the
     sync's header goes in a Horovod broadcast.
+    ``batch``: the global batch (samples) asked for this generation through the control API
+    (``/ctl/batch``; 0: none asked): a script that opted in to an adaptive batch applies it when
+    it enters the generation (``hvd_edl.adaptive_batch``), the same on every member; others
+    ignore it.
     """
     action: str
     generation: int = 0
@@ -344,6 +353,7 @@ class Assignment:
     state_addr: str = ""
     state_port: int = 0
     state_token: str = ""
+    batch: int = 0
 
 
 @dataclass

@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--wait", type=_seconds, default=0.0, metavar="S",
                     help="then wait up to S seconds until a generation of that size formed "
                          "(exit 4 if none did: the target stays set)")
+    bt = sub.add_parser("batch", help="ask for a global batch from the next switch on (a "
+                        "script with hvd.elastic.AdaptiveBatchSampler applies it; others keep "
+                        "theirs)")
+    bt.add_argument("batch", type=int, help="samples per optimizer step over all ranks, >= 1")
     dr = sub.add_parser("drain", help="move every worker off HOST, place none there")
     dr.add_argument("host", type=_host)
     ud = sub.add_parser("undrain", help="let HOST be used again")
@@ -443,6 +447,12 @@ def _main(argv: Optional[List[str]] = None) -> int:
                       f"{_usable_slots(last)} usable slots, world size {last['world_size']} "
                       f"(the target stays; the job resizes when it can)", file=sys.stderr)
                 return EXIT_WAIT_TIMEOUT
+        elif a.cmd == "batch":
+            r = client.call("batch", batch=a.batch)
+            print(f"hvd-edl-ctl: global batch {r['requested_batch']} asked for (now "
+                  f"{r['batch'] if r['batch'] is not None else 'unknown'})")
+            if r.get("warning"):
+                print(f"hvd-edl-ctl: warning: {r['warning']}", file=sys.stderr)
         elif a.cmd == "checkpoint":
             client.timeout_s = max(client.timeout_s, a.wait + 10.0)
             r = client.call("checkpoint", wait=a.wait)

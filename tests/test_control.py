@@ -50,6 +50,15 @@ def test_ctl_scale_brings_a_worker_in_stop_free_and_scale_in_rolls_back_nothing(
     assert "generation: 1" in text.stdout and "world size: 2" in text.stdout
     assert "target np:  2 (min-np 1, max-np 4)" in text.stdout
     assert "w1     rank 0   localhost:0   member" in text.stdout
+    # every hvd.DistributedOptimizer measures the gradient noise scale (issue 41) ...
+    noise = job.wait_for("a gradient noise estimate", lambda: _status(job_file)[
+        "gradient_noise"], 60)
+    assert set(noise) == {"sqr", "var", "noise_scale_samples", "batch", "step"}
+    assert noise["batch"] == 32 and noise["step"] > 0 and noise["var"] > 0  # 2 ranks x 16
+    # ... and a script that did not opt in to an adaptive batch keeps its batch: the API says so
+    asked = _ctl(job_file, "batch", "64")
+    assert asked.returncode == 0 and "did not opt in" in asked.stderr
+    assert _status(job_file)["adaptive_batch"] is None
 
     refused = _ctl(job_file, "scale", "--np", "5")
     assert refused.returncode == 1

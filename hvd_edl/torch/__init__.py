@@ -13,7 +13,10 @@ invisible to a Horovod script outside ``hvd-edl-run``:
   with it stays right across generations.
 * :class:`DistributedOptimizer` counts optimizer steps (``step``), which the elastic state commits,
   restores and reports to the launcher's event log, and times them: compute and wait seconds
-  (its ``synchronize`` and the blocking collectives below; :mod:`hvd_edl.step_timer`).
+  (its ``synchronize`` and the blocking collectives below; :mod:`hvd_edl.step_timer`), and
+  measures the gradient noise scale (:mod:`hvd_edl.torch.gradient_noise`).
+* :func:`AdaptiveOptimizer` with ``hvd.elastic.AdaptiveBatchSampler``: an opt-in adaptive
+  global batch with AdaScale (docs/adaptive_batch.md).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from hvd_edl.torch.ops import *  # noqa: F401,F403 - init, ranks, collectives (o
 from hvd_edl.torch.broadcasts import (  # noqa: F401
     BROADCAST_HEAD_BYTES, broadcast_object, broadcast_optimizer_state, broadcast_parameters)
 from hvd_edl.torch.distributed_optimizer import DistributedOptimizer  # noqa: F401
+from hvd_edl.torch.adaptive_optimizer import AdaptiveOptimizer  # noqa: F401
 # hvd.elastic.run / TorchState / ElasticSampler: ours, not the horovod.torch.elastic the star
 # import brought in
 import hvd_edl.torch.elastic as elastic  # noqa: F401

@@ -10,6 +10,7 @@ import horovod.torch as _hvd
 
 from hvd_edl import runtime as _runtime
 from hvd_edl.step_timer import timed_wait as _timed_wait
+from hvd_edl.torch.gradient_noise import GradientNoiseMeter
 
 
 def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's name
@@ -20,6 +21,12 @@ def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's 
     gradient hooks are always registered, also before the worker joined a ring and at world
     size 1 (Horovod registers them only when ``size() > 1`` or under its own elastic driver), so
     the optimizer keeps working when the ring grows.
+
+    Every such optimizer measures the gradient noise scale (``opt.gradient_noise``, a
+    :class:`hvd_edl.torch.gradient_noise.GradientNoiseMeter`; McCandlish et al. 2018) from the
+    local and averaged gradients' squared norms; ``opt.gradient_noise.enabled = False`` turns it
+    off.  Under ``hvd-edl-run`` the heartbeat reports it (``hvd-edl-ctl status --json``'s
+    ``gradient_noise``).
     """
     rt = _runtime.get()
     if rt is not None and rt.elastic:
@@ -27,6 +34,9 @@ def DistributedOptimizer(optimizer, *args, **kwargs):  # noqa: N802 - Horovod's 
             opt = _hvd.DistributedOptimizer(optimizer, *args, **kwargs)
     else:
         opt = _hvd.DistributedOptimizer(optimizer, *args, **kwargs)
+    # the gradient noise scale, measured at every step (hvd_edl.torch.gradient_noise)
+    opt.gradient_noise = GradientNoiseMeter(opt)
+    opt.gradient_noise.install()
     inner_step = opt.step
     if rt is not None:
         # Horovod's step() calls self.synchronize(): the wait for the gradients' allreduces

@@ -148,6 +148,10 @@ class Coordinator(Formation, Polls, MemberLiveness):
         # how many checkpoints hvd-edl-ctl asked for (the watchers' replies carry it)
         self.checkpoints = None
         self.checkpoint_request = 0
+        # the global batch asked for through the control API (/ctl/batch; 0: none): stamped on
+        # every generation formed from now on (messages.Assignment.batch); a script that opted
+        # in to an adaptive batch applies it when it enters the generation
+        self.batch_request = 0
         # workers held back from joining (a migration's or a straggler replacement's new
         # workers, launcher/apps/migration.py): pending or ready, not counted as ready until
         # swap() releases them in the same switch as the workers they replace
@@ -521,6 +525,18 @@ class Coordinator(Formation, Polls, MemberLiveness):
                     self.cond.notify_all()  # leavers waiting for this generation to train
             return self._watch_reply(msg.generation)
 
+
+    def request_batch(self, batch: int) -> bool:
+        """Ask for global batch ``batch`` from the next generation on; when the script opted in
+        (its workers report an adaptive batch) and its batch differs, a switch with the same
+        members is wanted (kind "reform": nothing is synced).  Returns whether such a switch
+        was wanted."""
+        with self.cond:
+            self.batch_request = int(batch)
+            self._wanted_cache = (None, 0.0, False)
+            wanted = self._change_wanted()
+            self.cond.notify_all()
+        return wanted
 
     def request_checkpoint(self) -> int:
         """``hvd-edl-ctl checkpoint``: rank 0 writes one at its next commit (the open

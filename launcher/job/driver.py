@@ -479,6 +479,7 @@ class Driver:
         job["target_world_size"] = self._capacity()  # usable slots up to the target
         states, job["finishing"] = self.coord.worker_states()
         return {"job": job, "counters": tel.counters(), "window_s": tel.window_s,
+                "gradient_noise": tel.gradient_noise(), "adaptive_batch": tel.adaptive_batch(),
                 "workers": [dict(w.as_dict(), state=states.get(w.worker_id, "unknown"))
                             for w in tel.workers()],
                 "resting": self.slots.resting_for_good()}
@@ -493,6 +494,10 @@ class Driver:
         out = self.coord.snapshot()
         out["usable_slots"] = self._capacity()  # up to the target world size
         out["telemetry"] = self.telemetry_snapshot()
+        # McCandlish's noise scale (hvd_edl.gradient_noise) and the adaptive batch, if any
+        out["gradient_noise"] = out["telemetry"]["gradient_noise"]
+        out["adaptive_batch"] = out["telemetry"]["adaptive_batch"]
+        out["batch_request"] = self.coord.batch_request or None
         if self.checkpoints is not None:  # the newest complete one (sidecar read, not verified)
             newest = self.checkpoints.newest()
             out["checkpoint"] = None if newest is None else {
@@ -534,6 +539,47 @@ class Driver:
                 "usable_slots": capacity,
                 "warning": None if capacity >= np_ else
                 f"only {capacity} usable slots now: the job grows when discovery offers more"}
+
+    def set_batch(self, batch: int) -> dict:
+        """Ask for global batch ``batch`` (samples per optimizer step over all ranks) from the
+        next generation on (the cluster service passes its chosen batch this way; ``hvd-edl-run
+        --adapt-batch`` too).  A script that opted in (``hvd.elastic.AdaptiveBatchSampler``)
+        applies it at the next switch, clamped to its bounds; when only the batch changes, the
+        ring switches to itself for it (nothing synced).  A script that did not opt in keeps
+        its batch: the answer says so (``adaptive`` false).
+
+        Returns ``{"requested_batch", "batch", "adaptive", "bounds", "switch", "warning"}``:
+        ``batch`` the global batch in force now (None unknown), ``bounds`` the script's
+        (min_batch, max_batch, max_local_batch, base_batch), ``switch`` whether a switch was
+        asked for it.
+
+        Raises:
+            ValueError: ``batch`` not an integer >= 1, or a static job (no switch to apply it).
+        """
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"'batch' must be an integer >= 1, got {batch!r}")
+        if not self.spec.elastic:
+            raise ValueError("a static job has no switch to change its batch at; start it with "
+                             "--min-np/--max-np")
+        plan = self.coord.telemetry.adaptive_batch()
+        previous = self.coord.batch_request
+        switch = self.coord.request_batch(batch)
+        out = {"requested_batch": batch, "previous_request": previous or None,
+               "batch": None if plan is None else plan.get("batch"),
+               "adaptive": plan is not None, "switch": switch, "warning": None,
+               "bounds": None if plan is None else {k: plan.get(k) for k in (
+                   "base_batch", "min_batch", "max_batch", "max_local_batch")}}
+        if plan is None:
+            out["warning"] = ("no worker reported an adaptive batch: a script that did not opt "
+                              "in (hvd.elastic.AdaptiveBatchSampler) keeps its batch")
+        elif not plan["min_batch"] <= batch <= plan["max_batch"]:
+            out["warning"] = (f"outside the script's bounds [{plan['min_batch']}, "
+                              f"{plan['max_batch']}]: clamped when applied")
+        print(f"hvd-edl-run: control: global batch {batch} asked for"
+              + ("" if plan is not None else " (the script did not opt in: it keeps its batch)"),
+              flush=True)
+        self.wake.set()
+        return out
 
     def restore_target(self, target: Optional[int]) -> None:
         """Set the target world size back to ``target`` (None: every usable slot up to

@@ -46,6 +46,7 @@ class Generation:
     state_lost: bool = False
     restored_from: str = ""   # the checkpoint its rank 0 resumes from (--checkpoint-dir)
     restored_step: int = -1
+    batch: int = 0            # the global batch asked for it (Assignment.batch; 0: none)
 
 
 class Formation:
@@ -84,7 +85,23 @@ class Formation:
             # state over (the oldest hands it on, see _try_form) instead of idling at a boundary
             return WorkerState.MEMBER in states or bool(ready) or not any(
                 w.state == WorkerState.PENDING for w in self.workers.values())
-        return bool(ready) and len(members) < self.max_np and not self._siblings_coming(ready)
+        if bool(ready) and len(members) < self.max_np and not self._siblings_coming(ready):
+            return True
+        return self._batch_change_wanted()
+
+    def _batch_change_wanted(self) -> bool:
+        """A global batch was asked for (``/ctl/batch``) that the current generation does not
+        have, and the script opted in (a member reported its adaptive batch, at another size):
+        the members switch to a generation of the same ring that carries it."""
+        want = self.batch_request
+        if not want or want == self.current.batch:
+            return False
+        plan = self.telemetry.adaptive_batch()
+        if plan is None:
+            return False
+        applied = max(min(max(want, plan.get("min_batch", want)), plan.get("max_batch", want)),
+                      len(self.current.members))  # as the sampler clamps it
+        return plan.get("batch") != applied
 
     def _siblings_coming(self, ready: List[WorkerRecord]) -> bool:
         """True while joiners spawned together with the first ready one are still building,
@@ -234,7 +251,7 @@ class Formation:
                 members=list(participants), sync=sync,
                 restore_paths=[str(p) for p, _ in restore],
                 state_addr=head.stream_addr, state_port=head.stream_port,
-                state_token=state_token)
+                state_token=state_token, batch=self.batch_request)
             local_counts[rec.host] += 1
         for w in previous:
             if w not in participants:
@@ -262,7 +279,8 @@ class Formation:
         gen = Generation(number, list(participants), kind, step, rolled_back, time.time(),
                          prev_size, continuing, labels, state_lost=state_lost and not restore,
                          restored_from=str(restore[0][0]) if restore else "",
-                         restored_step=restore[0][1]["steps"] if restore else -1)
+                         restored_step=restore[0][1]["steps"] if restore else -1,
+                         batch=self.batch_request)
         self.current = gen
         self._beat_step = -1  # the highest step a member of this generation beat with
         self.history.append(gen)

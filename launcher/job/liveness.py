@@ -208,6 +208,7 @@ class MemberLiveness:
                                        beat_s=self.liveness.period_s)
         self.telemetry.observe(msg.worker_id, msg.generation, now, msg.steps_done,
                                msg.compute_s, msg.wait_s, msg.samples, step=msg.step)
+        self.telemetry.note_statistics(msg.worker_id, msg.noise, msg.batch)
         for fenced_rec, at in silent:
             self.on_fence(fenced_rec, self.liveness.silent_after_s)
         for quiet in end_silent:

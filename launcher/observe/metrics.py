@@ -98,6 +98,22 @@ class JobCollector:
         yield GaugeMetricFamily("hvd_edl_samples_per_second",
                                 f"Samples per second of the job (last {tel.window_s:g} s).",
                                 value=job["samples_per_s"])
+        noise = tel.gradient_noise()
+        if noise is not None:  # McCandlish's estimates (hvd_edl.gradient_noise)
+            for key, doc in (("sqr", "Squared norm of the true gradient |G|^2 (smoothed)."),
+                             ("var", "Trace of one sample's gradient covariance (smoothed)."),
+                             ("noise_scale_samples", "Gradient noise scale tr(Sigma)/|G|^2 "
+                                                     "(samples)."),
+                             ("batch", "Global batch of the last measured step (samples)."),
+                             ("step", "Steps measured.")):
+                if noise.get(key) is not None:
+                    yield GaugeMetricFamily(f"hvd_edl_gradient_noise_{key}", doc,
+                                            value=noise[key])
+        plan = tel.adaptive_batch()
+        if plan is not None:
+            yield GaugeMetricFamily("hvd_edl_global_batch", "Global batch of the adaptive "
+                                    "batch sampler (samples per optimizer step).",
+                                    value=plan["batch"])
         labels = ["worker", "host", "rank"]
         fams = {key: GaugeMetricFamily(f"hvd_edl_worker_{key}", doc, labels=labels)
                 for key, doc in (

@@ -106,6 +106,8 @@ class Telemetry:
         self._samples: Deque[Tuple[float, int]] = deque()  # (arrival, samples) of beats
         self._counters: Dict[str, int] = {k: 0 for k in COUNTER_KINDS}
         self._stalls: Deque[Tuple[int, str, float]] = deque(maxlen=MAX_STALLS)
+        self._noise: Dict[str, float] = {}  # the latest gradient noise a member reported
+        self._batch: Dict[str, float] = {}   # the latest adaptive batch a member reported
 
     # ---- feeding -------------------------------------------------------------------------------
 
@@ -135,6 +137,42 @@ class Telemetry:
             return
         with self._lock:
             self._stalls.append((int(event.generation), str(event.kind), float(event.stall_s)))
+
+    def note_statistics(self, worker_id: str, noise: Dict[str, float],
+                        batch: Dict[str, float]) -> None:
+        """A heartbeat's gradient noise estimate (``messages.Beat.noise``) and adaptive batch
+        (``Beat.batch``): the latest of a member of the current generation is kept (every member
+        holds the same figures: the estimator's inputs are allreduced)."""
+        if not noise and not batch:
+            return
+        with self._lock:
+            if self._members and worker_id not in self._rank_of:
+                return
+            if noise and noise.get("step", 0) >= self._noise.get("step", -1):
+                self._noise = dict(noise)
+            if batch:
+                self._batch = dict(batch)
+
+    def gradient_noise(self) -> Optional[dict]:
+        """``{"sqr", "var", "noise_scale_samples", "batch", "step"}`` (see
+        ``hvd_edl.gradient_noise.NoiseEstimate``; ``noise_scale_samples`` None while unknown),
+        None before any member measured a step."""
+        with self._lock:
+            n = dict(self._noise)
+        if not n:
+            return None
+        ns = n.get("noise_scale_samples", -1.0)
+        return {"sqr": n.get("sqr"), "var": n.get("var"),
+                "noise_scale_samples": None if ns is None or ns < 0 else ns,
+                "batch": int(n.get("batch", 0)), "step": int(n.get("step", 0))}
+
+    def adaptive_batch(self) -> Optional[dict]:
+        """The script's adaptive batch (``hvd_edl.adaptive_batch.BatchPlan.as_dict`` with its
+        bounds, as ints), None when no member reported one (the script did not opt in, or has
+        not reset its sampler yet)."""
+        with self._lock:
+            b = dict(self._batch)
+        return {k: int(v) for k, v in b.items()} if b else None
 
     def observe(self, worker_id: str, generation: int, now: float, steps_done: int,
                 compute_s: float, wait_s: float, samples: int, step: int = -1) -> None:

@@ -13,6 +13,9 @@ path                body             effect
 ``/ctl/scale``      ``{"np": N}``    target world size N in [min-np, max-np]
 ``/ctl/drain``      ``{"host": H}``  workers on H leave at the next commit; none placed there
 ``/ctl/undrain``    ``{"host": H}``  H may be used again
+``/ctl/batch``      ``{"batch": B}`` global batch B from the next switch on, for a script that
+                                     opted in (``hvd.elastic.AdaptiveBatchSampler``); answers
+                                     ``adaptive`` false when it did not (it keeps its batch)
 ``/ctl/checkpoint`` ``{"wait": S}``  rank 0 writes a checkpoint at its next commit; answers
                                      ``{"path", "step"}`` once written (``path`` null after S s)
 ``/ctl/profile``    ``{"sizes": [N],  walk through those world sizes stop-free, measure each
@@ -336,6 +339,7 @@ def routes(driver) -> Dict[str, Callable[[dict], dict]]:
         driver.profiler.start(data.get("sizes"), data.get("seconds", 10.0),
                               data.get("out", "."), data.get("settle", 2.0)),
         PREFIX + "scale": lambda data: driver.set_target(_int(data, "np")),
+        PREFIX + "batch": lambda data: driver.set_batch(_int(data, "batch")),
         PREFIX + "drain": lambda data: driver.drain(_host(data), True),
         PREFIX + "undrain": lambda data: driver.drain(_host(data), False),
         PREFIX + "checkpoint": lambda data: driver.request_checkpoint(

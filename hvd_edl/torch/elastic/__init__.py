@@ -6,9 +6,11 @@ import horovod.torch as _hvd
 
 from hvd_edl.elastic_state import ObjectState, State, run_fn
 from hvd_edl.torch.elastic.sampler import ElasticBatchSampler, ElasticSampler
+from hvd_edl.torch.elastic.adaptive_sampler import AdaptiveBatchSampler
 from hvd_edl.torch.elastic.state import TorchState
 
-__all__ = ["run", "TorchState", "ObjectState", "State", "ElasticSampler", "ElasticBatchSampler"]
+__all__ = ["run", "TorchState", "ObjectState", "State", "ElasticSampler", "ElasticBatchSampler",
+           "AdaptiveBatchSampler"]
 
 
 def run(func):

@@ -36,6 +36,7 @@ from hvd_edl import audit, runtime
 from hvd_edl.permutation import FeistelPermutation
 from hvd_edl.step_timer import note_samples
 from hvd_edl.torch import ops as _ops
+from hvd_edl.torch.gradient_noise import note_batch
 
 _CHUNK = 4096  # positions mapped per vectorised call while iterating
 
@@ -205,6 +206,8 @@ class ElasticSampler(torch.utils.data.Sampler):
                       if self.shuffle and self.num_samples_total > 0 else None)
         self.repeated = 0
         self.skipped = self.num_samples_total - self._end()
+        if self._block:  # the global batch of the steps to come (the gradient noise's unit)
+            note_batch(self._block)
 
     # ---- layout -------------------------------------------------------------------------------
 

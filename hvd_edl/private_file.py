@@ -16,7 +16,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Union
+from typing import Optional, Tuple, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -82,10 +82,12 @@ def read_private(path: PathLike, max_bytes: int = 1 << 20) -> bytes:
         os.close(fd)
 
 
-def write_private(path: PathLike, data: bytes, replace: bool = True, fsync: bool = False) -> Path:
+def write_private(path: PathLike, data: bytes, replace: bool = True, fsync: bool = False,
+                  owner: Optional[Tuple[int, int]] = None) -> Path:
     """Write ``data`` to ``path`` atomically with mode 0600 (its folder created 0700 if missing)
     and return the path.  ``replace`` False never replaces an existing file: a concurrent writer's
-    file wins and FileExistsError is raised (used to create a key exactly once).
+    file wins and FileExistsError is raised (used to create a key exactly once).  ``owner``
+    ``(uid, gid)``: the file is theirs before it appears (root writing a user's file).
 
     Raises:
         OSError: the folder or the file cannot be written; FileExistsError as above.
@@ -99,6 +101,8 @@ def write_private(path: PathLike, data: bytes, replace: bool = True, fsync: bool
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view):]
+            if owner is not None:
+                os.fchown(fd, owner[0], owner[1])
             if fsync:
                 os.fsync(fd)
         finally:

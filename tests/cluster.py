@@ -343,7 +343,8 @@ class Cluster:
             (self.dir / f"{h.name}.sshd_config").write_text(
                 f"ListenAddress {h.addr}:22\nListenAddress {h.addr}:{ALT_SSH_PORT}\n"
                 f"HostKey {hk}\n"
-                f"AuthorizedKeysFile {self.dir / (h.name + '.authorized_keys')}\n"
+                f"AuthorizedKeysFile {self.dir / (h.name + '.authorized_keys')} "
+                f"{self.dir / (h.name + '.authorized_keys.%u')}\n"
                 f"PidFile {self.dir / (h.name + '.sshd.pid')}\n"
                 "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
                 "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nUseDNS no\n"
@@ -475,6 +476,12 @@ class Cluster:
         h = self.host(where)
         path = self.dir / f"{h.name}.authorized_keys"
         path.write_text("" if refuse else Path(self.identity_file + ".pub").read_text())
+
+    def authorize(self, user: str, public_key: str) -> None:
+        """Let local user ``user`` ssh to every host as ``user`` with ``public_key`` (its own
+        key pair: what an operator sets up for each user of a team's cluster)."""
+        for h in self.hosts.values():
+            (self.dir / f"{h.name}.authorized_keys.{user}").write_text(public_key)
 
     def change_host_key(self, where: Where) -> None:
         """List a wrong key for a host in the launcher's known-hosts (what ssh sees when a host

@@ -42,9 +42,10 @@ def read(path: str) -> str:
             from None
 
 
-def write(path: str, hosts: dict, gpus: dict = None) -> None:
+def write(path: str, hosts: dict, gpus: dict = None, owner: tuple = None) -> None:
     """Replace the allocation file at ``path`` with ``hosts`` ({host: slots}) atomically, mode
-    0600 (the service's side); ``gpus`` ({host: GPU ids in slot order}) names the job's GPUs on
+    0600 (the service's side), owned by ``owner`` ``(uid, gid)`` when given (the job's user,
+    who reads it, under a root service); ``gpus`` ({host: GPU ids in slot order}) names the job's GPUs on
     those hosts (``host:2 gpus=4,1``, :mod:`launcher.discovery.hosts`).
 
     Raises:
@@ -55,7 +56,7 @@ def write(path: str, hosts: dict, gpus: dict = None) -> None:
     text = "".join(f"{format_host_entry(h, k)}"
                    + (f" gpus={','.join(gpus[h])}" if gpus.get(h) else "") + "\n"
                    for h, k in hosts.items() if k > 0)
-    write_private(path, text.encode())
+    write_private(path, text.encode(), owner=owner)
 
 
 def parse(text: str) -> dict:

@@ -146,11 +146,12 @@ def launch(svc, job: JobRecord, hosts: Dict[str, int], number: int,
     """Start run ``number`` of ``job`` on ``hosts``, as :func:`start` recorded it: its
     allocation file first, then the run, then its ``run`` event (``reason``, ``detail``:
     ``waited_s``, ``since_submit_s``); a run that cannot start fails the job."""
-    files = JobFiles(svc.state_dir, job.id).make()
+    files = JobFiles(svc.state_dir, job.id).make(job.uid)
     write(svc, job.id, hosts)
     spec = RunSpec(argv=tuple(job.argv), cwd=job.cwd, env=tuple(sorted(job.env.items())),
                    np=sum(hosts.values()), min_np=job.min_np, max_np=job.max_np,
-                   checkpoint_dir=job.checkpoint_dir, launcher_args=svc.launcher_args)
+                   checkpoint_dir=job.checkpoint_dir, launcher_args=svc.launcher_args,
+                   environ=tuple(sorted(job.environ.items())), uid=job.uid)
     try:
         run = Run.start(files, number, spec)
     except OSError as e:

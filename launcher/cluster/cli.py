@@ -7,11 +7,13 @@
 
 ``serve`` owns the pool (horovodrun's host formats: ``-H host:slots,...``, ``--hostfile F``, or
 ``--host-discovery-script CMD`` for hosts that come and go), runs the policy and the jobs, and
-writes the cluster file (0600, default ``~/.hvd_edl/cluster.json``) that the other commands
-read (``--cluster F``).  Every request is signed with the cluster's secret from that file; no
-secret is ever on a command line.  Bad input (an unknown job, --min-np above --max-np, --np out
-of range, no command, an unreadable or unsafe cluster file, a wrong secret) is one line and exit
-code 2; a service that cannot be reached is one line and exit code 1.
+writes the cluster file (0644, no secret; default ``~/.hvd_edl/cluster.json``) that the other
+commands read (``--cluster F``).  The service learns who calls from the kernel
+(:mod:`launcher.cluster.users`): under root it runs each job as its submitter, with the
+environment ``submit`` ran in.  Bad input (an unknown job, --min-np above --max-np, --np out of
+range, no command, an unreadable or unsafe cluster file, a job that could not start as its user)
+is one line and exit code 2; a refusal (another user's job: cancel, logs) and a service that
+cannot be reached are one line and exit code 1.
 """
 from __future__ import annotations
 
@@ -100,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="edl: seconds a job keeps its size after a change before it may grow "
                         "again (default the policy's: the larger of 60 s and 20 x the cost of "
                         "a change)")
+    s.add_argument("--user-quota", type=_positive_int, default=None, metavar="N",
+                   help="the most slots one user's jobs hold together (default: no cap)")
     s.add_argument("--metrics-port", type=_tcp_port, default=None,
                    help="serve Prometheus metrics on this port (0: a free one, printed)")
     s.add_argument("--bind-address", default="127.0.0.1",
@@ -119,7 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--checkpoint-dir", help="its --checkpoint-dir (preemption and resume; "
                    "default a folder of the service's)")
     t.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="set in the job's environment (repeatable)")
+                   help="set in the job's environment (repeatable); the job runs with the "
+                        "environment submit runs in (PATH, a virtual environment, PYTHONPATH) "
+                        "plus these, as sbatch does")
     t.add_argument("--objective", choices=("time", "cost"), default=None,
                    help="choose the GPU type and number (serve --policy typed): time: finish "
                         "soonest within --budget; cost: cheapest within --deadline; expected "
@@ -203,10 +209,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         status = client.call("status", **({"job": a.job} if a.cmd == "status" and a.job
                                            else {}))
     except ClusterRefused as e:
-        if e.status in (401, 403):
-            which = a.cluster or cluster_file.default_path()
-            return _fail(f"the service refused the request: {e} (is {which} the file this "
-                         f"service wrote?)")
         return _fail(str(e), 2 if e.status in (400, 404) else 1)
     if a.cmd == "queue":
         waiting = [j for j in status["jobs"] if j["state"] in ("queued", "suspended")]
@@ -273,7 +275,8 @@ def submit(a, client) -> int:
         goal = _goal(a)
     except ValueError as e:
         return _fail(str(e))
-    r = client.call("submit", argv=command, cwd=os.getcwd(), env=env, name=a.name, np=np_,
+    r = client.call("submit", argv=command, cwd=os.getcwd(), env=env, environ=dict(os.environ),
+                    name=a.name, np=np_,
                     min_np=lo, max_np=hi, priority=a.priority,
                     checkpoint_dir=os.path.abspath(a.checkpoint_dir) if a.checkpoint_dir
                     else None, **goal)
@@ -333,7 +336,12 @@ def serve(a, parser) -> int:
     from launcher.discovery.hosts import HostSpecError, parse_hosts_arg
     logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(message)s")
     try:
-        policy = make_policy(a.policy, a.objective)
+        try:
+            policy = make_policy(a.policy, a.objective, **(
+                {} if a.user_quota is None else {"user_quota": a.user_quota}))
+        except TypeError:
+            raise ValueError("--user-quota: this build's policies have no per-user cap") \
+                from None
         if a.queue_thresholds is not None and hasattr(policy, "thresholds_gpu_s"):
             try:
                 th = tuple(float(x) for x in a.queue_thresholds.split(","))
@@ -397,7 +405,7 @@ def serve(a, parser) -> int:
     except ServiceError as e:
         return _fail(str(e))
     try:
-        server = ClusterServer(routes(service), service.secret(), a.bind_address, a.port)
+        server = ClusterServer(routes(service), a.bind_address, a.port)
     except OSError as e:
         service.close()
         return _fail(f"cannot listen on {a.bind_address}:{a.port}: {e.strerror or e}")
@@ -405,8 +413,7 @@ def serve(a, parser) -> int:
     host = f"[{a.bind_address}]" if ":" in a.bind_address else a.bind_address
     path = a.cluster_file or a.cluster or cluster_file.default_path()
     try:
-        path = cluster_file.write(path, f"http://{host}:{port}", service.secret(),
-                                  str(service.state_dir))
+        path = cluster_file.write(path, f"http://{host}:{port}", str(service.state_dir))
     except OSError as e:
         server.stop()
         service.close()

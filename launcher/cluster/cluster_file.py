@@ -1,23 +1,26 @@
-"""The cluster file: where a running ``hvd-edl-cluster serve`` listens and the per-cluster
-secret every client request is signed with (``hvd_edl.messages.sign``, as the control API of a
-job), ``{"url", "secret", "pid", "state_dir", "started"}``.  Written by the service with mode
-0600 in a 0700 folder (default :data:`DEFAULT_PATH`, ``serve --cluster-file``), read by the
-client commands (``--cluster F``); the secret is never in any command line.  A file that is a
-symbolic link, another user's, or readable or writable by others is refused (its secret would be
-someone else's, or no longer secret).
+"""The cluster file: where a running ``hvd-edl-cluster serve`` listens, ``{"url", "pid",
+"user", "state_dir", "started"}``.  It holds no secret (the service learns who calls from the
+kernel: :mod:`launcher.cluster.users`), so every user may read it: the service writes it mode
+0644 (``serve --cluster-file``, default :data:`DEFAULT_PATH`; a team's head host names one
+every user can reach, e.g. :data:`SYSTEM_PATH`, the clients' last default).  The clients read
+it (``--cluster F``) and refuse one that is a symbolic link, not a regular file, or writable by
+group or others (anyone could send them to another service).
 """
 from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from pathlib import Path
+from typing import Optional
 
-from hvd_edl import private_file
-from hvd_edl.private_file import PrivateFileError, read_private, write_private
+from launcher.cluster.users import service_user
 
 DEFAULT_PATH = Path("~/.hvd_edl/cluster.json")
+SYSTEM_PATH = Path("/etc/hvd_edl/cluster.json")  # a team's head host: one file for everyone
 ENV_CLUSTER = "HVD_EDL_CLUSTER"
+MAX_BYTES = 64 * 1024
 
 
 class ClusterFileError(RuntimeError):
@@ -25,20 +28,52 @@ class ClusterFileError(RuntimeError):
 
 
 def default_path() -> Path:
-    """``$HVD_EDL_CLUSTER``, else ``~/.hvd_edl/cluster.json``."""
-    return Path(os.environ.get(ENV_CLUSTER) or DEFAULT_PATH).expanduser()
+    """``$HVD_EDL_CLUSTER``, else ``~/.hvd_edl/cluster.json`` when it exists, else
+    :data:`SYSTEM_PATH` when it exists, else ``~/.hvd_edl/cluster.json``."""
+    given = os.environ.get(ENV_CLUSTER)
+    if given:
+        return Path(given).expanduser()
+    mine = DEFAULT_PATH.expanduser()
+    return SYSTEM_PATH if not mine.exists() and SYSTEM_PATH.exists() else mine
 
 
-def write(path: Path, url: str, secret: str, state_dir: str) -> Path:
-    """Write the cluster file atomically, mode 0600 (its folder made 0700 when created).
+def write(path: Path, url: str, state_dir: str) -> Path:
+    """Write the cluster file atomically, mode 0644 (its folder made 0755 when created; an
+    existing folder is left as it is: a 0700 one keeps other users out, docs/cluster.md).
 
     Raises:
         OSError: it cannot be written.
     """
     path = Path(path).expanduser()
-    write_private(path, json.dumps({"url": url, "secret": secret, "pid": os.getpid(),
-                                    "state_dir": str(state_dir), "started": time.time()}).encode())
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    text = json.dumps({"url": url, "pid": os.getpid(), "user": service_user().name,
+                       "state_dir": str(state_dir), "started": time.time()})
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(str(tmp), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "w") as f:
+            os.fchmod(f.fileno(), 0o644)  # whatever the umask
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
     return path
+
+
+def _unsafe(path: Path, st: os.stat_result) -> Optional[str]:
+    """Why the file at ``path`` (its ``lstat``) must not be trusted, or None."""
+    if stat.S_ISLNK(st.st_mode):
+        return f"cluster file {path} is a symbolic link: refused (give its real path)"
+    if not stat.S_ISREG(st.st_mode):
+        return f"cluster file {path} is not a regular file: refused"
+    if st.st_mode & 0o022:
+        return (f"cluster file {path} is writable by others (mode {st.st_mode & 0o777:04o}): "
+                f"refused, anyone could point it at another service (chmod go-w it)")
+    return None
 
 
 def read(path: Path) -> dict:
@@ -50,35 +85,34 @@ def read(path: Path) -> dict:
     """
     path = Path(path).expanduser()
     try:
-        text = read_private(path)
-    except PrivateFileError as e:
-        if e.reason == private_file.SYMLINK:
-            raise ClusterFileError(f"cluster file {path} is a symbolic link: refused (give "
-                                   f"its real path)") from None
-        if e.reason == private_file.NOT_REGULAR:
-            raise ClusterFileError(f"cluster file {path} is not a regular file: refused") from None
-        if e.reason == private_file.OTHER_OWNER:
-            raise ClusterFileError(f"cluster file {path} is owned by uid {e.uid}, not by "
-                                   f"you (uid {os.geteuid()}): refused (its secret is not "
-                                   f"yours to use)") from None
-        if e.reason == private_file.OPEN_TO_OTHERS:
-            raise ClusterFileError(f"cluster file {path} is readable or writable by others "
-                                   f"(mode {e.mode:04o}): refused, its "
-                                   f"secret may be known; restart the service (it writes the "
-                                   f"file 0600), or chmod 600 {path} if no one else read it") \
-                from None
-        if e.reason == private_file.MISSING:
-            raise ClusterFileError(f"cannot read cluster file {path}: No such file or directory "
-                                   f"(is hvd-edl-cluster serve running? it writes this file)") \
-                from None
-        raise ClusterFileError(f"cannot read cluster file {path}: {e.detail or e.reason}") \
-            from None
+        fd = os.open(str(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise ClusterFileError(f"cannot read cluster file {path}: No such file or directory "
+                               f"(is hvd-edl-cluster serve running? it writes this file; on a "
+                               f"team's host, ask its operator where it is and set "
+                               f"{ENV_CLUSTER})") from None
+    except OSError as e:
+        try:
+            st = os.lstat(path)
+            why = _unsafe(path, st)
+        except OSError:
+            why = None
+        raise ClusterFileError(why or f"cannot read cluster file {path}: "
+                               f"{e.strerror or e}") from None
+    try:
+        why = _unsafe(path, os.fstat(fd))
+        if why:
+            raise ClusterFileError(why)
+        with os.fdopen(fd, "rb") as f:
+            fd = -1
+            text = f.read(MAX_BYTES)
+    finally:
+        if fd >= 0:
+            os.close(fd)
     try:
         data = json.loads(text)
     except ValueError as e:
         raise ClusterFileError(f"cannot read cluster file {path}: {e}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("url"), str) \
-            or not isinstance(data.get("secret"), str):
-        raise ClusterFileError(f"cannot read cluster file {path}: not a cluster file (no url "
-                               f"and secret)")
+    if not isinstance(data, dict) or not isinstance(data.get("url"), str):
+        raise ClusterFileError(f"cannot read cluster file {path}: not a cluster file (no url)")
     return data

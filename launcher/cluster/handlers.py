@@ -9,6 +9,10 @@ Each function takes the service explicitly (:class:`launcher.cluster.service.Ser
 ``submit``/``cancel``/``status`` methods call them): ``submit`` reads ``pool``, ``fixed_pool``
 and ``state_dir``, adds the job to ``store``, makes its folder and sets ``decide_now``;
 ``cancel`` stops the job's run in ``runs`` or ends the job (:func:`launcher.cluster.ends.end`).
+
+Each request has a caller (:class:`launcher.cluster.users.User`, the kernel's word): a job is
+its submitter's (``user``, ``uid``) and runs with the environment it was submitted from;
+``cancel`` and ``logs`` of another user's job are refused (:func:`.users.may_manage`, 403).
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import time
 from typing import Optional
 
 from launcher.arg_types import MAX_PRIORITY, MAX_WORKERS
-from launcher.cluster import ends, reasons
+from launcher.cluster import ends, reasons, runnable, users
 from launcher.cluster.runs import JobFiles, takes_part
 from launcher.cluster.store import JobRecord, Store
 
@@ -31,17 +35,31 @@ class RequestError(ValueError):
         self.status = status
 
 
-def submit(svc, req: dict) -> dict:
-    """A ``submit`` request (validated here; the loop's thread only): the job is queued, in
-    the store with its folder, and a round is asked for.
+def _string_map(value, what: str) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                              for k, v in value.items()):
+        raise RequestError(f"{what} must map names to strings")
+    return value
+
+
+def submit(svc, req: dict, caller: Optional[users.User] = None) -> dict:
+    """A ``submit`` request of ``caller`` (default: the service's user; validated here; the
+    loop's thread only): the job is queued as ``caller``'s, in the store with its folder (that
+    user's), and a round is asked for.  ``req["environ"]``, the environment ``submit`` ran in,
+    is the job's (``req["env"]``, its ``--env`` pairs, on top); without it, the service's.
 
     Returns:
         ``{"id": ..., "state": "queued"}``.
     Raises:
         RequestError: no command, a bad size or environment, (a fixed pool) a ``min_np``
-            that can never fit, a bad goal (:func:`check_goal`), or a training script (the first argument after the
-            interpreter ending in ``.py``) that is not a readable file.
+            that can never fit, a bad goal (:func:`check_goal`).
+        launcher.cluster.runnable.NotRunnable: the job could not start as its user (its
+            folder, interpreter, training script: the first argument after the interpreter
+            ending in ``.py``, or the service's interpreter: :func:`.runnable.check`).
     """
+    caller = caller or users.service_user()
     argv = req.get("argv")
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise RequestError("no training command given (e.g. -- python train.py)")
@@ -69,34 +87,28 @@ def submit(svc, req: dict) -> dict:
     capacity = sum(svc.pool.values())
     if svc.fixed_pool and lo > capacity:
         raise RequestError(f"--min-np {lo} can never fit: the pool has {capacity} slots")
-    cwd = req.get("cwd") or os.getcwd()
-    env = req.get("env") or {}
-    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                            for k, v in env.items()):
-        raise RequestError("env must map names to strings")
-    given = next((a for a in argv[1:] if a.endswith(".py")), None)
-    path = os.path.join(str(cwd), given) if given else None
-    if path is not None and not (os.path.isfile(path) and os.access(path, os.R_OK)):
-        raise RequestError(f"training script {given!r}: " + (
-            "no such file" if not os.path.exists(path) else "not a readable file")
-            + f" (the job runs in {cwd})")
+    cwd = str(req.get("cwd") or os.getcwd())
+    env = _string_map(req.get("env"), "env")
+    environ = _string_map(req.get("environ"), "environ")
+    runnable.check(argv, cwd, dict(environ or os.environ, **env), caller.uid)
     goal, speed = check_goal(svc, req.get("goal"), req.get("speed_profile"))
     script = next((a for a in argv if a.endswith(".py")), argv[0])
     name = req.get("name") or os.path.basename(script)
     ckpt = req.get("checkpoint_dir") or ""
-    job = JobRecord(id="", name=str(name)[:64], argv=argv, cwd=str(cwd), env=env, np=np_,
+    job = JobRecord(id="", name=str(name)[:64], argv=argv, cwd=cwd, env=env, np=np_,
                     min_np=lo, max_np=hi, priority=nums["priority"] or 0,
                     checkpoint_dir=str(ckpt), state="queued", submitted_at=time.time(),
-                    goal=goal, speed=speed)
+                    goal=goal, speed=speed, user=caller.name, uid=caller.uid,
+                    environ=environ)
     job = svc.store.add_job(job, event={"kind": "submit", "reason": "submitted",
-                                        "np": np_, "min_np": lo, "max_np": hi})
+                                        "np": np_, "min_np": lo, "max_np": hi,
+                                        "user": caller.name})
+    files = JobFiles(svc.state_dir, job.id).make(job.uid)
     if not ckpt:
-        files = JobFiles(svc.state_dir, job.id).make()
         svc.store.update(job.id, checkpoint_dir=str(files.checkpoints))
-    else:
-        JobFiles(svc.state_dir, job.id).make()
     svc.events.write({"at": job.submitted_at, "job": job.id, "kind": "submit",
-                      "reason": "submitted", "np": np_, "min_np": lo, "max_np": hi})
+                      "reason": "submitted", "np": np_, "min_np": lo, "max_np": hi,
+                      "user": caller.name})
     svc.decide_now = True
     return {"id": job.id, "state": "queued"}
 
@@ -146,14 +158,17 @@ def check_goal(svc, goal, profile) -> tuple:
     return out, points
 
 
-def cancel(svc, job_id: str) -> dict:
-    """A ``cancel`` request (the loop's thread only): a running job's run gets SIGTERM (it ends
-    ``cancelled`` when the run exits), any other job ends ``cancelled`` now.
+def cancel(svc, job_id: str, caller: Optional[users.User] = None) -> dict:
+    """A ``cancel`` request of ``caller`` (default: the service's user; the loop's thread
+    only): a running job's run gets SIGTERM (it ends ``cancelled`` when the run exits), any
+    other job ends ``cancelled`` now.
 
     Raises:
         RequestError: an unknown job (404) or one already ended.
+        launcher.cluster.users.Refusal: another user's job (403).
     """
     job = known(svc.store, job_id)
+    users.may_manage(caller or users.service_user(), job_id, job.user, job.uid, "cancel")
     if job.ended:
         raise RequestError(f"job {job_id} already ended ({job.state})")
     if job_id in svc.runs:
@@ -170,7 +185,7 @@ LOG_CHUNK_BYTES = 256 * 1024  # the most of a run's log one ``logs`` answer carr
 
 
 def logs(svc, job_id: str, run: Optional[int] = None, offset: int = 0,
-         limit: int = LOG_CHUNK_BYTES) -> dict:
+         limit: int = LOG_CHUNK_BYTES, caller: Optional[users.User] = None) -> dict:
     """A ``logs`` request (any thread: reads only): up to ``limit`` bytes of run ``run``'s
     output (default the latest run), its launcher's and its workers' (``run<N>.log`` in the
     job's folder), from byte ``offset`` on.  A chunk that stops short of the end stops after
@@ -183,8 +198,11 @@ def logs(svc, job_id: str, run: Optional[int] = None, offset: int = 0,
         it was read (then ``next == size`` means every line is in).
     Raises:
         RequestError: an unknown job, a job that has not run yet, or no such run (404).
+        launcher.cluster.users.Refusal: another user's job (403).
     """
     job = known(svc.store, job_id)
+    users.may_manage(caller or users.service_user(), job_id, job.user, job.uid,
+                     "read the logs of")
     if job.run == 0:
         raise RequestError(f"job {job_id} has not run yet ({job.state}): no output",
                            status=404)

@@ -1,6 +1,8 @@
 """The processes of a cluster job: each run is ``python -m launcher.cluster.wrapper ...
-hvd-edl-run ...`` started in a session of its own (it outlives the service), with its files in
-the job's 0700 folder ``STATE_DIR/jobs/<id>/``:
+hvd-edl-run ...`` started in a session of its own (it outlives the service), as the job's user
+(under a root service: :func:`launcher.cluster.users.popen_user`) and with the environment it
+was submitted from, with its files in the job's 0700 folder ``STATE_DIR/jobs/<id>/`` (that
+user's, and so every file in it):
 
 ==========================  ==============================================================
 ``hosts``                   the allocation file its host discovery prints (:mod:`.allocation`)
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from launcher.cluster import allocation
+from launcher.cluster import allocation, users
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +51,22 @@ class JobFiles:
         self.job_file = self.dir / "job.json"
         self.checkpoints = self.dir / "checkpoints"
 
-    def make(self) -> "JobFiles":
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    def make(self, uid: Optional[int] = None) -> "JobFiles":
+        """Create the folder (0700); a new one is ``uid``'s under a root service
+        (:func:`launcher.cluster.users.give`)."""
+        if not self.dir.exists():
+            self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            users.give(self.dir, uid)
         return self
+
+    def owner(self) -> Optional[Tuple[int, int]]:
+        """``(uid, gid)`` of the folder when it is not the service's user's (a user's job
+        under a root service), else None: its files are made theirs."""
+        try:
+            st = os.stat(self.dir)
+        except OSError:
+            return None
+        return None if st.st_uid == os.geteuid() else (st.st_uid, st.st_gid)
 
     def run_file(self, run: int, kind: str) -> Path:
         return self.dir / f"run{run}.{kind}"
@@ -72,7 +87,7 @@ class JobFiles:
 
     def write_hosts(self, hosts: Dict[str, int], gpus: Optional[Dict[str, tuple]] = None) -> None:
         """Rewrite the allocation file: ``hosts`` ({host: slots}) and the GPUs of each slot."""
-        allocation.write(str(self.hosts), hosts, gpus)
+        allocation.write(str(self.hosts), hosts, gpus, self.owner())
 
 
 def launcher_command() -> List[str]:
@@ -87,7 +102,10 @@ class RunSpec:
     bounds (``np`` the size it starts at: its allocation's); ``argv``: the training command;
     ``checkpoint_dir``: its ``--checkpoint-dir``; ``checkpoint_every_s``: its interval;
     ``launcher_args``: the pool's own ``hvd-edl-run`` flags (``serve``'s ``-p``, ``-i``,
-    ``--network-interface``: how to reach its hosts), the same for every job."""
+    ``--network-interface``: how to reach its hosts), the same for every job, except that a job
+    run as another user than the service's reaches them with its own ssh keys (no ``-i``);
+    ``environ``: the environment it was submitted from (empty: the service's); ``uid``: its
+    user (None: the service's)."""
     argv: Tuple[str, ...]
     cwd: str
     env: Tuple[Tuple[str, str], ...]
@@ -97,6 +115,34 @@ class RunSpec:
     checkpoint_dir: str
     checkpoint_every_s: float = 30.0
     launcher_args: Tuple[str, ...] = ()
+    environ: Tuple[Tuple[str, str], ...] = ()
+    uid: Optional[int] = None
+
+    def own_launcher_args(self) -> List[str]:
+        """``launcher_args`` as this job uses them: ``-i KEY`` (the service user's key) left
+        out when it runs as another user (docs/cluster.md: each user's key on every host)."""
+        args, out = list(self.launcher_args), []
+        i = 0
+        while i < len(args):
+            if args[i] == "-i" and users.runs_as_other(self.uid) and i + 1 < len(args):
+                i += 2
+                continue
+            out.append(args[i])
+            i += 1
+        return out
+
+    def environment(self, marker: str) -> Dict[str, str]:
+        """The run's environment: the submitter's (else the service's), its ``--env`` pairs,
+        ``MARKER_ENV`` = ``marker``; under a root service the user's ``HOME``, ``USER`` and
+        ``LOGNAME`` when the submitter's environment did not name them."""
+        env = dict(self.environ) if self.environ else dict(os.environ)
+        if users.runs_as_other(self.uid):
+            u = users.User.of_uid(self.uid)
+            for k, v in (("HOME", u.home), ("USER", u.name), ("LOGNAME", u.name)):
+                env.setdefault(k, v)
+        env.update(dict(self.env))
+        env[MARKER_ENV] = marker  # its processes inherit it
+        return env
 
     def launcher_argv(self, files: JobFiles, number: int) -> List[str]:
         """``hvd-edl-run``'s command line for run ``number``."""
@@ -108,7 +154,7 @@ class RunSpec:
             "--job-file", str(files.job_file), "--event-log",
             str(files.run_file(number, "events.jsonl")),
             "--checkpoint-dir", self.checkpoint_dir,
-            "--checkpoint-every", f"{self.checkpoint_every_s:g}"] + list(self.launcher_args) \
+            "--checkpoint-every", f"{self.checkpoint_every_s:g}"] + self.own_launcher_args() \
             + ["--"] + list(self.argv)
 
 
@@ -122,25 +168,30 @@ class Run:
 
     @classmethod
     def start(cls, files: JobFiles, number: int, spec: RunSpec) -> "Run":
-        """Start run ``number`` (its wrapper, in a new session, output to ``run<N>.log``).
+        """Start run ``number`` (its wrapper, in a new session, output to ``run<N>.log``), as
+        ``spec.uid`` under a root service, with :meth:`RunSpec.environment`; its lock and log
+        files are the job's user's.
 
         Raises:
             OSError: it cannot be started.
         """
+        owner = files.owner()
         lock_fd = os.open(files.run_file(number, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             with open(files.run_file(number, "log"), "ab") as out:
-                env = dict(os.environ)
-                env.update(dict(spec.env))
-                env[MARKER_ENV] = cls(files, number).marker()  # its processes inherit it
+                if owner is not None:
+                    os.fchown(lock_fd, *owner)
+                    os.fchown(out.fileno(), *owner)
+                env = spec.environment(cls(files, number).marker())
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "launcher.cluster.wrapper",
                      "--pid-file", str(files.run_file(number, "pid")),
                      "--exit-file", str(files.run_file(number, "exit")), "--"]
                     + spec.launcher_argv(files, number),
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                    cwd=spec.cwd, env=env, start_new_session=True, pass_fds=(lock_fd,))
+                    cwd=spec.cwd, env=env, start_new_session=True, pass_fds=(lock_fd,),
+                    **users.popen_user(spec.uid))
         finally:
             os.close(lock_fd)  # the wrapper holds the lock now (its copy of the descriptor)
         return cls(files, number, proc)

@@ -1,10 +1,13 @@
-"""The cluster service's HTTP API, on the bounded server of :mod:`launcher.serve.bounded_http`
-with the control API's checks (:mod:`launcher.serve.coordinator_server`'s order): POST only, a
-bounded ``Content-Length``, a signature header (401 without), a valid, fresh, unseen signature
-under the per-cluster secret (403 otherwise, :class:`launcher.serve.control_auth.
-RequestAuthenticator`), and only then the JSON body.  Local peers of another user are refused
-before anything.  Every answer is a JSON object; a refused request answers ``{"error": "..."}``
-and changes nothing.
+"""The cluster service's HTTP API, on the bounded server of :mod:`launcher.serve.bounded_http`.
+Who calls is the kernel's word, not a secret: the server answers only processes on its own host
+and asks the kernel which user owns the caller's socket (``Request.uid``, sock_diag); that user
+is the request's caller (:mod:`launcher.cluster.users` says what each may do).  Checks, in
+order: POST only; a bounded ``Content-Length``; a caller on this host (403, one line, for a
+peer on another machine: the kernel cannot name it); a ``Host`` header that is an IP address
+or ``localhost`` and a JSON ``Content-Type`` (403 otherwise: what a web page in a user's browser
+cannot send without a CORS preflight, which is refused, or a DNS rebinding's host name); only
+then the JSON body.  Every answer is a JSON object; a refused request answers ``{"error":
+"..."}`` and changes nothing.
 
 ====================  =====================================  ==================================
 path                  body                                   answer
@@ -22,7 +25,9 @@ path                  body                                   answer
                                                              "ended"}`` (:func:`.handlers.logs`)
 ====================  =====================================  ==================================
 
-An unknown job answers 404, bad input 400 (the message is one line for people).
+An unknown job answers 404, bad input 400, a request this caller may not make 403 (another
+user's job: cancel, logs; drain: not the operator; submit to a service of another ordinary
+user); the message is one line for people.
 """
 from __future__ import annotations
 
@@ -32,42 +37,66 @@ import logging
 import threading
 from typing import Callable, Dict
 
+import ipaddress
+import time
+
 from hvd_edl import messages
+from launcher.cluster import users
 from launcher.serve.bounded_http import (ServingThread, BodyReader, BoundedHTTPServer, HttpError, Limits,
                                          Request, Response, connection_cap, listen_socket)
-from launcher.serve.control_auth import CallRefused, Refused, RequestAuthenticator, post_signed
 
 log = logging.getLogger(__name__)
 
 PREFIX = "/cluster/"
 MAX_CONNECTIONS = 256
+REFUSAL_LOG_S = 10.0  # refusals are logged at most this often
 
 
 def _json(status: int, obj, close: bool = False) -> Response:
     return Response(status, json.dumps(obj).encode(), close=close, authenticated=status < 500)
 
 
+def host_is_literal(host_header: str) -> bool:
+    """Whether a ``Host`` header names this service the way its own clients do: an IP address
+    (``127.0.0.1:PORT``, ``[::1]:PORT``) or ``localhost``, never another host name (a DNS
+    rebinding's)."""
+    host = host_header.strip()
+    if host.startswith("["):
+        host = host[1:].split("]", 1)[0]
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    if host.lower() == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
 class ClusterServer:
-    """Serves ``routes`` (path -> handler(dict) -> dict; a handler raising ``ValueError`` with a
-    ``status`` attribute answers that status, else 400) on ``(bind_addr, port)``, every request
-    signed with ``secret``.
+    """Serves ``routes`` (path -> handler(dict, caller) -> dict, ``caller`` the
+    :class:`launcher.cluster.users.User` calling; a handler raising ``ValueError`` with a
+    ``status`` attribute answers that status, else 400) on ``(bind_addr, port)`` to processes of
+    this host (module docstring).
 
     Raises:
         OSError: the address cannot be bound.
     """
 
-    def __init__(self, routes: Dict[str, Callable[[dict], dict]], secret: str, bind_addr: str,
+    def __init__(self, routes: Dict[str, Callable[[dict, users.User], dict]], bind_addr: str,
                  port: int = 0):
         self.routes = routes
-        self.auth = RequestAuthenticator(secret)
         self.limits = Limits(max_connections=connection_cap(MAX_CONNECTIONS, share=8))
         self._sock = listen_socket(bind_addr, port, self.limits.backlog)
         self.port = self._sock.getsockname()[1]
         from launcher.job.rendezvous import local_addresses
         self.http = BoundedHTTPServer(self._handle, self.limits, name="cluster",
-                                      keep_alive=False, same_user_only=True,
-                                      local_addresses=local_addresses())
+                                      keep_alive=False, same_user_only=False,
+                                      local_addresses=local_addresses(), identify_peers=True)
         self.serving = ServingThread(self.http, self._sock, "cluster-http")
+        self.refused = 0
+        self._logged_at = 0.0
 
     def start(self) -> int:
         """Start serving; returns the port."""
@@ -78,9 +107,15 @@ class ClusterServer:
         """Stop serving (requests in flight are abandoned)."""
         self.serving.stop()
 
-    def _refuse(self, request: Request, refusal: Refused) -> Response:
-        self.auth.note_refusal("cluster", request.peer, refusal)
-        return _json(refusal.status, {"error": refusal.reason}, close=True)
+    def _refuse(self, request: Request, status: int, reason: str) -> Response:
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._logged_at >= REFUSAL_LOG_S:
+            self._logged_at = now
+            log.warning("cluster: refused %s %s from %s (uid %s): %s (%d refused)",
+                        request.method, request.path[:60], request.peer, request.uid, reason,
+                        self.refused)
+        return _json(status, {"error": reason}, close=True)
 
     async def _handle(self, request: Request, body_reader: BodyReader) -> Response:
         if request.method != "POST":
@@ -88,35 +123,37 @@ class ClusterServer:
         try:
             length = body_reader.length(messages.MAX_BODY_BYTES)
         except HttpError as e:
-            return self._refuse(request, Refused(e.status, e.reason))
-        signature = request.headers.get(messages.AUTH_HEADER.lower())
-        if not signature:
-            return self._refuse(request, Refused(401, "missing signature header "
-                                                 + messages.AUTH_HEADER))
-        body = await body_reader.read(length)
-        try:
-            self.auth.check("POST", request.path, body, signature)
-        except Refused as refusal:
-            return self._refuse(request, refusal)
+            return self._refuse(request, e.status, e.reason)
+        if request.uid is None:
+            return self._refuse(request, 403, "the cluster service answers only processes on "
+                                "its own host (the kernel names their user there): run "
+                                "hvd-edl-cluster there")
+        if not host_is_literal(request.headers.get("host", "")):
+            return self._refuse(request, 403, "Host header is not an IP address or localhost "
+                                "(a web page's request?): refused")
+        if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+            return self._refuse(request, 403, "Content-Type must be application/json")
         handler = self.routes.get(request.path)
         if handler is None:
             return _json(404, {"error": f"no such endpoint {request.path[:60]}"})
+        body = await body_reader.read(length)
         loop = asyncio.get_running_loop()
         answer = loop.create_future()
+        uid = request.uid
 
         def run() -> None:
-            resp = self._dispatch(handler, body)
+            resp = self._dispatch(handler, body, uid)
             loop.call_soon_threadsafe(lambda: answer.done() or answer.set_result(resp))
         threading.Thread(target=run, name="cluster-request", daemon=True).start()
         return await answer
 
     @staticmethod
-    def _dispatch(handler, body: bytes) -> Response:
+    def _dispatch(handler, body: bytes, uid: int) -> Response:
         try:
             data = messages.loads(body) if body else {}
             if not isinstance(data, dict):
                 raise ValueError("expected a JSON object")
-            return _json(200, handler(data))
+            return _json(200, handler(data, users.User.of_uid(uid)))
         except (ValueError, KeyError, TypeError) as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
             return _json(getattr(e, "status", 400), {"error": str(msg)})
@@ -127,31 +164,33 @@ class ClusterServer:
             return _json(500, {"error": "internal error"}, close=True)
 
 
-def routes(service) -> Dict[str, Callable[[dict], dict]]:
-    """The API's handlers over a :class:`launcher.cluster.service.Service`."""
+def routes(service) -> Dict[str, Callable[[dict, users.User], dict]]:
+    """The API's handlers over a :class:`launcher.cluster.service.Service`: each takes the
+    request's body and its caller (:mod:`launcher.cluster.users` decides what it may do)."""
+    from launcher.cluster import drains, handlers
+
     def job_id(data: dict) -> str:
         v = data.get("job")
         if not isinstance(v, str) or not v:
             raise ValueError(f"'job' must be a job id, got {v!r}")
         return v
 
-    def events(data: dict) -> dict:
+    def events(data: dict, caller: users.User) -> dict:
         since = data.get("since", 0)
         if isinstance(since, bool) or not isinstance(since, int):
             raise ValueError(f"'since' must be an integer, got {since!r}")
         return {"events": service.store.events(since)}
 
-    def logs(data: dict) -> dict:
-        from launcher.cluster import handlers
+    def logs(data: dict, caller: users.User) -> dict:
         run, offset = data.get("run"), data.get("offset", 0)
         if run is not None and (isinstance(run, bool) or not isinstance(run, int)):
             raise ValueError(f"'run' must be a run number, got {run!r}")
         if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
             raise ValueError(f"'offset' must be a byte offset, got {offset!r}")
-        return handlers.logs(service, job_id(data), run, offset)
+        return handlers.logs(service, job_id(data), run, offset, caller=caller)
 
-    def drain(data: dict) -> dict:
-        from launcher.cluster import drains
+    def drain(data: dict, caller: users.User) -> dict:
+        users.may_operate(caller, "drain a host")
         host, deadline = data.get("host"), data.get("deadline_s")
         if not isinstance(host, str) or not host:
             raise ValueError(f"'host' must be a host name, got {host!r}")
@@ -161,23 +200,47 @@ def routes(service) -> Dict[str, Callable[[dict], dict]]:
         return service.call(lambda: drains.drain(service, host, deadline,
                                                  bool(data.get("undo"))))
 
-    return {
-        PREFIX + "drain": drain,
-        PREFIX + "logs": logs,
-        PREFIX + "submit": lambda data: service.call(lambda: service.submit(data)),
-        PREFIX + "cancel": lambda data: service.call(lambda: service.cancel(job_id(data))),
-        PREFIX + "status": lambda data: service.status(job_id(data) if data.get("job")
-                                                      is not None else None),
-        PREFIX + "events": events,
-    }
+    def submit(data: dict, caller: users.User) -> dict:
+        users.may_submit(caller)
+        return service.call(lambda: service.submit(data, caller))
+
+    def cancel(data: dict, caller: users.User) -> dict:
+        job = job_id(data)
+        return service.call(lambda: service.cancel(job, caller))
+
+    def status(data: dict, caller: users.User) -> dict:
+        return service.status(job_id(data) if data.get("job") is not None else None)
+
+    return {PREFIX + "drain": drain, PREFIX + "logs": logs, PREFIX + "submit": submit,
+            PREFIX + "cancel": cancel, PREFIX + "status": status, PREFIX + "events": events}
+
+
+def post_json(url: str, path: str, args: dict, timeout_s: float) -> dict:
+    """POST ``args`` as JSON to ``url + path`` and return the JSON object answered.
+
+    Raises:
+        requests.RequestException: no answer within ``timeout_s`` seconds, or no connection.
+        ClusterRefused: the answer was an error (``status`` its HTTP code) or not an object.
+    """
+    import requests
+    r = requests.post(url + path, data=json.dumps(args).encode(), timeout=timeout_s,
+                      headers={"Content-Type": "application/json"})
+    try:
+        data = r.json()
+    except ValueError:
+        data = {}
+    if r.status_code != 200 or not isinstance(data, dict):
+        why = data.get("error") if isinstance(data, dict) else None
+        raise ClusterRefused(why or f"HTTP {r.status_code}", r.status_code)
+    return data
 
 
 class ClusterClient:
-    """Signed calls to a running service, from its cluster file's ``url`` and ``secret``."""
+    """Calls to a running service at its cluster file's ``url``, as the user running this
+    process (the service asks the kernel who that is)."""
 
     def __init__(self, cluster: dict, timeout_s: float = 30.0):
         self.url = str(cluster["url"]).rstrip("/")
-        self.secret = str(cluster["secret"])
         self.timeout_s = timeout_s
 
     def call(self, route: str, **args) -> dict:
@@ -188,9 +251,7 @@ class ClusterClient:
                 when it cannot be reached)."""
         import requests
         try:
-            return post_signed(self.url, PREFIX + route, self.secret, args, self.timeout_s)
-        except CallRefused as e:
-            raise ClusterRefused(str(e), e.status) from None
+            return post_json(self.url, PREFIX + route, args, self.timeout_s)
         except requests.RequestException as e:
             raise ClusterRefused(f"cannot reach the cluster service at {self.url}: "
                                  f"{type(e).__name__} (is hvd-edl-cluster serve running?)") \

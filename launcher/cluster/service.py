@@ -101,7 +101,8 @@ class Service:
     (metrics).
 
     Args:
-        state_dir: its 0700 folder (database, job folders, event log, lock).
+        state_dir: its folder (database, job folders, event log, lock): 0700, or 0711 under
+            root (each job's folder in it is its user's, 0700).
         discovery: the pool (``find_available_hosts_and_slots()``: FixedHosts or a script).
         policy: the scheduling policy.
         discovery_interval_s: seconds between pool discovery calls (scripts only).
@@ -177,9 +178,14 @@ class Service:
             ServiceError: another service holds the directory, the store is unusable, or the
                 first pool discovery failed.
         """
+        # a root service's jobs run as their users, who must reach their own folders (0700,
+        # theirs) through it: 0711 (enter, not list); its database and files stay 0600
+        mode = 0o711 if os.geteuid() == 0 else 0o700
         try:
-            self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            os.chmod(self.state_dir, 0o700)
+            self.state_dir.mkdir(mode=mode, parents=True, exist_ok=True)
+            os.chmod(self.state_dir, mode)
+            (self.state_dir / "jobs").mkdir(mode=mode, exist_ok=True)
+            os.chmod(self.state_dir / "jobs", mode)
         except OSError as e:
             raise ServiceError(f"--state-dir {self.state_dir}: {e.strerror or e}") from None
         self._flock = filelock.FileLock(str(self.state_dir / "service.lock"))
@@ -205,15 +211,6 @@ class Service:
         self.events.note(None, "pool", "the service started", pool=self.pool,
                          gpus=self.host_gpus, policy=getattr(self.policy, "name", "?"))
         adoption.adopt(self)
-
-    def secret(self) -> str:
-        """The per-cluster secret (kept in the store so clients survive a restart)."""
-        value = self.store.meta("secret")
-        if value is None:
-            from hvd_edl import messages
-            value = messages.new_secret()
-            self.store.set_meta("secret", value)
-        return value
 
     def close(self) -> None:
         """Stop the loop and its threads, close the store, release the state directory; the
@@ -305,15 +302,16 @@ class Service:
         threads' way to change the store: it has one writer)."""
         self.requests.put((fn, Future()))
 
-    def submit(self, req: dict) -> dict:
-        """A ``submit`` request (:func:`launcher.cluster.handlers.submit`; the loop's thread
+    def submit(self, req: dict, caller=None) -> dict:
+        """A ``submit`` request of ``caller`` (a :class:`launcher.cluster.users.User`; None:
+        the service's user) (:func:`launcher.cluster.handlers.submit`; the loop's thread
         only)."""
-        return handlers.submit(self, req)
+        return handlers.submit(self, req, caller)
 
-    def cancel(self, job_id: str) -> dict:
-        """A ``cancel`` request (:func:`launcher.cluster.handlers.cancel`; the loop's thread
-        only)."""
-        return handlers.cancel(self, job_id)
+    def cancel(self, job_id: str, caller=None) -> dict:
+        """A ``cancel`` request of ``caller`` (:func:`launcher.cluster.handlers.cancel`; the
+        loop's thread only)."""
+        return handlers.cancel(self, job_id, caller)
 
     def status(self, job_id: Optional[str] = None) -> dict:
         """What ``status``/``queue``/``top`` show (:func:`launcher.cluster.handlers.status`;
@@ -409,7 +407,8 @@ class Service:
                 attained_gpu_s=job.attained_gpu_s, started=job.run > 0,
                 last_change_at=job.last_change_at, throughput=speed_.throughput(job.speed),
                 elastic=job.min_np < job.max_np, goal=job.goal or None,
-                speed_of=speed_.typed_speed(job.speed, tflops), spent_usd=job.cost_usd))
+                speed_of=speed_.typed_speed(job.speed, tflops), spent_usd=job.cost_usd,
+                user=job.user))
         return Snapshot(now=time.time(), pool=pool, jobs=tuple(views),
                         change_cost_s=self.change_cost_s, restart_cost_s=self.restart_cost_s,
                         hosts={h: t for h, t in self.host_terms.items() if h in pool})

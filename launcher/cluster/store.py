@@ -19,7 +19,10 @@ Tables (schema version :data:`SCHEMA_VERSION`, kept in ``meta``):
   ``speed`` (JSON: world size -> the telemetry's figures at that size), ``reason`` (the last
   decision's), ``goal`` (JSON: a job's objective, samples, deadline, budget, types, samples done
   and the type and number chosen with their predicted time and cost, issue 42; ``{}`` none),
-  ``cost_usd`` (dollars spent: slots x each host's price per GPU-hour x hours held).
+  ``cost_usd`` (dollars spent: slots x each host's price per GPU-hour x hours held),
+  ``user`` / ``uid`` (who submitted it: the job runs as that user under a root
+  service; "" / None for jobs from before users), ``environ`` (JSON: the environment ``submit``
+  ran in, which the job runs with, as ``sbatch``'s; {} for jobs from before: the service's).
 * ``allocations``: ``(job_id, host, slots)``, what each job is to hold (the policy's last word).
 * ``events``: ``(id, at, job_id, kind, reason, detail JSON)``, append-only.
 """
@@ -33,9 +36,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # columns added since version 1: name -> SQL type (an older database gets them on open)
-_ADDED_COLUMNS = {"goal": "TEXT NOT NULL DEFAULT '{}'", "cost_usd": "REAL NOT NULL DEFAULT 0"}
+_ADDED_COLUMNS = {"goal": "TEXT NOT NULL DEFAULT '{}'", "cost_usd": "REAL NOT NULL DEFAULT 0",
+                  "user": "TEXT NOT NULL DEFAULT ''", "uid": "INTEGER",
+                  "environ": "TEXT NOT NULL DEFAULT '{}'"}
 STATES = ("queued", "running", "suspended", "done", "failed", "cancelled")
 ENDED = ("done", "failed", "cancelled")
 
@@ -70,7 +75,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     speed TEXT NOT NULL DEFAULT '{}',
     reason TEXT,
     goal TEXT NOT NULL DEFAULT '{}',
-    cost_usd REAL NOT NULL DEFAULT 0
+    cost_usd REAL NOT NULL DEFAULT 0,
+    user TEXT NOT NULL DEFAULT '',
+    uid INTEGER,
+    environ TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS allocations (
     job_id TEXT NOT NULL REFERENCES jobs(id),
@@ -88,6 +96,7 @@ CREATE TABLE IF NOT EXISTS events (
 );
 """
 
+# columns schema 2 added to ``jobs`` (a schema-1 database gets them when opened)
 
 class StoreError(RuntimeError):
     """The database cannot be used: unreadable, or written by a newer schema (one line)."""
@@ -123,6 +132,9 @@ class JobRecord:
     reason: Optional[str] = None
     goal: Dict[str, object] = field(default_factory=dict)
     cost_usd: float = 0.0
+    user: str = ""
+    uid: Optional[int] = None
+    environ: Dict[str, str] = field(default_factory=dict)
 
     @property
     def ended(self) -> bool:
@@ -130,7 +142,7 @@ class JobRecord:
 
     def public(self, allocation: Optional[Dict[str, int]] = None) -> dict:
         """The job as ``hvd-edl-cluster status --json`` shows it."""
-        return {"id": self.id, "name": self.name, "state": self.state,
+        return {"id": self.id, "name": self.name, "user": self.user, "state": self.state,
                 "submitted_at": self.submitted_at, "started_at": self.started_at,
                 "finished_at": self.finished_at, "exit_code": self.exit_code,
                 "world_size": self.world_size, "np": self.np, "min_np": self.min_np,
@@ -141,7 +153,7 @@ class JobRecord:
                 "cost_usd": round(self.cost_usd, 6)}
 
 
-_JSON_FIELDS = ("argv", "env", "speed", "goal")
+_JSON_FIELDS = ("argv", "env", "speed", "goal", "environ")
 _FIELDS = [f for f in JobRecord.__dataclass_fields__]
 
 

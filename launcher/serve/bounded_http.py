@@ -87,6 +87,7 @@ class Request:
     version: str
     headers: Dict[str, str]
     peer: str
+    uid: Optional[int] = None  # the local peer's user (``identify_peers``), else None
 
     @property
     def keep_alive(self) -> bool:
@@ -253,17 +254,21 @@ class BoundedHTTPServer:
         keep_alive: allow several requests per connection (else HTTP/1.0-style, one each).
         same_user_only: refuse local peers owned by another user (403).
         local_addresses: this machine's addresses (peers from them are local).
+        identify_peers: ask the kernel which user owns each connection's peer socket (a
+            peer on this machine) and give it to the handler as ``Request.uid`` (None for a
+            peer on another machine, or where the OS does not say).
     """
 
     def __init__(self, handler: Handler, limits: Limits = Limits(), name: str = "http",
                  keep_alive: bool = True, same_user_only: bool = True,
-                 local_addresses: FrozenSet[str] = frozenset()):
+                 local_addresses: FrozenSet[str] = frozenset(), identify_peers: bool = False):
         self.handler = handler
         self.limits = limits
         self.name = name
         self.keep_alive = keep_alive
         self.same_user_only = same_user_only
         self.local_addresses = local_addresses
+        self.identify_peers = identify_peers
         self.version = b"HTTP/1.1" if keep_alive else b"HTTP/1.0"
         self.connections = 0
         self.pending_body_bytes = 0
@@ -344,6 +349,19 @@ class BoundedHTTPServer:
             headers[name.lower()] = value.strip()
         return Request(parts[0], parts[1], parts[2], headers, peer)
 
+    def _peer_user(self, writer: asyncio.StreamWriter) -> Optional[int]:
+        """The uid owning the peer's socket when the peer is a process on this machine and the
+        kernel says (``identify_peers``), else None."""
+        if not self.identify_peers:
+            return None
+        try:
+            peer, local = peer_uid.peer_of(writer.get_extra_info("socket"))
+        except (OSError, AttributeError, TypeError):
+            return None
+        if not peer_uid.is_local_peer(peer[0], self.local_addresses):
+            return None
+        return peer_uid.peer_uid(peer, local)
+
     def _peer_refused(self, writer: asyncio.StreamWriter) -> bool:
         if not self.same_user_only:
             return False
@@ -389,6 +407,7 @@ class BoundedHTTPServer:
                 await self._send(writer, Response(403, b'{"error": "another user\'s process"}'),
                                  True)
                 return
+            uid = self._peer_user(writer)
             trusted = False
             while True:
                 try:
@@ -406,6 +425,7 @@ class BoundedHTTPServer:
                         return
                     raise HttpError(408, "request head not sent in time") from None
                 request = self._parse(head, peer)
+                request.uid = uid
                 body_reader = BodyReader(self, request, reader, writer)
                 try:
                     resp = await self.handler(request, body_reader)

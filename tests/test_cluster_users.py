@@ -1,0 +1,207 @@
+"""Several users on one cluster (issue 40), with real Unix users made for the test
+(tests/unix_users.py: ``useradd``, removed after) and a team install of hvd_edl every user can
+run: the service learns who calls from the kernel (no secret: the cluster file is 0644), a root
+service runs each job as its submitter on every host (locally and over ssh to the namespace
+test cluster, tests/cluster.py) with the environment it was submitted from, everyone sees every
+job with its user, and only the job's user may cancel it or read its logs (one line, exit 1).
+Waits poll conditions with deadlines, never fixed sleeps."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cluster import Cluster, ClusterUnavailable
+from unix_users import TeamUsers, UsersUnavailable, team_install
+
+ROOT = Path(__file__).resolve().parent.parent
+
+JOB = """\
+import json, os, socket, sys, time
+import hvd_edl.torch as hvd
+hvd.init()
+me = os.environ["HVD_EDL_WORKER_ID"]
+with open(os.path.join(sys.argv[1], me + ".json"), "w") as f:
+    json.dump({"uid": os.getuid(), "host": socket.gethostname(), "size": hvd.size(),
+               "mark": os.environ.get("TEAM_MARK"), "home": os.environ.get("HOME"),
+               "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}, f)
+print(me, "runs as uid", os.getuid(), "on", socket.gethostname(), flush=True)
+deadline = time.monotonic() + 120
+while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+
+
+def wait_for(what, pred, timeout_s=60.0, explain=lambda: ""):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}\n{explain()}")
+
+
+@pytest.fixture
+def team():
+    """Two users (alice, bob), a folder every user can enter, a team install in it."""
+    try:
+        users = TeamUsers(2)
+    except UsersUnavailable as e:
+        pytest.skip(str(e))
+    shared = Path(tempfile.mkdtemp(prefix="hvdedl-team-"))
+    os.chmod(shared, 0o755)
+    try:
+        bin_dir = team_install(shared / "prefix")
+        yield users.users, shared, bin_dir
+    finally:
+        users.close()
+        shutil.rmtree(shared, ignore_errors=True)
+
+
+def _home_work(user, shared: Path) -> Path:
+    """A folder of ``user``'s own under ``shared``, with the job script."""
+    work = shared / user.name
+    work.mkdir(mode=0o755)
+    (work / "job.py").write_text(JOB)
+    (work / "out").mkdir()
+    for p in (work, work / "job.py", work / "out"):
+        os.chown(p, user.uid, user.gid)
+    return work
+
+
+def _cli(user, bin_dir: Path, cluster: Path, *args: str, where=None, cwd=None, **extra_env):
+    """``hvd-edl-cluster --cluster F ARGS`` as ``user`` from the team install (in ``where``'s
+    namespace when given: a ``Cluster`` and a host name)."""
+    argv = user.argv([str(bin_dir / "hvd-edl-cluster"), "--cluster", str(cluster), *args])
+    if where is not None:
+        argv = where[0].exec_argv(where[1], argv)
+    return subprocess.run(argv, env=user.env([str(bin_dir)], **extra_env), cwd=cwd or "/",
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_service_of_an_ordinary_user_refuses_the_others(team):
+    """The checkout's .venv (its interpreter under root's 0700 home) cannot run for a second
+    user; the team install can.  A service run by alice takes alice's jobs, refuses bob's
+    submit in one line (exit 1), and shows bob the queue (every user sees every job): identity
+    from the kernel, with a cluster file of mode 0644 and no secret in it."""
+    (alice, bob), shared, bin_dir = team
+    venv_cli = Path(sys.executable).parent / "hvd-edl-cluster"
+    closed = [p for p in Path(os.path.realpath(sys.executable)).parents
+              if not os.stat(p).st_mode & 0o001]   # e.g. /root, 0700: its venv is root's only
+    if venv_cli.exists() and closed:
+        r = bob.run([str(venv_cli), "--help"])
+        assert r.returncode != 0 and "denied" in r.stderr, r
+    work = _home_work(alice, shared)
+    state, cluster = work / "state", work / "cluster.json"
+    serve = subprocess.Popen(
+        alice.argv([str(bin_dir / "hvd-edl-cluster"), "serve", "-H", "localhost:1",
+                    "--state-dir", str(state), "--cluster-file", str(cluster)]),
+        env=alice.env([str(bin_dir)]), cwd="/", stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for("alice's service", lambda: cluster.exists() or serve.poll() is not None, 60)
+        assert serve.poll() is None, serve.stdout.read()
+        assert os.stat(cluster).st_mode & 0o777 == 0o644
+        assert "secret" not in json.loads(cluster.read_text())
+        r = _cli(alice, bin_dir, cluster, "submit", "--np", "1", "--", str(bin_dir / "python"),
+                 "job.py", str(work / "out"), str(work / "gate"), cwd=str(work))
+        assert r.returncode == 0, r.stderr
+        job = r.stdout.strip().splitlines()[-1]
+        r = _cli(bob, bin_dir, cluster, "submit", "--np", "1", "--", "/bin/true")
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r
+        assert f"runs as {alice.name}: only {alice.name} may submit" in r.stderr, r.stderr
+        r = _cli(bob, bin_dir, cluster, "status", "--json")
+        assert r.returncode == 0, r.stderr
+        rows = {j["id"]: j for j in json.loads(r.stdout)["jobs"]}
+        assert list(rows) == [job] and rows[job]["user"] == alice.name, rows
+        r = _cli(alice, bin_dir, cluster, "cancel", job)
+        assert r.returncode == 0, r.stderr
+    finally:
+        serve.terminate()
+        serve.wait(30)
+
+
+def test_root_service_runs_each_job_as_its_user_locally_and_over_ssh(team):
+    """A root service on localhost plus one host of the namespace cluster (sshd): alice's job
+    runs as alice on both (its launcher, the local worker, the worker over ssh with her own
+    key), with the environment she submitted from; its folder and log are hers; bob sees it in
+    status, but cancelling it or reading its logs is refused (one line, exit 1); alice reads
+    her own logs; the job's GPUs (--assume-gpus) are one per worker."""
+    (alice, bob), shared, bin_dir = team
+    try:
+        c = Cluster(hosts=1)
+    except ClusterUnavailable as e:
+        pytest.skip(str(e))
+    with c:
+        c.authorize(alice.name, alice.public_key())
+        work = _home_work(alice, shared)
+        state, cluster = shared / "state", shared / "cluster.json"
+        log = open(shared / "serve.log", "w")
+        serve = c.popen("launcher", [
+            str(bin_dir / "python"), "-m", "launcher.cluster.cli", "serve", "-H",
+            "localhost:1,h1:1", "-i", c.identity_file, "--network-interface", c.nic,
+            "--assume-gpus", "--policy", "fifo", "--state-dir", str(state), "--cluster-file",
+            str(cluster)], stdout=log, stderr=subprocess.STDOUT, cwd="/")
+        where = (c, "launcher")
+        try:
+            wait_for("the service", lambda: cluster.exists() or serve.poll() is not None, 60)
+            assert serve.poll() is None, (shared / "serve.log").read_text()
+            r = _cli(alice, bin_dir, cluster, "submit", "--np", "2", "--",
+                     str(bin_dir / "python"), "job.py", str(work / "out"), str(work / "gate"),
+                     where=where, cwd=str(work), TEAM_MARK="from-alice's-shell")
+            assert r.returncode == 0, r.stderr
+            job = r.stdout.strip().splitlines()[-1]
+            folder = state / "jobs" / job
+
+            def explain():
+                return (shared / "serve.log").read_text()[-2000:] + "".join(
+                    p.read_text()[-2000:] for p in folder.glob("run*.log"))
+            recs = wait_for("both workers' records", lambda: (
+                lambda f: f if len(f) == 2 else None)(list((work / "out").glob("*.json"))),
+                90, explain)
+            seen = [json.loads(p.read_text()) for p in recs]
+            assert {r["uid"] for r in seen} == {alice.uid}, seen
+            assert sorted(r["host"] for r in seen)[0] == "h1", seen   # one over ssh
+            assert {r["mark"] for r in seen} == {"from-alice's-shell"}, seen
+            assert {r["home"] for r in seen} == {str(alice.home)}, seen
+            assert all(r["size"] == 2 for r in seen), seen
+            # the launcher (the job file names it) and everything of the run: alice's
+            launcher_pid = json.loads((folder / "job.json").read_text())["pid"]
+            assert psutil.Process(launcher_pid).uids().real == alice.uid
+            for p in [folder, folder / "run1.log", folder / "hosts", folder / "job.json"]:
+                assert os.stat(p).st_uid == alice.uid, p
+            assert os.stat(folder).st_mode & 0o777 == 0o700
+            # everyone sees it, with its user; only alice may cancel it or read its logs
+            r = _cli(bob, bin_dir, cluster, "status", "--json", where=where)
+            row = next(j for j in json.loads(r.stdout)["jobs"] if j["id"] == job)
+            assert row["user"] == alice.name and row["state"] == "running", row
+            for args, verb in (("cancel", "cancel"), ("logs", "read the logs of")):
+                r = _cli(bob, bin_dir, cluster, args, job, where=where)
+                assert r.returncode == 1 and not r.stdout, r
+                assert r.stderr.strip() == f"hvd-edl-cluster: error: job {job} is " \
+                    f"{alice.name}'s: only {alice.name} (or root) may {verb} it", r.stderr
+            r = wait_for("alice's logs with both workers", lambda: (
+                lambda r: r if r.stdout.count("runs as uid") == 2 else None)(
+                    _cli(alice, bin_dir, cluster, "logs", job, where=where)), 30, explain)
+            assert r.returncode == 0 and f"runs as uid {alice.uid} on h1" in r.stdout, r
+            # a job that could not start as its user is refused at submit, in one line
+            r = _cli(bob, bin_dir, cluster, "submit", "--", str(bin_dir / "python"),
+                     str(work / "missing.py"), where=where, cwd="/")
+            assert r.returncode == 2 and "no such file" in r.stderr, r
+            (work / "gate").touch()
+            wait_for(f"{job} done", lambda: json.loads(_cli(
+                alice, bin_dir, cluster, "status", job, "--json", where=where).stdout)
+                ["jobs"][0]["state"] == "done", 60, explain)
+        finally:
+            (work / "gate").touch()
+            serve.terminate()
+            serve.wait(30)

@@ -9,7 +9,14 @@ PYTEST_ARGS ?=
 # make test's tests run on this many pytest-xdist workers (tests/conftest.py says why two)
 TEST_JOBS ?= 2
 
-.PHONY: setup demo test bench scale chaos clean
+.PHONY: setup demo test bench scale chaos clean install
+
+# One install every user of a team's head host runs (docs/cluster.md, "A team's head host"):
+#   sudo make install PREFIX=/opt/hvd-edl PYTHON_BOOT=/usr/bin/python3
+# from a checkout of its own that every user can read (e.g. /opt/hvd-edl-src: its build/ is
+# this install's), with a Python every user can run (not one under a 0700 home, as pyenv's in
+# /root: its venvs fail with "bad interpreter" for everybody else)
+PREFIX ?= /opt/hvd-edl
 
 setup: $(STAMP)
 	@cmake -S . -B build -DPython3_EXECUTABLE=$(abspath $(PY)) > build.cmake.log 2>&1 || (cat build.cmake.log; exit 1)
@@ -62,6 +69,11 @@ scale: setup
 # Seeded random faults over the digits job (3 runs x 10 faults, about 2 minutes).
 chaos: setup
 	$(VENV)/bin/python -m pytest -m chaos -s $(PYTEST_ARGS) tests/test_chaos.py
+
+install:
+	$(MAKE) setup VENV=$(PREFIX) PYTHON_BOOT=$(PYTHON_BOOT)
+	chmod -R a+rX $(PREFIX) $(CURDIR)
+	@echo "installed for every user: PATH=$(PREFIX)/bin:\$$PATH (e.g. in /etc/profile.d/hvd-edl.sh)"
 
 clean:
 	rm -rf build build.cmake.log

@@ -102,14 +102,17 @@ def test_a_service_of_an_ordinary_user_refuses_the_others(team):
         assert r.returncode != 0 and "denied" in r.stderr, r
     work = _home_work(alice, shared)
     state, cluster = work / "state", work / "cluster.json"
+    out = work / "serve.log"
     serve = subprocess.Popen(
         alice.argv([str(bin_dir / "hvd-edl-cluster"), "serve", "-H", "localhost:1",
-                    "--state-dir", str(state), "--cluster-file", str(cluster)]),
-        env=alice.env([str(bin_dir)]), cwd="/", stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True)
+                    "--state-dir", str(state), "--cluster-file", str(cluster),
+                    "--metrics-port", "0"]),
+        env=alice.env([str(bin_dir)]), cwd="/", stdout=open(out, "w"),
+        stderr=subprocess.STDOUT)
     try:
         wait_for("alice's service", lambda: cluster.exists() or serve.poll() is not None, 60)
-        assert serve.poll() is None, serve.stdout.read()
+        assert serve.poll() is None, out.read_text()
+        metrics_url = out.read_text().split("metrics: ")[1].split()[0]
         assert os.stat(cluster).st_mode & 0o777 == 0o644
         assert "secret" not in json.loads(cluster.read_text())
         r = _cli(alice, bin_dir, cluster, "submit", "--np", "1", "--", str(bin_dir / "python"),
@@ -123,6 +126,14 @@ def test_a_service_of_an_ordinary_user_refuses_the_others(team):
         assert r.returncode == 0, r.stderr
         rows = {j["id"]: j for j in json.loads(r.stdout)["jobs"]}
         assert list(rows) == [job] and rows[job]["user"] == alice.name, rows
+        # Prometheus: alice's job running on its one slot, per user
+        import requests
+        want = [f'hvd_edl_cluster_user_jobs_running{{user="{alice.name}"}} 1.0',
+                f'hvd_edl_cluster_user_slots_allocated{{user="{alice.name}"}} 1.0',
+                f'hvd_edl_cluster_user_jobs_pending{{user="{alice.name}"}} 0.0']
+        wait_for("alice's job running in the metrics", lambda: all(
+            w in requests.get(metrics_url, timeout=10).text for w in want), 60,
+            lambda: requests.get(metrics_url, timeout=10).text[-3000:])
         r = _cli(alice, bin_dir, cluster, "cancel", job)
         assert r.returncode == 0, r.stderr
     finally:

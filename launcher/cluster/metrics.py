@@ -20,6 +20,10 @@ metric                                         type       what
                                                           its last telemetry answer (0 before
                                                           its first ring)
 ``hvd_edl_cluster_job_slots_allocated{job}``   gauge      slots a running job is allocated
+``hvd_edl_cluster_user_jobs_pending{user}``   gauge      a user's jobs queued or suspended
+``hvd_edl_cluster_user_jobs_running{user}``   gauge      a user's jobs running
+``hvd_edl_cluster_user_slots_allocated{user}``  gauge    slots a user's running jobs are
+                                                          allocated (what ``--user-quota`` caps)
 ``hvd_edl_cluster_preemptions_total``          counter    running jobs preempted (checkpoint,
                                                           then stopped; a shrink is not one)
 ``hvd_edl_cluster_job_restarts_total``         counter    runs started after a job's first (a
@@ -75,6 +79,31 @@ class ClusterCollector:
                                 "Slots the jobs hold (until their workers there are gone).",
                                 value=status["slots"]["used"])
 
+    @staticmethod
+    def per_user(jobs) -> Iterator:
+        """Per user (every user with a job not ended, and every user of a job at all): jobs
+        pending, running, and the slots their running jobs are allocated."""
+        pending, running, slots = {}, {}, {}
+        for j in jobs:
+            u = j.get("user") or ""
+            for d in (pending, running, slots):
+                d.setdefault(u, 0)
+            if j["state"] in ("queued", "suspended"):
+                pending[u] += 1
+            elif j["state"] == "running":
+                running[u] += 1
+                slots[u] += j.get("allocated", j["world_size"])
+        for name, doc, values in (
+                ("hvd_edl_cluster_user_jobs_pending", "A user's jobs queued or suspended.",
+                 pending),
+                ("hvd_edl_cluster_user_jobs_running", "A user's jobs running.", running),
+                ("hvd_edl_cluster_user_slots_allocated",
+                 "Slots a user's running jobs are allocated.", slots)):
+            family = GaugeMetricFamily(name, doc, labels=["user"])
+            for u, n in sorted(values.items()):
+                family.add_metric([u], n)
+            yield family
+
     def collect(self) -> Iterator:
         svc = self.service
         status = svc.status()
@@ -108,6 +137,7 @@ class ClusterCollector:
             held.add_metric([j["id"]], j.get("allocated", j["world_size"]))
         yield ws
         yield held
+        yield from self.per_user(status["jobs"])
         events = svc.store.event_counts()
         yield CounterMetricFamily("hvd_edl_cluster_preemptions",
                                   "Running jobs preempted (checkpoint, then stopped).",

@@ -40,15 +40,16 @@ def frame_lines(status: dict) -> list:
         more += f" (resting {rest:.0f} s: no job reaches it)" if rest is not None else ""
         lines.append(f"{host[:20]:<20} {shown}{more}"[:WIDTH])
     lines.append("")
-    lines.append(f"{'JOB':<6}{'NAME':<18}{'STATE':<10}{'SIZE':>5} {'NP':>3} {'MIN-MAX':>8} "
-                 f"{'AGE':>6} {'RUN':>6} {'EXIT':>5}")
+    lines.append(f"{'JOB':<6}{'NAME':<14}{'USER':<9}{'STATE':<10}{'SIZE':>5} {'NP':>3} "
+                 f"{'MIN-MAX':>8} {'AGE':>6} {'RUN':>6} {'EXIT':>5}")
     for j in status["jobs"]:
         if j["state"] in ("done", "failed", "cancelled") and j["finished_at"] \
                 and time.time() - j["finished_at"] > 600:
             continue
         size = j["world_size"] if j.get("allocated", j["world_size"]) == j["world_size"] \
             else f"{j['world_size']}/{j['allocated']}"  # the ring / the slots it holds
-        lines.append(f"{j['id']:<6}{j['name'][:17]:<18}{j['state']:<10}{size:>5} "
+        lines.append(f"{j['id']:<6}{j['name'][:13]:<14}{(j.get('user') or '')[:8]:<9}"
+                     f"{j['state']:<10}{size:>5} "
                      f"{j['np']:>3} {str(j['min_np']) + '-' + str(j['max_np']):>8} "
                      f"{_age(j['submitted_at']):>6} {_age(j['started_at']):>6} "
                      f"{'' if j['exit_code'] is None else j['exit_code']:>5}"[:WIDTH])

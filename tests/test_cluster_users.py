@@ -112,7 +112,9 @@ def test_a_service_of_an_ordinary_user_refuses_the_others(team):
     try:
         wait_for("alice's service", lambda: cluster.exists() or serve.poll() is not None, 60)
         assert serve.poll() is None, out.read_text()
-        metrics_url = out.read_text().split("metrics: ")[1].split()[0]
+        metrics_url = wait_for("its metrics' address", lambda: "serving" in out.read_text()
+                               and out.read_text().split("metrics: ")[1].split()[0], 30,
+                               out.read_text)
         assert os.stat(cluster).st_mode & 0o777 == 0o644
         assert "secret" not in json.loads(cluster.read_text())
         r = _cli(alice, bin_dir, cluster, "submit", "--np", "1", "--", str(bin_dir / "python"),

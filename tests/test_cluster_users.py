@@ -92,7 +92,8 @@ def test_a_service_of_an_ordinary_user_refuses_the_others(team):
     """The checkout's .venv (its interpreter under root's 0700 home) cannot run for a second
     user; the team install can.  A service run by alice takes alice's jobs, refuses bob's
     submit in one line (exit 1), and shows bob the queue (every user sees every job): identity
-    from the kernel, with a cluster file of mode 0644 and no secret in it."""
+    from the kernel, with a cluster file of mode 0644 and no secret in it.  ``--user-quota 1``
+    holds alice's second job back with a slot free; the metrics count per user."""
     (alice, bob), shared, bin_dir = team
     venv_cli = Path(sys.executable).parent / "hvd-edl-cluster"
     closed = [p for p in Path(os.path.realpath(sys.executable)).parents
@@ -104,9 +105,9 @@ def test_a_service_of_an_ordinary_user_refuses_the_others(team):
     state, cluster = work / "state", work / "cluster.json"
     out = work / "serve.log"
     serve = subprocess.Popen(
-        alice.argv([str(bin_dir / "hvd-edl-cluster"), "serve", "-H", "localhost:1",
+        alice.argv([str(bin_dir / "hvd-edl-cluster"), "serve", "-H", "localhost:2",
                     "--state-dir", str(state), "--cluster-file", str(cluster),
-                    "--metrics-port", "0"]),
+                    "--metrics-port", "0", "--user-quota", "1", "--policy", "fifo"]),
         env=alice.env([str(bin_dir)]), cwd="/", stdout=open(out, "w"),
         stderr=subprocess.STDOUT)
     try:
@@ -121,23 +122,30 @@ def test_a_service_of_an_ordinary_user_refuses_the_others(team):
                  "job.py", str(work / "out"), str(work / "gate"), cwd=str(work))
         assert r.returncode == 0, r.stderr
         job = r.stdout.strip().splitlines()[-1]
+        r = _cli(alice, bin_dir, cluster, "submit", "--np", "1", "--", "/bin/true")
+        assert r.returncode == 0, r.stderr
+        second = r.stdout.strip().splitlines()[-1]
         r = _cli(bob, bin_dir, cluster, "submit", "--np", "1", "--", "/bin/true")
         assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r
         assert f"runs as {alice.name}: only {alice.name} may submit" in r.stderr, r.stderr
         r = _cli(bob, bin_dir, cluster, "status", "--json")
         assert r.returncode == 0, r.stderr
         rows = {j["id"]: j for j in json.loads(r.stdout)["jobs"]}
-        assert list(rows) == [job] and rows[job]["user"] == alice.name, rows
-        # Prometheus: alice's job running on its one slot, per user
+        assert list(rows) == [job, second], rows
+        assert {j["user"] for j in rows.values()} == {alice.name}, rows
+        # Prometheus, per user: alice's first job running on one slot, her second held back
+        # by --user-quota 1 although a slot is free
         import requests
         want = [f'hvd_edl_cluster_user_jobs_running{{user="{alice.name}"}} 1.0',
                 f'hvd_edl_cluster_user_slots_allocated{{user="{alice.name}"}} 1.0',
-                f'hvd_edl_cluster_user_jobs_pending{{user="{alice.name}"}} 0.0']
+                f'hvd_edl_cluster_user_jobs_pending{{user="{alice.name}"}} 1.0',
+                'hvd_edl_cluster_slots{state="free"} 1.0']
         wait_for("alice's job running in the metrics", lambda: all(
             w in requests.get(metrics_url, timeout=10).text for w in want), 60,
             lambda: requests.get(metrics_url, timeout=10).text[-3000:])
-        r = _cli(alice, bin_dir, cluster, "cancel", job)
-        assert r.returncode == 0, r.stderr
+        for j in (second, job):
+            r = _cli(alice, bin_dir, cluster, "cancel", j)
+            assert r.returncode == 0, r.stderr
     finally:
         serve.terminate()
         serve.wait(30)

@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "again (default the policy's: the larger of 60 s and 20 x the cost of "
                         "a change)")
     s.add_argument("--user-quota", type=_positive_int, default=None, metavar="N",
-                   help="the most slots one user's jobs hold together (default: no cap)")
+                   help="the most slots one user's jobs hold together (default: no cap); "
+                        "the policies share the pool fairly between users either way")
     s.add_argument("--metrics-port", type=_tcp_port, default=None,
                    help="serve Prometheus metrics on this port (0: a free one, printed)")
     s.add_argument("--bind-address", default="127.0.0.1",
@@ -336,12 +337,7 @@ def serve(a, parser) -> int:
     from launcher.discovery.hosts import HostSpecError, parse_hosts_arg
     logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(message)s")
     try:
-        try:
-            policy = make_policy(a.policy, a.objective, **(
-                {} if a.user_quota is None else {"user_quota": a.user_quota}))
-        except TypeError:
-            raise ValueError("--user-quota: this build's policies have no per-user cap") \
-                from None
+        policy = make_policy(a.policy, a.objective, user_quota=a.user_quota)
         if a.queue_thresholds is not None and hasattr(policy, "thresholds_gpu_s"):
             try:
                 th = tuple(float(x) for x in a.queue_thresholds.split(","))

@@ -409,9 +409,13 @@ class Service:
                 elastic=job.min_np < job.max_np, goal=job.goal or None,
                 speed_of=speed_.typed_speed(job.speed, tflops), spent_usd=job.cost_usd,
                 user=job.user))
+        per_user: Dict[str, float] = {}  # fair share: every job's service, ended ones too
+        for job in self.store.jobs():
+            per_user[job.user] = per_user.get(job.user, 0.0) + job.attained_gpu_s
         return Snapshot(now=time.time(), pool=pool, jobs=tuple(views),
                         change_cost_s=self.change_cost_s, restart_cost_s=self.restart_cost_s,
-                        hosts={h: t for h, t in self.host_terms.items() if h in pool})
+                        hosts={h: t for h, t in self.host_terms.items() if h in pool},
+                        user_attained_gpu_s=per_user)
 
     def _round(self) -> None:
         """Ask the policy for an allocation of :meth:`snapshot` and record each job's change
@@ -420,7 +424,7 @@ class Service:
         snap = self.snapshot()
         try:
             alloc = self.policy.allocate(snap)
-            check_allocation(snap, alloc)
+            check_allocation(snap, alloc, getattr(self.policy, "user_quota", None))
         except AllocationError as e:
             self.events.note(None, "refused", f"the policy's allocation was refused: {e}")
             return

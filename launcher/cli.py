@@ -156,6 +156,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "generation, stalls, steps/s, samples/s, per-worker step, compute and "
                         "wait seconds, failures...) on the --bind-address; 0 picks a free port "
                         "and prints it (default: no metrics)")
+    p.add_argument("--adapt-batch", action="store_true",
+                   help="elastic: the job chooses its own global batch for goodput (Pollux: "
+                        "throughput fitted from its telemetry x efficiency from its gradient "
+                        "noise; launcher/apps/batch_goodput.py), asked at a switch; only a "
+                        "script with hvd.elastic.AdaptiveBatchSampler follows "
+                        "(docs/adaptive_batch.md)")
     p.add_argument("--autoscale", metavar="efficiency:E|cost|time", default=None,
                    help="elastic: size the job on a speed model fitted from a start-up profile "
                         "(launcher/apps/autoscale.py): efficiency:E grows while one more worker adds "
@@ -413,6 +419,7 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                    checkpoint_keep=a.checkpoint_keep, metrics_port=a.metrics_port,
                    straggler_policy=a.straggler_policy, straggler_ratio=a.straggler_ratio,
                    straggler_window_s=a.straggler_window, autoscale=autoscale,
+                   adapt_batch=a.adapt_batch,
                    horovod_env=horovodrun_flags.horovod_env(a), engine=engine,
                    failure_blacklist=a.failure_blacklist,
                    prefix_output_with_timestamp=a.prefix_output_with_timestamp,

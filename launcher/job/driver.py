@@ -85,6 +85,7 @@ class JobSpec:
     straggler_window_s: float = 5.0          # --straggler-window
     metrics_port: Optional[int] = None       # --metrics-port (None: no metrics; 0: any free)
     autoscale: Optional[object] = None       # --autoscale (a launcher.apps.autoscale.Policy)
+    adapt_batch: bool = False                # --adapt-batch (launcher/apps/batch_goodput.py)
     # horovodrun's tuning flags (--fusion-threshold-mb, --autotune, --config-file, ...): the
     # HOROVOD_* variables horovodrun sets for them (launcher/horovodrun_flags.py), every worker
     horovod_env: Dict[str, str] = field(default_factory=dict)
@@ -132,6 +133,7 @@ class Driver:
         self._drain_lock = threading.Lock()
         self.profiler = Profiler(self)  # hvd-edl-ctl profile (EDL's profiling)
         self.autoscaler = None  # launcher.apps.autoscale.Autoscaler (--autoscale)
+        self.batch_adapter = None  # launcher.apps.batch_goodput.BatchAdapter (--adapt-batch)
         self.migration: Optional[migration_.Migration] = None  # running or last (hvd-edl-ctl)
         self.stragglers = straggler_.StragglerDetector(straggler_.StragglerPolicy(
             spec.straggler_policy, spec.straggler_ratio, spec.straggler_window_s))
@@ -248,6 +250,10 @@ class Driver:
             from launcher.apps.autoscale import Autoscaler
             self.autoscaler = Autoscaler(self, self.spec.autoscale)
             self.autoscaler.start()
+        if self.spec.adapt_batch and self.spec.elastic:
+            from launcher.apps.batch_goodput import BatchAdapter
+            self.batch_adapter = BatchAdapter(self)
+            self.batch_adapter.start()
         while True:
             now = time.monotonic()
             code = self._step(now)
@@ -513,6 +519,8 @@ class Driver:
                           if k in ("state", "sizes", "size", "error", "json")}
         if self.autoscaler is not None:
             out["autoscale"] = self.autoscaler.status()
+        if self.batch_adapter is not None:
+            out["adapt_batch"] = self.batch_adapter.status()
         out["migration"] = migration_.status(self.migration)
         return out
 

@@ -1,0 +1,241 @@
+"""A job's own goodput model and the batch it chooses with it (``hvd-edl-run --adapt-batch``).
+
+Pollux (Qiao et al. OSDI'21, section 3.1; AdaptDL's ``goodput.py`` ``PerfParams``): the time of
+one optimizer step at world size W on H hosts, local (micro-)batch l and ``a`` micro-batches per
+step is fitted from the job's own telemetry, in the two parts our workers measure apart
+(``launcher/observe/telemetry.py``):
+
+* compute, per micro-batch: ``alpha_c + beta_c x l`` (forward and backward grow with the batch,
+  the per-step overheads do not);
+* wait in the allreduce, once per step: ``alpha_r + beta_r x (W - 1)`` for W > 1 and
+  ``alpha_n + beta_n x (H - 1)`` more for H > 1 (Pollux's sync by ranks and by nodes).  Our
+  ``wait_s`` is the time blocked in ``synchronize()``, i.e. the part of the allreduce that
+  backward did not hide: Pollux's overlap exponent gamma is in the measurement, not fitted.
+
+``step_s = a x (alpha_c + beta_c l) + sync(W, H)``; all coefficients are fitted non-negative
+(``scipy.optimize.nnls``).  One local batch seen so far leaves ``alpha_c`` and ``beta_c``
+apart unknown: compute is then taken proportional to the batch (alpha_c 0), the hypothesis
+that favours larger batches, which the next point corrects.
+
+Efficiency comes from the gradient noise the job measures (``hvd_edl.gradient_noise``; per
+sample ``var`` is ``B0 x`` the ``var`` at B0 that :mod:`launcher.cluster.goodput` takes), and
+goodput = B0 x gain / step_s (:func:`launcher.cluster.goodput.best_batch`) over that module's
+candidates: :meth:`GoodputModel.best` answers the batch that maximises goodput at any size.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+
+from launcher.cluster import goodput as _goodput
+
+log = logging.getLogger(__name__)
+
+LOOP_S = 1.0        # seconds between the adapter's looks at the telemetry
+SETTLE_S = 6.0      # a generation this old (> the telemetry's 5 s window) gives a steady point
+HOLD_S = 10.0       # after a batch change, this long before the next (seconds)
+
+
+@dataclass(frozen=True)
+class StepPoint:
+    """Steady training in one configuration: ``world_size`` ranks on ``hosts`` hosts, micro-batch
+    ``local_batch`` samples, ``accumulation`` micro-batches per step; mean ``compute_s`` and
+    ``wait_s`` per optimizer step (seconds)."""
+    world_size: int
+    hosts: int
+    local_batch: int
+    accumulation: int
+    compute_s: float
+    wait_s: float
+
+
+@dataclass(frozen=True)
+class PerfParams:
+    """Fitted coefficients (seconds): micro-batch compute ``alpha_c + beta_c x l``, sync
+    ``alpha_r + beta_r (W-1)`` (W > 1) plus ``alpha_n + beta_n (H-1)`` (H > 1)."""
+    alpha_c: float
+    beta_c: float
+    alpha_r: float = 0.0
+    beta_r: float = 0.0
+    alpha_n: float = 0.0
+    beta_n: float = 0.0
+
+    def step_seconds(self, world_size: int, hosts: int, local_batch: float,
+                     accumulation: int) -> float:
+        """Seconds of one optimizer step (see the module)."""
+        sync = 0.0
+        if world_size > 1:
+            sync += self.alpha_r + self.beta_r * (world_size - 1)
+        if hosts > 1:
+            sync += self.alpha_n + self.beta_n * (hosts - 1)
+        return accumulation * (self.alpha_c + self.beta_c * local_batch) + sync
+
+    def throughput(self, world_size: int, hosts: int, local_batch: float,
+                   accumulation: int) -> float:
+        """Samples per second."""
+        return world_size * local_batch * accumulation / self.step_seconds(
+            world_size, hosts, local_batch, accumulation)
+
+
+def fit(points: List[StepPoint]) -> PerfParams:
+    """:class:`PerfParams` from steady points (non-negative least squares per part).
+
+    Raises:
+        ValueError: no point.
+    """
+    from scipy.optimize import nnls
+    if not points:
+        raise ValueError("no step point to fit a throughput model to")
+    micro = np.array([p.compute_s / p.accumulation for p in points])
+    batches = np.array([float(p.local_batch) for p in points])
+    if len(set(batches.tolist())) >= 2:
+        (alpha_c, beta_c), _ = nnls(np.column_stack([np.ones_like(batches), batches]), micro)
+    else:  # one batch seen: compute proportional to it (module docstring)
+        alpha_c, beta_c = 0.0, float(np.mean(micro / batches))
+    synced = [p for p in points if p.world_size > 1]
+    coef = [0.0, 0.0, 0.0, 0.0]
+    if synced:
+        cols = np.array([[1.0, p.world_size - 1, 1.0 if p.hosts > 1 else 0.0,
+                          max(p.hosts - 1, 0)] for p in synced])
+        wait = np.array([p.wait_s for p in synced])
+        keep = [j for j in range(4) if cols[:, j].any()]
+        if len({p.world_size for p in synced}) < 2:
+            keep = [j for j in keep if j != 1]  # one size: a constant, no slope
+        if len({p.hosts for p in synced}) < 2:
+            keep = [j for j in keep if j != 3]
+        sol, _ = nnls(cols[:, keep], wait)
+        for j, v in zip(keep, sol):
+            coef[j] = float(v)
+    return PerfParams(float(alpha_c), float(beta_c), *coef)
+
+
+class GoodputModel:
+    """A job's goodput: its :class:`PerfParams` and gradient noise.
+
+    Args:
+        perf: the fitted step-time model.
+        sqr, var_per_sample: |G|^2 and tr(Sigma) of one sample's gradient (the job's
+            ``gradient_noise``).
+        base_batch, min_batch, max_batch, max_local_batch: the script's bounds (samples).
+    """
+
+    def __init__(self, perf: PerfParams, sqr: float, var_per_sample: float, base_batch: int,
+                 min_batch: int, max_batch: int, max_local_batch: int):
+        self.perf = perf
+        self.sqr, self.var = max(sqr, 0.0), max(var_per_sample, 0.0)
+        self.base_batch, self.min_batch, self.max_batch = base_batch, min_batch, max_batch
+        self.max_local_batch = max_local_batch
+
+    def goodput(self, world_size: int, hosts: int, batch: int) -> float:
+        """Samples/s at B0 that progress as fast as global ``batch`` at this size."""
+        micro, accum = _goodput.split_batch(batch, world_size, self.max_local_batch)
+        run = world_size * micro * (accum + 1)
+        t = self.perf.step_seconds(world_size, hosts, micro, accum + 1)
+        return self.base_batch * _goodput.gain(self.sqr, self.var / self.base_batch,
+                                               run / self.base_batch) / t
+
+    def best(self, world_size: int, hosts: int = 1) -> Optional[Tuple[int, float]]:
+        """(global batch, goodput) that maximises goodput at ``world_size`` ranks on ``hosts``
+        hosts, among :func:`launcher.cluster.goodput.batch_candidates`; None where no batch
+        fits (``min_batch`` larger than ``max_batch``)."""
+        cands = _goodput.batch_candidates(world_size, self.min_batch, self.max_batch, 1,
+                                          self.max_local_batch)
+        got = _goodput.best_batch(
+            cands, lambda micro, accum: self.perf.step_seconds(world_size, hosts, micro,
+                                                               accum + 1),
+            self.sqr, self.var / self.base_batch, self.base_batch)
+        return None if got is None else (got[1], got[0])
+
+
+class BatchAdapter:
+    """``hvd-edl-run --adapt-batch``: in a thread of the launcher, keeps steady points from the
+    job's telemetry, fits :class:`GoodputModel` and asks for the batch that maximises goodput
+    at the current size (``driver.set_batch``, the control API's path) when it beats the
+    current batch's by more than :data:`launcher.cluster.goodput.SWITCH_GAIN` (AdaptDL's 5 %).
+    :meth:`status` is its part of ``hvd-edl-ctl status`` (the best batch at every size)."""
+
+    def __init__(self, driver):
+        self.driver = driver
+        self.points: Dict[Tuple[int, int, int, int], StepPoint] = {}
+        self.model: Optional[GoodputModel] = None
+        self.decisions: List[dict] = []
+        self._gen = (0, 0.0)         # (generation, monotonic time it was first seen)
+        self._hold_until = -math.inf
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="adapt-batch", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(LOOP_S):
+            try:
+                if self.driver.ring().job_over:
+                    return
+                self.tick(time.monotonic())
+            except Exception:  # noqa: BLE001 - the adapter must never end the job
+                log.exception("adapt-batch pass failed")
+
+    def tick(self, now: float) -> None:
+        """One look at the telemetry: add a steady point, refit, maybe ask for a batch."""
+        tel = self.driver.telemetry_snapshot()
+        job, plan, noise = tel["job"], tel.get("adaptive_batch"), tel.get("gradient_noise")
+        if plan is None or noise is None:
+            return  # the script did not opt in (yet), or nothing measured yet
+        gen = job.get("generation", 0)
+        if gen != self._gen[0]:
+            self._gen = (gen, now)
+            return
+        if now - self._gen[1] < SETTLE_S or job.get("compute_s") is None \
+                or job.get("world_size") != plan["world_size"]:
+            return
+        hosts = max(len({w.get("host") for w in tel.get("workers", [])
+                         if w.get("rank", -1) >= 0}), 1)
+        p = StepPoint(plan["world_size"], hosts, plan["local_batch"], plan["accumulation"],
+                      float(job["compute_s"]), float(job.get("wait_s") or 0.0))
+        model = GoodputModel(None, noise["sqr"] or 0.0, noise["var"] or 0.0,
+                             plan["base_batch"], plan["min_batch"], plan["max_batch"],
+                             plan["max_local_batch"] or plan["max_batch"])
+        with self._lock:
+            self.points[(p.world_size, p.hosts, p.local_batch, p.accumulation)] = p
+            model.perf = fit(list(self.points.values()))
+            self.model = model
+        if now < self._hold_until:
+            return
+        best = model.best(p.world_size, hosts)
+        if best is None:
+            return
+        current = model.goodput(p.world_size, hosts, plan["batch"])
+        if best[0] != plan["batch"] and best[1] > current * (1.0 + _goodput.SWITCH_GAIN):
+            self._hold_until = now + HOLD_S
+            decision = {"at": time.time(), "world_size": p.world_size, "from": plan["batch"],
+                        "to": best[0], "goodput": round(best[1], 2),
+                        "current_goodput": round(current, 2),
+                        "noise_scale_samples": noise.get("noise_scale_samples")}
+            with self._lock:
+                self.decisions.append(decision)
+            self.driver.note("adapt_batch", f"batch {plan['batch']} -> {best[0]}", **decision)
+            self.driver.set_batch(int(best[0]))
+
+    def status(self) -> dict:
+        """``{"model", "best", "decisions"}``: the fitted coefficients, the best batch and its
+        goodput at each size up to ``--max-np`` (one host), and the changes asked for."""
+        with self._lock:
+            model, decisions = self.model, list(self.decisions[-10:])
+        if model is None:
+            return {"model": None, "best": {}, "decisions": decisions}
+        best = {}
+        for n in range(1, self.driver.spec.max_np + 1):
+            got = model.best(n)
+            if got is not None:
+                best[str(n)] = {"batch": got[0], "goodput": round(got[1], 2)}
+        return {"model": vars(model.perf), "best": best, "decisions": decisions}

@@ -1,0 +1,42 @@
+"""The job's own goodput model (launcher/apps/batch_goodput.py): Pollux's step-time terms
+fitted from steady points, and the batch it chooses."""
+import pytest
+
+from launcher.apps.batch_goodput import GoodputModel, PerfParams, StepPoint, fit
+
+
+def _point(n, hosts, local, accum, truth):
+    """A point measured on a job whose true step is ``truth``."""
+    sync = truth.step_seconds(n, hosts, local, accum) - accum * (truth.alpha_c
+                                                                 + truth.beta_c * local)
+    return StepPoint(n, hosts, local, accum, accum * (truth.alpha_c + truth.beta_c * local),
+                     sync)
+
+
+def test_fit_recovers_compute_and_sync_terms():
+    truth = PerfParams(alpha_c=0.004, beta_c=0.0002, alpha_r=0.003, beta_r=0.001,
+                       alpha_n=0.01, beta_n=0.0)
+    pts = [_point(n, h, l, a, truth) for n, h, l, a in (
+        (1, 1, 16, 1), (2, 1, 16, 1), (2, 1, 32, 2), (4, 1, 16, 1), (4, 2, 48, 1))]
+    got = fit(pts)
+    for k in ("alpha_c", "beta_c", "alpha_r", "beta_r", "alpha_n"):
+        assert getattr(got, k) == pytest.approx(getattr(truth, k), rel=1e-6, abs=1e-9)
+
+
+def test_one_local_batch_seen_takes_compute_proportional_to_it():
+    got = fit([StepPoint(2, 1, 16, 1, 0.016, 0.004)])
+    assert (got.alpha_c, got.beta_c, got.alpha_r) == (0.0, pytest.approx(0.001),
+                                                      pytest.approx(0.004))
+
+
+def test_best_batch_grows_with_the_noise_scale_and_the_sync_cost():
+    """Little noise: the base batch is best (a larger one adds time, not progress); a noise
+    scale far above the batch with a costly sync: the largest batch the bounds allow."""
+    perf = PerfParams(alpha_c=0.002, beta_c=0.0001, alpha_r=0.05)
+    quiet = GoodputModel(perf, sqr=1.0, var_per_sample=1.0, base_batch=32, min_batch=32,
+                         max_batch=1024, max_local_batch=64)
+    assert quiet.best(2)[0] == 32
+    noisy = GoodputModel(perf, sqr=1.0, var_per_sample=1e6, base_batch=32, min_batch=32,
+                         max_batch=1024, max_local_batch=64)
+    batch, goodput = noisy.best(4)
+    assert batch == 1024 and goodput > noisy.goodput(4, 1, 32)

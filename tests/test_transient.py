@@ -122,6 +122,10 @@ def test_choice_for_a_deadline_is_the_cheapest_that_meets_it():
     every = [predict(work, lambda k, t=o.gpu_type: _speed(t, k), n, o) for o in OFFERS
              for n in range(1, 5)]
     assert got.cost_usd == min(p.cost_usd for p in every if p.time_s <= 1500)
+    # a job's start per type counts: 2000 s to start on slow leaves only fast in the deadline
+    slow_start = choose(Goal("cost", work, deadline_at=now + 1500), work, _speed, OFFERS, now,
+                        1, 4, start_s={"slow": 2000.0, "*": 0.0})
+    assert slow_start.gpu_type == "fast" and slow_start.time_s <= 1500
     late = choose(Goal("cost", work, deadline_at=now + 100), work, _speed, OFFERS, now, 1, 4)
     assert not late.fits and late.gpu_type == "fast" and late.n == 4  # the soonest
 

@@ -8,16 +8,20 @@ exactly-once audits through every move and revocation, the same stream under the
 The pool: 4 namespace hosts of the test cluster (tests/cluster.py), one slot each, reached over
 ssh.  h1, h2 are type ``fast`` (on-demand, $3.06 per GPU-hour: Bamboo's p3 on-demand price);
 h3, h4 type ``slow`` and ``spot`` ($0.91: Bamboo's spot price).  A GPU type is emulated by a
-cgroup v1 CPU quota on every process of the host (its sshd and all it starts:
-``/sys/fs/cgroup/cpu/hvdedl-t42-<type>/cpu.cfs_quota_us``): fast 40000 us per 100000 us (0.4
-CPU per host), slow 20000 (0.2 CPU), so a worker's busy step (tests/horovod_style/ledger_main.py
-``--busy-s``) takes twice as long on slow.  Price table: fast 3.06 on demand, slow 0.91 spot,
+cgroup v1 CPU quota on every process of the host (its sshd and all it starts, one group per
+host: ``/sys/fs/cgroup/cpu/hvdedl-t42-<host>/cpu.cfs_quota_us``): fast 25000 us per 100000 us
+(0.25 CPU per host), slow 12500 (0.125 CPU), so a worker's step (tests/horovod_style/
+ledger_main.py ``--busy-s``: a busy loop, plus the step's own Python and Gloo work) takes twice
+as long on slow.  On a machine loaded by other work a quota only caps: each host's group also
+gets ``cpu.shares`` 4096 (4x a process's default weight), so that the quota, not the load, is
+what binds (the four groups can take at most 0.75 of the 2 cores).  Price table: fast 3.06 on demand, slow 0.91 spot,
 TFLOPS 2 and 1.
 
 Calibration: one job per (type, size) (all four at once would skew the speeds, so two at a
-time) gives the job's speed per type and size (the service's telemetry points) and the start
-cost (measured time minus samples / speed); the stream's jobs are submitted with that speed
-profile and the service with that ``--start-cost``.
+time) gives the job's speed per type and size (the service's telemetry points) and its start
+per type (measured time minus samples / speed: the workers' imports run under the quota too);
+the stream's jobs are submitted with that speed profile (``start_s`` per type) and the service
+with the mean as ``--start-cost``.
 
 The stream: ``--jobs`` jobs, one every ``--gap`` seconds, alternating ``--objective time`` with
 a budget and ``--objective cost`` with a deadline (budgets and deadlines drawn so that both
@@ -51,10 +55,11 @@ CLI = [sys.executable, "-m", "launcher.cluster.cli"]
 RESULTS = ROOT / "benchmarks" / "results"
 CGROUP = Path("/sys/fs/cgroup/cpu")
 PERIOD_US = 100_000
-QUOTA_US = {"fast": 40_000, "slow": 20_000}
+QUOTA_US = {"fast": 25_000, "slow": 12_500}
+SHARES = 4096
 PRICES = {"fast": (3.06, None, 2.0), "slow": (None, 0.91, 1.0)}  # on demand, spot, tflops
 TYPES = {"h1": "fast", "h2": "fast", "h3": "slow", "h4": "slow"}
-BUSY_S = 0.012          # CPU seconds per step: 0.03 s a step on fast, 0.06 on slow
+BUSY_S = 0.008          # CPU seconds per step of busy work (plus the step's own)
 DATASET, BATCH = 256, 8
 
 
@@ -63,16 +68,17 @@ DATASET, BATCH = 256, 8
 def outer(a) -> int:
     sys.path.insert(0, str(ROOT / "tests"))
     from cluster import Cluster
-    groups = {t: CGROUP / f"hvdedl-t42-{t}" for t in QUOTA_US}
+    groups = {h: CGROUP / f"hvdedl-t42-{h}" for h in TYPES}
     try:
         with Cluster(hosts=4) as c:
-            for t, g in groups.items():
+            for h, g in groups.items():
                 g.mkdir(exist_ok=True)
                 (g / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-                (g / "cpu.cfs_quota_us").write_text(str(QUOTA_US[t]))
+                (g / "cpu.cfs_quota_us").write_text(str(QUOTA_US[TYPES[h]]))
+                (g / "cpu.shares").write_text(str(SHARES))
             for name in c.hosts:
                 for pid in c.pids(name):  # its sshd: everything the host starts inherits it
-                    (groups[TYPES[name]] / "cgroup.procs").write_text(str(pid))
+                    (groups[name] / "cgroup.procs").write_text(str(pid))
             inner = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--inner",
                      json.dumps({"ssh": ["-i", c.identity_file, "--network-interface", c.nic],
                                  "registry": str(Path(tempfile.gettempdir()) /
@@ -173,6 +179,7 @@ class Pool:
 class Service:
     def __init__(self, tmp: Path, policy: str, ssh, prices: Path, start_cost: float):
         self.tmp, self.state, self.cluster = tmp, tmp / "state", tmp / "cluster.json"
+        tmp.mkdir(parents=True, exist_ok=True)
         self.pool = Pool(tmp / "pool")
         self.proc = subprocess.Popen(
             CLI + ["serve", "--host-discovery-script", f"cat {self.pool.path}",
@@ -251,11 +258,14 @@ def calibrate(tmp: Path, ssh, prices: Path, samples: int) -> tuple:
                 thr = max(pts, key=lambda p: p["at"])["samples_per_s"]
                 profile.setdefault(t, {})[str(n_)] = round(thr, 2)
                 j = jobs[jid]
-                starts.append(j["finished_at"] - j["started_at"] - samples / thr)
+                starts.append((t, j["finished_at"] - j["started_at"] - samples / thr))
     finally:
         svc.stop()
         stop_jobs(svc)
-    return profile, sum(starts) / len(starts), starts
+    for t in profile:  # the job's start on each type (its workers' imports run under the quota)
+        mine = [s for tt, s in starts if tt == t]
+        profile[t]["start_s"] = round(sum(mine) / len(mine), 2)
+    return profile, sum(s for _, s in starts) / len(starts), [s for _, s in starts]
 
 
 def stop_jobs(svc: Service) -> None:
@@ -272,7 +282,7 @@ def stream(n_jobs: int, profile: dict, start_s: float, seed: int = 42) -> list:
     rng = random.Random(seed)
     out = []
     for i in range(n_jobs):
-        samples = DATASET * rng.choice((16, 24, 32))
+        samples = DATASET * rng.choice((10, 14, 18))
         fast2 = start_s + samples / profile["fast"]["2"]
         slow2 = start_s + samples / profile["slow"]["2"]
         if i % 2 == 0:   # time within a budget: between slow x 2's and fast x 2's cost
@@ -388,7 +398,7 @@ def inner(a) -> int:
         f"{t},{'' if od is None else od},{'' if sp is None else sp},{tf}\n"
         for t, (od, sp, tf) in PRICES.items()))
     t_cal = time.time()
-    profile, start_s, starts = calibrate(tmp, ctx["ssh"], prices, DATASET * 20)
+    profile, start_s, starts = calibrate(tmp, ctx["ssh"], prices, DATASET * 10)
     print(f"calibration ({time.time() - t_cal:.0f} s): samples/s {profile}; start cost "
           f"{start_s:.1f} s (each: {', '.join(f'{s:.1f}' for s in starts)})", flush=True)
     profile_path = tmp / "profile.json"
@@ -397,7 +407,8 @@ def inner(a) -> int:
     out = {"command": "sudo .venv/bin/python benchmarks/cluster/transient_real.py "
                       + " ".join(sys.argv[1:sys.argv.index("--inner")]),
            "machine": "2 cores shared with other sessions' work (loaded)",
-           "quotas_us": {"period": PERIOD_US, **QUOTA_US}, "prices": PRICES,
+           "quotas_us": {"period": PERIOD_US, **QUOTA_US}, "cpu_shares": SHARES,
+           "prices": PRICES,
            "busy_s_per_step": BUSY_S, "dataset": DATASET, "batch": BATCH,
            "calibration": {"samples_per_s": profile, "start_cost_s": round(start_s, 2),
                            "starts_s": [round(s, 2) for s in starts]},

@@ -79,9 +79,10 @@ def choose_hosts(lines: Dict[str, HostLine], objective: str, samples: float,
                     max(terms[h].startup_s for h in hosts), spot)
               for (t, spot), hosts in sorted(klass.items())]
     tflops = {t: p.tflops for t, p in prices.items() if p.tflops}
+    start = dict(speed_.start_costs(profile), **{"*": start_s})
     pred = choose(Goal(objective, samples, deadline_at, budget, tuple(types)), samples,
                   speed_.typed_speed(points, tflops), offers, time.time(), min_np, max_np,
-                  commit_s=commit_s, start_s=start_s)
+                  commit_s=commit_s, start_s=start)
     if pred is None:
         raise ValueError("no GPU type of the hostfile has a known speed for this job within "
                          "its sizes (give --speed-profile, and tflops in --prices)")

@@ -124,15 +124,19 @@ def choose(goal: Goal, remaining: float, speed: Callable[[str, int], Optional[fl
     """The type and number for ``goal`` (module docstring) among ``offers``, sizes in
     [``min_np``, ``max_np``] and each offer's slots; ``speed(type, n)``: samples/s (None:
     unknown); ``now``: unix seconds (the deadline's clock); ``predict_kw``: :func:`predict`'s
-    ``commit_s``, ``switch_s``, ``start_s``, ``notice``.  None when no offer has a known speed
+    ``commit_s``, ``switch_s``, ``start_s`` (seconds, or a mapping type -> seconds with
+    ``"*"`` for the others), ``notice``.  None when no offer has a known speed
     at a size that fits the bounds."""
     cands = []
+    start = predict_kw.pop("start_s", 0.0)
     for offer in offers:
         if goal.types and offer.gpu_type not in goal.types:
             continue
+        s = start.get(offer.gpu_type, start.get("*", 0.0)) if isinstance(start, dict) \
+            else start
         for n in range(max(1, min_np), min(max_np, offer.slots) + 1):
             p = predict(remaining, lambda k, t=offer.gpu_type: speed(t, k), n, offer,
-                        spent_usd=spent_usd, **predict_kw)
+                        spent_usd=spent_usd, start_s=s, **predict_kw)
             if p is not None:
                 cands.append(p)
     if not cands:

@@ -155,6 +155,8 @@ def check_goal(svc, goal, profile) -> tuple:
         raise RequestError(f"--speed-profile: {e}") from None
     out = g.as_dict()
     out["done_samples"] = 0.0
+    if profile and speed_.start_costs(profile):
+        out["start_s"] = speed_.start_costs(profile)
     return out, points
 
 

@@ -48,8 +48,9 @@ def key(p: dict) -> str:
 
 
 def profile_points(profile: Mapping[str, Mapping[str, float]]) -> Dict[str, dict]:
-    """A ``--speed-profile`` (``{"t4": {"1": 50.0, "2": 96.0}}``, samples/s) as speed points
-    (``at`` 0: any measured point is newer).
+    """A ``--speed-profile`` (``{"t4": {"1": 50.0, "2": 96.0, "start_s": 12}}``, samples/s by
+    size; ``start_s``, optional: the job's start on that type, :func:`start_costs`) as speed
+    points (``at`` 0: any measured point is newer).
 
     Raises:
         ValueError: not that shape, a size not a positive integer or a speed not positive."""
@@ -60,6 +61,15 @@ def profile_points(profile: Mapping[str, Mapping[str, float]]) -> Dict[str, dict
         if not isinstance(sizes, Mapping) or not sizes:
             raise ValueError(f"speed profile of type {t!r}: needs {{size: samples/s}}")
         for n, thr in sizes.items():
+            if n == "start_s":
+                try:
+                    ok = 0 <= float(thr) < 1e5
+                except (TypeError, ValueError):
+                    ok = False
+                if not ok:
+                    raise ValueError(f"speed profile of type {t!r}: start_s {thr!r} is not a "
+                                     f"number of seconds")
+                continue
             try:
                 k, v = int(n), float(thr)
             except (TypeError, ValueError):
@@ -70,6 +80,13 @@ def profile_points(profile: Mapping[str, Mapping[str, float]]) -> Dict[str, dict
             p = {"world_size": k, "samples_per_s": v, "at": 0.0, "type": str(t)}
             out[key(p)] = p
     return out
+
+
+def start_costs(profile: Mapping[str, Mapping[str, float]]) -> Dict[str, float]:
+    """type -> the job's start in seconds on it (launcher, workers' imports, first ring), from a
+    checked ``--speed-profile``'s ``start_s`` entries."""
+    return {str(t): float(sizes["start_s"]) for t, sizes in profile.items()
+            if isinstance(sizes, Mapping) and "start_s" in sizes}
 
 
 def _size_model(points) -> Optional[Callable[[int], float]]:

@@ -108,9 +108,11 @@ class TypedPolicy(Policy):
         g = Goal.from_dict(dict(j.goal))
         remaining = max(0.0, g.samples - float(j.goal.get("done_samples") or 0.0))
         speed = j.speed_of or (lambda t, n: None)
+        per_type = j.goal.get("start_s") if start_s == self._start_s else None
+        start = dict(per_type, **{"*": start_s}) if isinstance(per_type, dict) else start_s
         return choose(g, remaining, speed, offers, snap.now, j.min_np, j.max_np,
                       spent_usd=j.spent_usd, commit_s=self.commit_s, switch_s=self._switch_s,
-                      start_s=start_s, notice=self.notice)
+                      start_s=start, notice=self.notice)
 
     def _take(self, free, klass, k: Klass, n: int, prefer=()) -> Optional[Dict[str, int]]:
         sub = {h: free[h] for h in free if klass[h] == k and free[h] > 0}

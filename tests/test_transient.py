@@ -155,6 +155,15 @@ def test_typed_policy_places_objectives_by_choice_and_others_by_gain_per_type():
     assert "cheapest" in policy.explain("j1")
     assert alloc["j3"] == {"f1": 2}  # gains 3x from fast: gets it before j2 (1.5x)
     assert set(alloc["j2"]) <= {"s1", "s2"}
+    # s1 revoked under j1 (it ran there): j1 is placed again in the same round, first (its
+    # deadline needs the fast slot now), before a job that arrived meanwhile
+    j1 = JobView("j1", 1.0, 2, 1, 2, goal=goal, speed_of=_speed, started=True)
+    j4 = JobView("j4", 4.0, 1, 1, 1, goal=goal, speed_of=_speed)
+    snap = Snapshot(1e9, {"f1": 1, "s2": 1}, (j4, j1), hosts=hosts)
+    alloc = policy.allocate(snap)
+    check_allocation(snap, alloc)
+    assert alloc["j1"] == {"f1": 1} and policy.choices["j1"].fits, alloc
+    assert alloc["j4"] == {"s2": 1}, alloc
 
 
 # ---- real: a move on a notice, bad input ------------------------------------------------------

@@ -185,7 +185,8 @@ class Service:
             CLI + ["serve", "--host-discovery-script", f"cat {self.pool.path}",
                    "--discovery-interval", "0.3", *ssh, "--state-dir", str(self.state),
                    "--cluster-file", str(self.cluster), "--policy", policy, "--prices",
-                   str(prices), "--start-cost", f"{start_cost:.2f}", "--round", "2"]
+                   str(prices), "--start-cost", f"{start_cost:.2f}", "--round", "2",
+                   "--assume-gpus"]  # emulated GPUs: one a slot (no nvidia-smi probe by ssh)
             + (["--hold", "5"] if policy == "edl" else []),
             stdout=open(tmp / "serve.log", "w"), stderr=subprocess.STDOUT, cwd=str(ROOT))
         deadline = time.monotonic() + 60

@@ -4,18 +4,23 @@ placing jobs on types by what each gains from a type).
 
 Each round, in order:
 
-1. a running job keeps its slots (on hosts still in the pool), unless its objective is better
-   served elsewhere by more than :attr:`TypedPolicy.move_gain` (a stop-free move: its new
-   workers start, the old ones leave at their next commit);
-2. a waiting job with an objective (``submit --objective time|cost``) gets the type and number
+1. a running job keeps its slots (on hosts still in the pool);
+2. a job that ran and lost its hosts (a revocation, a drain) is placed first, in the same
+   round: its new workers start while the old ones finish their last commit (with a notice),
+   so it moves rather than stops;
+3. a waiting job with an objective (``submit --objective time|cost``) gets the type and number
    :func:`launcher.cluster.choice.choose` picks among the slots free now, grouped by (type,
    spot): soonest within its budget, or cheapest within its deadline, expected revocations
    counted; while its speed is unknown everywhere it starts at ``--np`` on the type with the
    most free slots, to be measured (and moved once that pays back);
-3. the other waiting jobs in the order of their gain from the fastest type over the slowest
+4. the other waiting jobs in the order of their gain from the fastest type over the slowest
    (their measured speeds per type; unknown: 1), so a job that gains 3x from an a100 over a
    t4 takes the a100 before one that gains 1.5x; each at ``--np`` on the fastest type with
-   room, else anywhere (a job never spans types unless no single type has room).
+   room, else anywhere (a job never spans types unless no single type has room);
+5. a running job with an objective moves (stop-free) to slots still free when that serves its
+   objective better by :attr:`TypedPolicy.move_gain` or more, counting the new workers' start
+   in full (pessimistic: the job trains on meanwhile), fits its budget or deadline (or its
+   current choice does not), and its last change is ``hold_s`` old.
 
 Pure: a function of the snapshot (its ``hosts`` give each host's type, price, risk); the
 choices of the last round are kept in :attr:`TypedPolicy.choices` (job id ->
@@ -41,18 +46,20 @@ class TypedPolicy(Policy):
         start_s: a job's start (launcher, imports, first ring), seconds (None: the
             snapshot's ``restart_cost_s``, ``serve --start-cost``).
         move_gain: the least relative gain (time or cost) that moves a running job.
-        notice: revocations come with a notice (no work lost)."""
+        notice: revocations come with a notice (no work lost).
+        hold_s: seconds after a job's last change before it may be moved."""
 
     name = "typed"
 
     def __init__(self, commit_s: float = 2.0, switch_s: Optional[float] = None,
                  start_s: Optional[float] = None, move_gain: float = 0.25,
-                 notice: bool = False):
+                 notice: bool = False, hold_s: float = 20.0):
         self.commit_s = commit_s
         self.switch_s = switch_s
         self.start_s = start_s
         self.move_gain = move_gain
         self.notice = notice
+        self.hold_s = hold_s
         self.choices: Dict[str, Prediction] = {}
         self._why: Dict[str, str] = {}
 
@@ -75,16 +82,19 @@ class TypedPolicy(Policy):
                 alloc[j.id] = held
                 for h, k in held.items():
                     free[h] -= k
-        for j in snap.jobs:
-            if j.id in alloc and j.goal:
-                self._maybe_move(snap, j, alloc, free, klass)
-        waiting = [j for j in snap.jobs if j.id not in alloc]
-        for j in [j for j in waiting if j.goal]:  # 2. objectives, in submission order
+        running = [j.id for j in snap.jobs if j.id in alloc]
+        waiting = sorted((j for j in snap.jobs if j.id not in alloc),  # 2. displaced first
+                         key=lambda j: (not j.started, j.submitted_at, j.id))
+        for j in [j for j in waiting if j.goal]:  # 3. objectives, in submission order
             self._place_goal(snap, j, alloc, free, klass)
-        rest = sorted((j for j in waiting if not j.goal),  # 3. by gain across types
-                      key=lambda j: (-j.priority, -_gain(j, klass), j.submitted_at, j.id))
+        rest = sorted((j for j in waiting if not j.goal),  # 4. by gain across types
+                      key=lambda j: (not j.started, -j.priority, -_gain(j, klass),
+                                     j.submitted_at, j.id))
         for j in rest:
             self._place_plain(j, alloc, free, klass)
+        for j in snap.jobs:  # 5. moves that pay back, on what is left
+            if j.id in running and j.goal and snap.now - j.last_change_at >= self.hold_s:
+                self._maybe_move(snap, j, alloc, free, klass)
         return alloc
 
     # ---- helpers --------------------------------------------------------------------------------
@@ -159,7 +169,7 @@ class TypedPolicy(Policy):
             return
         cur = predict(remaining, lambda k: j.speed_of(cur_k[0], k), n, mine[0],
                       self.commit_s, self._switch_s, 0.0, self.notice, j.spent_usd)
-        best = self._choose(snap, j, self._offers(snap, free, klass, held), self._switch_s)
+        best = self._choose(snap, j, self._offers(snap, free, klass, held), self._start_s)
         if cur is None or best is None:
             if best is not None:
                 self.choices[j.id] = best
@@ -170,7 +180,7 @@ class TypedPolicy(Policy):
                                          or cur.time_s <= g.deadline_at - snap.now))
         gain = better(g.objective, best, cur)
         if ((best.gpu_type, best.spot) == cur_k and best.n == n) or \
-                (fits_now and gain < self.move_gain) or (best.fits is False and fits_now):
+                gain < self.move_gain or (best.fits is False and fits_now):
             self.choices[j.id] = _keep(cur, best)
             return
         for h, k in held.items():  # give back, then take the new choice (prefer the same)

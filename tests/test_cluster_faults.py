@@ -411,3 +411,35 @@ def test_a_service_killed_right_after_a_decision_restarts_from_what_was_done(tmp
         if wrapper is not None:
             wrapper.terminate()
             wrapper.wait(30)
+
+
+def test_a_running_job_whose_hosts_leave_is_moved_not_said_resumed(tmp_path):
+    """A running job whose only host leaves the pool (a drain) and that the same round places
+    elsewhere is moved stop-free: the event says ``move`` (from the hosts its file gives it),
+    not ``resume`` (no run was stopped or started), and it is not counted as waiting."""
+    from launcher.cluster import pool as pool_
+    from launcher.cluster.policies import make_policy
+    from launcher.cluster.service import Service
+    from launcher.cluster.store import JobRecord
+    from launcher.discovery import FixedHosts
+    svc = Service(tmp_path / "state", FixedHosts({"a": 2, "b": 2}), make_policy("edl"),
+                  fixed_pool=True, assume_gpus=True)
+    svc.open()
+    try:
+        job = svc.store.add_job(JobRecord(id="", name="t", argv=["python", "t.py"], cwd="/",
+                                          env={}, np=2, min_np=1, max_np=2, priority=0,
+                                          checkpoint_dir="", state="running", run=1,
+                                          submitted_at=time.time()))
+        svc.store.update(job.id, allocation={"a": 2}, world_size=2)
+        svc.runs[job.id] = object()  # a live run (only its presence is read here)
+        svc.written[job.id] = {"a": 2}
+        svc.set_pool({"b": 2})
+        pool_.hosts_left(svc, ["a"])
+        svc._round()
+        events = [json.loads(x) for x in svc.events_path.read_text().splitlines()]
+        last = [e for e in events if e.get("job") == job.id][-1]
+        assert (last["kind"], last["hosts"], last["from"]) == ("move", {"b": 2}, {"a": 2}), last
+        assert not [e for e in events if e["kind"] == "resume"], events
+        assert job.id not in svc.waiting_since
+    finally:
+        svc.close()

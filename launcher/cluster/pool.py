@@ -63,7 +63,9 @@ def hosts_left(svc, gone: List[str]) -> None:
         new = {h: k for h, k in hosts.items() if h not in gone}
         kind = "shrink" if new else "preempt"
         reason = (f"{', '.join(sorted(lost))} left the pool: "
-                  f"{sum(hosts.values())} -> {sum(new.values())} slots")
+                  f"{sum(hosts.values())} -> {sum(new.values())} slots"
+                  + ("" if new else " (preempted unless this round places it elsewhere: a "
+                     "'move' event then)"))
         svc.store.update(job_id, allocation=new, last_change_at=time.time(),
                          reason=reason, event={"kind": kind, "reason": reason,
                                                "hosts": new, "from": hosts})

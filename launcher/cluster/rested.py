@@ -58,7 +58,7 @@ def clamp(svc, alloc: Dict[str, Dict[str, int]]) -> Dict[str, Dict[str, int]]:
     for job_id, hosts in alloc.items():
         number, caps = svc.caps.get(job_id, (None, {}))
         run = svc.runs.get(job_id)
-        if run is None or run.number != number:
+        if not caps or run is None or getattr(run, "number", None) != number:
             out[job_id] = hosts
             continue
         out[job_id] = {h: min(k, caps.get(h, k)) for h, k in hosts.items()

@@ -443,13 +443,17 @@ class Service:
                 "shrink" if n_new < n_old else "move"
             why = explain(view.id) if callable(explain) else None
             reason = why or _default_reason(kind, n_old, n_new, self.policy)
+            if not n_old and view.id in self.runs:  # its hosts left the pool in this very pass
+                kind, old = "move", dict(self.written.get(view.id, {}))  # it still runs there
+                reason = (f"{getattr(self.policy, 'name', 'policy')}: its hosts left the pool: "
+                          f"its run moves stop-free to {n_new} slots instead of a preemption")
             self.store.update(view.id, allocation=new, last_change_at=snap.now, reason=reason,
                               event={"kind": kind, "reason": reason, "hosts": new,
                                      "from": old})
             self.events.write({"at": snap.now, "job": view.id, "kind": kind, "reason": reason,
                                "hosts": new, "from": old})
             self.events.count(kind)
-            if n_new and not n_old:
+            if n_new and not n_old and view.id not in self.runs:
                 self.waiting_since.setdefault(view.id, time.monotonic())
 
 

@@ -61,3 +61,56 @@ def test_drain_with_a_deadline_and_an_announced_end_move_jobs_off_stop_free(serv
     r = svc.cli("drain", "nosuchhost")
     assert r.returncode == 2 and "unknown host 'nosuchhost'" in r.stderr, r.stderr
     assert_exactly_once(a1, 256)
+
+
+def test_a_job_with_no_ring_off_a_draining_host_is_stopped_before_the_deadline(tmp_path):
+    """``drain a --deadline 5`` (closer than LAST_RESORT_S): j1, whose only member is on ``a``
+    (its new worker on ``b`` still starting), is checkpointed and stopped now rather than lose
+    its workers when the machine goes (a ``drain_preempt`` event, its run's wrapper SIGTERMed);
+    j2, with a member on ``b``, is left to leave ``a`` at its next commit."""
+    from test_cluster_faults import _wrapper_run
+    from launcher.cluster import drains
+    from launcher.cluster.policies import make_policy
+    from launcher.cluster.runs import JobFiles, Run
+    from launcher.cluster.service import Service
+    from launcher.cluster.store import JobRecord
+    from launcher.discovery import FixedHosts
+    svc = Service(tmp_path / "state", FixedHosts({"a": 2, "b": 2}), make_policy("edl"),
+                  fixed_pool=True, assume_gpus=True)
+    svc.open()
+    wrappers = []
+    try:
+        ids = []
+        for _ in range(2):
+            job = svc.store.add_job(JobRecord(
+                id="", name="t", argv=["python", "t.py"], cwd="/", env={}, np=1, min_np=1,
+                max_np=2, priority=0, checkpoint_dir="", state="running", run=1,
+                submitted_at=time.time()))
+            files = JobFiles(svc.state_dir, job.id).make()
+            files.write_hosts({"a": 1})
+            wrappers.append(_wrapper_run(files, 1))
+            wait_for("the wrapper", lambda: Run(files, 1).probe()[0] == "alive", 30)
+            svc.store.update(job.id, allocation={"a": 1}, world_size=1)
+            svc.runs[job.id] = Run(files, 1)
+            svc.written[job.id] = {"a": 1}
+            svc.set_occupied(job.id, {"a": 1, "b": 1})
+            ids.append(job.id)
+        j1, j2 = ids
+        now = time.monotonic()
+        svc.telemetry[j1] = (now, {"workers": [{"host": "a", "slot": 0, "state": "member"},
+                                               {"host": "b", "slot": 0, "state": "pending"}]})
+        svc.telemetry[j2] = (now, {"workers": [{"host": "a", "slot": 0, "state": "member"},
+                                               {"host": "b", "slot": 0, "state": "member"}]})
+        drains.drain(svc, "a", deadline_s=5)
+        drains.check(svc)
+        assert svc.store.job(j1).stopping == "preempt"
+        assert svc.store.job(j2).stopping is None
+        assert [e["job"] for e in svc.store.events() if e["kind"] == "drain_preempt"] == [j1]
+        assert wrappers[0].wait(30) == 143  # its launcher SIGTERMed (128 + 15)
+        assert wrappers[1].poll() is None
+    finally:
+        svc.close()
+        for w in wrappers:
+            if w.poll() is None:
+                w.terminate()
+                w.wait(30)

@@ -280,6 +280,17 @@ def test_slots_its_launcher_rests_are_given_back_decision():
     exiting = rows + [{"host": "a", "slot": 2, "state": "leaving"}]
     assert given_back({"a": 3}, {"resting": {"a": [2]}, "workers": exiting}) == {}
     assert given_back({"a": 2}, {"workers": rows}) == {}
+    # the launcher's side: a failed worker's slot rests for good and is offered; a fenced one
+    # (its host cut off: its process may live on) is not, nor any slot of its host
+    from launcher.job.slot_book import SlotBook
+    book = SlotBook()
+    book.set_hosts({"a": 3, "b": 2})
+    book.record_failure("a", 2, 0.0, None)
+    book.record_failure("b", 1, 0.0, None)
+    assert book.resting_for_good() == {"a": [2], "b": [1]}
+    book.note_fenced("b", 0)
+    book.record_failure("b", 0, 0.0, None)
+    assert book.resting_for_good() == {"a": [2]}
 
 
 def test_a_slot_whose_joiner_failed_goes_back_to_the_pool(service, tmp_path):

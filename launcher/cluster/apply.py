@@ -163,8 +163,9 @@ def launch(svc, job: JobRecord, hosts: Dict[str, int], number: int,
                     wrapper_pid=run.proc.pid, **detail)
 
 
-def preempt(svc, job: JobRecord) -> None:
-    """Checkpoint (on a thread: it waits for rank 0's next commit) and SIGTERM the run."""
+def preempt(svc, job: JobRecord, wait_s: float = CHECKPOINT_WAIT_S) -> None:
+    """Checkpoint (on a thread: it waits for rank 0's next commit, at most ``wait_s`` seconds)
+    and SIGTERM the run."""
     svc.store.update(job.id, stopping="preempt",
                      event={"kind": "suspend", "reason": "preempted: checkpoint, then "
                             "SIGTERM; resumes from its checkpoint"})
@@ -176,8 +177,8 @@ def preempt(svc, job: JobRecord) -> None:
         try:
             from launcher.serve.control import ControlClient, ControlError
             try:
-                ControlClient(files.job_file, timeout_s=CHECKPOINT_WAIT_S + 5).call(
-                    "checkpoint", wait=CHECKPOINT_WAIT_S)
+                ControlClient(files.job_file, timeout_s=wait_s + 5).call(
+                    "checkpoint", wait=wait_s)
             except ControlError as e:
                 log.info("job %s: no checkpoint before the preemption: %s", job.id, e)
         finally:

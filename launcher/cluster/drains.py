@@ -12,6 +12,14 @@ host holds no job's process any more (``drained``, with the seconds to spare bef
 deadline) or that the deadline passed first (``drain_late``).  Drains survive a restart (the
 store's ``drains`` meta).
 
+A job left with no host but the draining ones that the policy places elsewhere is *moved*
+stop-free: its new workers start there and the old ones leave at the commit after they joined.
+That needs the new workers started (ssh, the interpreter, imports: seconds on an idle machine,
+tens of seconds on a loaded one); when :data:`LAST_RESORT_S` before the deadline the job still
+has no ring member off the draining hosts, it is checkpointed and stopped instead (a
+``drain_preempt`` event; the checkpoint waits at most until 3 s before the deadline) and resumes
+from that checkpoint later, rather than lose its workers when the machine goes.
+
 Each function takes the service explicitly (:class:`launcher.cluster.service.Service`).
 """
 from __future__ import annotations
@@ -20,7 +28,11 @@ import json
 import time
 from typing import Dict, Optional
 
+from launcher.cluster import apply
 from launcher.cluster import pool as pool_
+from launcher.cluster.runs import takes_part
+
+LAST_RESORT_S = 10.0  # this close to a drain's deadline a job with no ring elsewhere is stopped
 
 
 def load(svc) -> Dict[str, dict]:
@@ -99,7 +111,9 @@ def check(svc) -> None:
             svc.events.note(None, "drained", f"host {host} holds no job's process"
                             + (f", {spare} s before its deadline" if spare is not None else ""),
                             host=host, took_s=round(now - d["at"], 2), spare_s=spare)
-        elif deadline is not None and now > deadline and not d.get("late"):
+        elif deadline is not None and deadline - now <= LAST_RESORT_S and not d.get("late"):
+            last_resort(svc, host, held, deadline, now)
+        if held and deadline is not None and now > deadline and not d.get("late"):
             d["late"] = changed = True
             svc.events.note(None, "drain_late", f"host {host}'s deadline passed with "
                             f"{', '.join(held)} still there", host=host, jobs=held)
@@ -107,6 +121,25 @@ def check(svc) -> None:
         _save(svc)
         if set(svc.pool) & set(svc.drains):
             pool_.changed(svc, dict(svc.discovered))
+
+
+def last_resort(svc, host: str, held, deadline: float, now: float) -> None:
+    """``host``'s deadline is :data:`LAST_RESORT_S` away: each job of ``held`` (job ids with
+    processes there) that is running, not being stopped, and has no ring member on a host not
+    draining (its telemetry) is checkpointed and stopped (module docstring)."""
+    for job_id in held:
+        job = svc.store.job(job_id)
+        if job is None or job.stopping or job_id not in svc.runs:
+            continue
+        _, answer = svc.telemetry.get(job_id, (0.0, None))
+        elsewhere = [w for w in (answer or {}).get("workers", []) if takes_part(w)
+                     and w.get("state") == "member" and w.get("host") not in svc.drains]
+        if elsewhere:  # a ring off the host: its workers there leave at their next commit
+            continue
+        svc.events.note(job_id, "drain_preempt", f"{host}'s deadline is {deadline - now:.1f} s "
+                        f"away and the job has no ring member elsewhere yet: checkpointed and "
+                        f"stopped, it resumes later", host=host)
+        apply.preempt(svc, job, wait_s=max(1.0, deadline - now - 3.0))
 
 
 def _save(svc) -> None:

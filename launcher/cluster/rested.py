@@ -14,6 +14,11 @@ process has exited), by the same release as any shrink (:func:`launcher.cluster.
 allocated more slots on that host than it kept there (:func:`clamp`: its launcher would not use
 them).
 
+A worker *fenced* by its launcher (no heartbeat while its peers beat: its host frozen, gone or cut
+off the network) is not among them: its process may live on and hold its GPU, so its slot, and its
+host, stay the job's until the host rests as no job reaches it (:mod:`launcher.cluster.reach`,
+its cooldown covering the time the remote side needs to end the process).
+
 A host's slots are numbered from 0 in its allocation file, and a worker keeps its slot (its
 local rank, its GPU) for life, so only rested slots at the end of a host's range can leave the
 file without moving a live worker: a rested slot below a live one stays counted as the job's

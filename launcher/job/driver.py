@@ -852,6 +852,7 @@ class Driver:
         proc = self.procs.get(rec.worker_id)
         if proc is not None:
             proc.signal(signal.SIGKILL)
+        self.slots.note_fenced(rec.host, rec.slot)  # its process may live on: not given back
         self._record_failure(rec, -signal.SIGKILL)
         rec.fence_pending = False  # its slot rests (or its host is out): no longer held
         self.wake.set()

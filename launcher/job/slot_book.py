@@ -49,6 +49,7 @@ class SlotBook:
         self._gpus: Dict[str, Tuple[str, ...]] = {}  # host -> the GPU of each slot (gpus=)
         self._ends: Dict[str, float] = {}  # host -> its announced end (ends=), unix seconds
         self._cooldown: Dict[Tuple[str, int], float] = {}
+        self._fenced: Set[Tuple[str, int]] = set()  # slots whose worker was fenced, not seen exit
         self._failures: Dict[str, List[float]] = {}
         self._blacklist: Dict[str, float] = {}
         self._blacklist_count: Dict[str, int] = {}  # blacklistings per host (Horovod's rule)
@@ -181,14 +182,24 @@ class SlotBook:
         with self._lock:
             return sorted(h for h, t in self._blacklist.items() if t > now)
 
+    def note_fenced(self, host: str, slot: int) -> None:
+        """The worker on ``host``:``slot`` was fenced (declared dead without an exit seen: its
+        host frozen, gone or cut off), so its process may still live and hold the slot's GPU:
+        :meth:`resting_for_good` never offers that slot (nor its host) back."""
+        with self._lock:
+            self._fenced.add((host, slot))
+
     def resting_for_good(self) -> Dict[str, List[int]]:
-        """host -> its listed slots that rest for the rest of the job (a worker failed there and
-        no cooldown range was given, or the host is blacklisted for good), sorted: what the
-        cluster service gives back to its pool (``/ctl/telemetry``'s ``resting``)."""
+        """host -> its listed slots that rest for the rest of the job after a worker's exit
+        (a failure, no cooldown range given; or the host blacklisted for good), sorted: what the
+        cluster service gives back to its pool (``/ctl/telemetry``'s ``resting``).  A fenced
+        worker's slot is left out, and so is every slot of its host (:meth:`note_fenced`)."""
         inf = float("inf")
         with self._lock:
             out: Dict[str, List[int]] = {}
             for host, n in self._hosts.items():
+                if any(h == host for h, _ in self._fenced):
+                    continue
                 if self._blacklist.get(host, 0.0) == inf:
                     out[host] = list(range(n))
                     continue

@@ -106,7 +106,7 @@ def test_a_job_with_no_ring_off_a_draining_host_is_stopped_before_the_deadline(t
         assert svc.store.job(j1).stopping == "preempt"
         assert svc.store.job(j2).stopping is None
         assert [e["job"] for e in svc.store.events() if e["kind"] == "drain_preempt"] == [j1]
-        assert wrappers[0].wait(30) == 143  # its launcher SIGTERMed (128 + 15)
+        assert wrappers[0].wait(90) == 143  # its launcher SIGTERMed (128 + 15)
         assert wrappers[1].poll() is None
     finally:
         svc.close()

@@ -158,9 +158,8 @@ def _configs(app, min_batch: int, max_batch: int, fixed: Optional[int],
         cands = gp.batch_candidates(n, min_batch, max_batch, app.min_local_bsz,
                                     app.max_local_bsz)
     b = np.array([c[0] for c in cands], float)
-    t = np.array([gp.step_seconds(*app.step_time(tuple(placement), c[1]), c[2]) for c in cands],
-                 float)
-    return b, t
+    st, sy = app.step_times(tuple(placement), [c[1] for c in cands])
+    return b, gp.step_seconds(st, sy, np.array([c[2] for c in cands], float))
 
 
 def batch_models(trace, adapts: bool = True, path: Optional[str] = None) -> Dict[str, BatchModel]:
@@ -188,3 +187,16 @@ def adaptive_sim_jobs(trace, adapts: bool = True, path: Optional[str] = None):
                           m.model.total_steps(m.b0), tj.num_replicas, 1, hi,
                           samples_per_step=m.b0, elastic=True, batch=m))
     return out
+
+
+def warm_profiles(host_slots: int = 4, max_gpus: int = 64, path: Optional[str] = None) -> None:
+    """Tabulate every application's candidate batches and step times at every compact placement
+    up to ``max_gpus`` (the profiles' interpolation, the simulator's stand-in for each job's own
+    throughput model, is slow per call: ~10 ms a placement).  Timing a policy's round after this
+    measures the policy, not the trace's interpolation."""
+    from launcher.cluster.policies.edl import compact_placement
+    from launcher.cluster.workload import applications
+    for app in applications(path).values():
+        for n in range(1, max_gpus + 1):
+            _configs(app, app.init_batch_size, max(app.validation), None,
+                     compact_placement(n, host_slots))

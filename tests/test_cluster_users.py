@@ -50,9 +50,10 @@ def wait_for(what, pred, timeout_s=60.0, explain=lambda: ""):
     raise AssertionError(f"timed out waiting for {what}\n{explain()}")
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def team():
-    """Two users (alice, bob), a folder every user can enter, a team install in it."""
+    """Two users (alice, bob), a folder every user can enter, a team install in it (made once
+    for this file's tests: each test works in folders of its own)."""
     try:
         users = TeamUsers(2)
     except UsersUnavailable as e:
@@ -68,9 +69,9 @@ def team():
 
 
 def _home_work(user, shared: Path) -> Path:
-    """A folder of ``user``'s own under ``shared``, with the job script."""
-    work = shared / user.name
-    work.mkdir(mode=0o755)
+    """A new folder of ``user``'s own under ``shared``, with the job script."""
+    work = Path(tempfile.mkdtemp(prefix=user.name + "-", dir=shared))
+    os.chmod(work, 0o755)
     (work / "job.py").write_text(JOB)
     (work / "out").mkdir()
     for p in (work, work / "job.py", work / "out"):
@@ -125,6 +126,10 @@ def test_a_service_of_an_ordinary_user_refuses_the_others(team):
         r = _cli(alice, bin_dir, cluster, "submit", "--np", "1", "--", "/bin/true")
         assert r.returncode == 0, r.stderr
         second = r.stdout.strip().splitlines()[-1]
+        if closed:   # a job whose interpreter its user cannot run is refused at once
+            r = _cli(alice, bin_dir, cluster, "submit", "--", sys.executable, "job.py",
+                     cwd=str(work))
+            assert r.returncode == 2 and f"{alice.name} cannot run it" in r.stderr, r
         r = _cli(bob, bin_dir, cluster, "submit", "--np", "1", "--", "/bin/true")
         assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r
         assert f"runs as {alice.name}: only {alice.name} may submit" in r.stderr, r.stderr
@@ -156,7 +161,8 @@ def test_root_service_runs_each_job_as_its_user_locally_and_over_ssh(team):
     runs as alice on both (its launcher, the local worker, the worker over ssh with her own
     key), with the environment she submitted from; its folder and log are hers; bob sees it in
     status, but cancelling it or reading its logs is refused (one line, exit 1); alice reads
-    her own logs; the job's GPUs (--assume-gpus) are one per worker."""
+    her own logs; the job's GPUs (--assume-gpus) are one per worker.  A client on another
+    machine is refused in one line; so is bob's job with alice's private script."""
     (alice, bob), shared, bin_dir = team
     try:
         c = Cluster(hosts=1)
@@ -165,17 +171,19 @@ def test_root_service_runs_each_job_as_its_user_locally_and_over_ssh(team):
     with c:
         c.authorize(alice.name, alice.public_key())
         work = _home_work(alice, shared)
-        state, cluster = shared / "state", shared / "cluster.json"
-        log = open(shared / "serve.log", "w")
+        state = shared / f"state-{work.name}"   # root's, beside the users' folders
+        cluster = shared / f"cluster-{work.name}.json"
+        log = open(work / "serve.log", "w")
         serve = c.popen("launcher", [
             str(bin_dir / "python"), "-m", "launcher.cluster.cli", "serve", "-H",
             "localhost:1,h1:1", "-i", c.identity_file, "--network-interface", c.nic,
-            "--assume-gpus", "--policy", "fifo", "--state-dir", str(state), "--cluster-file",
+            "--assume-gpus", "--policy", "fifo", "--bind-address", "0.0.0.0",
+            "--state-dir", str(state), "--cluster-file",
             str(cluster)], stdout=log, stderr=subprocess.STDOUT, cwd="/")
         where = (c, "launcher")
         try:
             wait_for("the service", lambda: cluster.exists() or serve.poll() is not None, 60)
-            assert serve.poll() is None, (shared / "serve.log").read_text()
+            assert serve.poll() is None, (work / "serve.log").read_text()
             r = _cli(alice, bin_dir, cluster, "submit", "--np", "2", "--",
                      str(bin_dir / "python"), "job.py", str(work / "out"), str(work / "gate"),
                      where=where, cwd=str(work), TEAM_MARK="from-alice's-shell")
@@ -184,7 +192,7 @@ def test_root_service_runs_each_job_as_its_user_locally_and_over_ssh(team):
             folder = state / "jobs" / job
 
             def explain():
-                return (shared / "serve.log").read_text()[-2000:] + "".join(
+                return (work / "serve.log").read_text()[-2000:] + "".join(
                     p.read_text()[-2000:] for p in folder.glob("run*.log"))
             recs = wait_for("both workers' records", lambda: (
                 lambda f: f if len(f) == 2 else None)(list((work / "out").glob("*.json"))),
@@ -195,6 +203,7 @@ def test_root_service_runs_each_job_as_its_user_locally_and_over_ssh(team):
             assert {r["mark"] for r in seen} == {"from-alice's-shell"}, seen
             assert {r["home"] for r in seen} == {str(alice.home)}, seen
             assert all(r["size"] == 2 for r in seen), seen
+            assert [r["gpus"] for r in seen] == ["0", "0"], seen  # each its host's one GPU
             # the launcher (the job file names it) and everything of the run: alice's
             launcher_pid = json.loads((folder / "job.json").read_text())["pid"]
             assert psutil.Process(launcher_pid).uids().real == alice.uid
@@ -214,14 +223,29 @@ def test_root_service_runs_each_job_as_its_user_locally_and_over_ssh(team):
                 lambda r: r if r.stdout.count("runs as uid") == 2 else None)(
                     _cli(alice, bin_dir, cluster, "logs", job, where=where)), 30, explain)
             assert r.returncode == 0 and f"runs as uid {alice.uid} on h1" in r.stdout, r
-            # a job that could not start as its user is refused at submit, in one line
+            # a job that could not start as its user is refused at submit, in one line: bob
+            # cannot read alice's private script (root, who checks, could)
+            private = work / "private.py"
+            private.write_text("print('mine')\n")
+            os.chown(private, alice.uid, alice.gid)
+            private.chmod(0o600)
             r = _cli(bob, bin_dir, cluster, "submit", "--", str(bin_dir / "python"),
-                     str(work / "missing.py"), where=where, cwd="/")
-            assert r.returncode == 2 and "no such file" in r.stderr, r
+                     str(private), where=where, cwd="/")
+            assert r.returncode == 2 and f"not a readable file (for {bob.name})" in r.stderr, r
+            # a caller on another machine (h1 to the service's address): the kernel cannot
+            # name it, so it is refused in one line (no secret to fall back on)
+            url = json.loads(cluster.read_text())["url"]
+            remote = work / "remote.json"
+            remote.write_text(json.dumps({"url": url.replace("0.0.0.0", c.launcher.addr)}))
+            r = subprocess.run(c.exec_argv("h1", [str(bin_dir / "hvd-edl-cluster"), "--cluster",
+                                                  str(remote), "status"]),
+                               capture_output=True, text=True, timeout=60, cwd="/")
+            assert r.returncode == 1 and "only processes on its own host" in r.stderr, r
+            assert len(r.stderr.strip().splitlines()) == 1, r.stderr
             (work / "gate").touch()
-            wait_for(f"{job} done", lambda: json.loads(_cli(
-                alice, bin_dir, cluster, "status", job, "--json", where=where).stdout)
-                ["jobs"][0]["state"] == "done", 60, explain)
+            wait_for(f"{job}'s run to end", lambda: (folder / "run1.exit").exists(), 60,
+                     explain)
+            assert json.loads((folder / "run1.exit").read_text())["exit_code"] == 0
         finally:
             (work / "gate").touch()
             serve.terminate()

@@ -4,6 +4,7 @@ each worker's own environment (``/proc/PID/environ``: ``CUDA_VISIBLE_DEVICES`` a
 it.  Used by tests/test_cluster_gpus.py and benchmarks/cluster/gpu_placement.py."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -58,9 +59,13 @@ class GpuSampler:
                     continue
                 gpu = devices.split(",")[int(env["HOROVOD_LOCAL_RANK"])]
                 try:
-                    launcher = psutil.Process(pid).ppid()
-                except psutil.NoSuchProcess:
+                    proc = psutil.Process(pid)
+                    launcher, cmd = proc.ppid(), proc.cmdline()
+                except psutil.Error:
                     continue
+                if cmd and os.path.basename(cmd[0]) == "ssh":
+                    continue  # the launcher's ssh client of a remote worker: its environment,
+                    # no GPU (the worker on the remote host is sampled itself)
                 key = (launcher, env["HVD_EDL_WORKER_ID"])
                 sample[pid] = (launcher, key[1], gpu)
                 self.hosts[pid] = env.get("HOROVOD_HOSTNAME", "")

@@ -268,6 +268,11 @@ def submit(a, client) -> int:
     if not lo <= np_ <= hi:
         return _fail(f"--np {np_} must lie within [--min-np {lo}, --max-np {hi}]")
     if not shutil.which(command[0]):
+        if "/" in command[0] and os.path.lexists(command[0]):
+            import getpass
+            return _fail(f"training command {command[0]!r}: {getpass.getuser()} cannot run it "
+                         f"(an interpreter under another user's home? docs/cluster.md, "
+                         f"'A team's head host')")
         return _fail(f"training command {command[0]!r} not found (not an executable file or "
                      f"on PATH)")
     from launcher.cluster.runs import environment

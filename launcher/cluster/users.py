@@ -103,7 +103,9 @@ def may_operate(caller: User, what: str) -> None:
         Refusal: anyone else.
     """
     if not is_operator(caller.uid):
-        raise Refusal(f"only root or {service_user().name} (who runs the service) may {what}")
+        owner = service_user().name
+        raise Refusal(f"only root may {what}" if owner == "root" else
+                      f"only root or {owner} (who runs the service) may {what}")
 
 
 def runs_as_other(job_uid: Optional[int]) -> bool:

@@ -90,29 +90,37 @@ def start_costs(profile: Mapping[str, Mapping[str, float]]) -> Dict[str, float]:
 
 
 def _size_model(points) -> Optional[Callable[[int], float]]:
-    """samples/s by size from one type's points: the speed model with two sizes or more, else
-    linear per slot from the newest point."""
+    """samples/s by size from one type's points: the speed model when three sizes or more were
+    measured with step times (its fit needs them; scikit-learn is imported only then), else the
+    newest point at each size, linear between sizes and per worker beyond them."""
     if not points:
         return None
-    if len({p["world_size"] for p in points}) >= 2:
+    measured = [p for p in points if p.get("step_s")]
+    if len({p["world_size"] for p in measured}) >= 3:
         from launcher.apps.speed_model import ProfilePoint, SpeedModel
         try:
-            model = SpeedModel().fit([ProfilePoint.from_dict(p) for p in points])
+            model = SpeedModel().fit([ProfilePoint.from_dict(p) for p in measured])
             return lambda n: model.samples_per_s(n) if n > 0 else 0.0
         except (ValueError, RuntimeError, KeyError, TypeError):
             pass
-    # the newest point at each size; with several sizes and no model: the nearest size's
     newest: Dict[int, dict] = {}
     for p in points:
         if p["world_size"] not in newest or p["at"] >= newest[p["world_size"]]["at"]:
             newest[p["world_size"]] = p
+    sizes = sorted(newest)
+    thr = {k: newest[k]["samples_per_s"] for k in sizes}
 
-    def linear(n: int) -> float:
-        if n in newest:
-            return newest[n]["samples_per_s"]
-        near = min(newest, key=lambda k: (abs(k - n), -k))
-        return newest[near]["samples_per_s"] / near * n
-    return linear
+    def interpolated(n: int) -> float:
+        if n in thr:
+            return thr[n]
+        if n < sizes[0]:
+            return thr[sizes[0]] / sizes[0] * n
+        if n > sizes[-1]:
+            return thr[sizes[-1]] / sizes[-1] * n
+        lo = max(k for k in sizes if k < n)
+        hi = min(k for k in sizes if k > n)
+        return thr[lo] + (thr[hi] - thr[lo]) * (n - lo) / (hi - lo)
+    return interpolated
 
 
 def typed_speed(speed: Dict[str, dict], tflops: Optional[Mapping[str, float]] = None

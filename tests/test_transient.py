@@ -208,6 +208,21 @@ def test_bad_input_is_one_line_exit_2(service, tmp_path):
         assert r.returncode == 2 and says in r.stderr, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert svc.jobs() == {}  # nothing queued by a refused submit
+    # the same on hvd-edl-run --autoscale time|cost (a typed --hostfile)
+    bad_profile = tmp_path / "bad_profile.json"
+    bad_profile.write_text(json.dumps({"v100": {"1": 10}}))
+    run = [sys.executable, "-m", "launcher.cli", "--min-np", "1", "--max-np", "2"]
+    for args, says in [(["--hostfile", str(pool), "--autoscale", "cost", "--samples", "100",
+                         "--speed-profile", str(profile), "--deadline", "-1"],
+                        "--deadline -1 is already past"),
+                       (["--hostfile", str(pool), "--autoscale", "time", "--samples", "100",
+                         "--speed-profile", str(bad_profile)], "unknown GPU type 'v100'"),
+                       (["--hostfile", str(bad_pool), "--autoscale", "time", "--samples",
+                         "100"], "price= needs a price")]:
+        r = subprocess.run(run + args + ["--", sys.executable, "-c", "pass"],
+                           capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+        assert r.returncode == 2 and says in r.stderr, (args, r.stderr)
+        assert r.stderr.strip().splitlines()[-1].startswith("hvd-edl-run: error:"), r.stderr
 
 
 def test_a_notice_moves_the_job_off_its_spot_host_with_no_work_lost(service, tmp_path):

@@ -282,7 +282,7 @@ def stop_jobs(svc: Service) -> None:
         run.stop(signal.SIGTERM)
 
 
-def stream(n_jobs: int, profile: dict, start_s: float, seed: int = 42) -> list:
+def stream(n_jobs: int, profile: dict, seed: int = 42) -> list:
     """[(name, samples, submit args)]: alternating time-with-budget and cost-with-deadline
     jobs whose limits fall between the types' predictions (so both get chosen)."""
     import random
@@ -290,12 +290,12 @@ def stream(n_jobs: int, profile: dict, start_s: float, seed: int = 42) -> list:
     out = []
     for i in range(n_jobs):
         samples = DATASET * rng.choice((10, 14, 18))
-        fast2 = start_s + samples / profile["fast"]["2"]
-        slow2 = start_s + samples / profile["slow"]["2"]
+        fast2 = profile["fast"]["start_s"] + samples / profile["fast"]["2"]
+        slow2 = profile["slow"]["start_s"] + samples / profile["slow"]["2"]
         if i % 2 == 0:   # time within a budget: between slow x 2's and fast x 2's cost
             lo = 0.91 * 2 * slow2 / 3600
             hi = 3.06 * 2 * fast2 / 3600
-            budget = lo + (hi - lo) * rng.choice((0.3, 1.2))
+            budget = lo + (hi - lo) * rng.choice((0.3, 1.1))
             out.append((f"t{i}", samples, ["--objective", "time", "--budget", f"{budget:.6f}"]))
         else:            # cost within a deadline: between fast x 2's and slow x 2's time
             deadline = fast2 + (slow2 - fast2) * rng.choice((0.5, 1.5)) + 30
@@ -304,35 +304,59 @@ def stream(n_jobs: int, profile: dict, start_s: float, seed: int = 42) -> list:
     return out
 
 
+def busiest_spot(svc: Service, default: str, but: str = "") -> str:
+    """The spot host holding the most recently started running job (the most work left to
+    lose), else ``default``."""
+    try:
+        st = svc.call("status")
+    except Exception:  # noqa: BLE001 - a busy service: revoke the default host
+        return default
+    started = {j["id"]: j["started_at"] or 0 for j in st["jobs"] if j["state"] == "running"}
+    best = None
+    for host, holders in st["holders"].items():
+        if TYPES.get(host) != "slow" or host == but:
+            continue
+        for jid, _ in holders:
+            if jid in started and (best is None or started[jid] > best[1]):
+                best = (host, started[jid])
+    return best[0] if best else default
+
+
 def revocations(svc: Service, t0: float, at_notice: float, at_cut: float, log: list) -> None:
-    """h4 revoked with a 30 s notice at ``at_notice``, h3 without one at ``at_cut`` (seconds
-    after t0); each back 20 s after it went."""
+    """A spot host revoked with a 30 s notice at ``at_notice`` and another without one at
+    ``at_cut`` (seconds after t0; each the spot host whose job started last, :func:`busiest_spot`);
+    each back 20 s after it went."""
     def at(t):
         wait = t0 + t - time.time()
         if wait > 0:
             time.sleep(wait)
     at(at_notice)
+    h = busiest_spot(svc, "h4")
     ends = time.time() + 30
-    svc.pool.lines["h4"] = svc.pool.lines["h4"] + f" ends={ends:.1f}"
+    line = svc.pool.lines[h]
+    svc.pool.lines[h] = line + f" ends={ends:.1f}"
     svc.pool.write()
-    log.append({"host": "h4", "notice_at_s": round(time.time() - t0, 2), "ends_in_s": 30})
+    log.append({"host": h, "notice": True, "notice_at_s": round(time.time() - t0, 2),
+                "ends_in_s": 30})
     at(ends - t0)
-    del svc.pool.lines["h4"]
+    del svc.pool.lines[h]
     svc.pool.write()
-    ask("cut", "h4")
+    ask("cut", h)
     log[-1]["revoked_at_s"] = round(time.time() - t0, 2)
     at(ends - t0 + 20)
-    ask("back", "h4")
-    svc.pool.lines["h4"] = "h4:1 type=slow spot"
+    ask("back", h)
+    svc.pool.lines[h] = line
     svc.pool.write()
     at(max(at_cut, ends - t0 + 25))
-    ask("cut", "h3")
-    del svc.pool.lines["h3"]
+    h2 = busiest_spot(svc, "h3" if h != "h3" else "h4")
+    line2 = svc.pool.lines[h2]
+    ask("cut", h2)
+    del svc.pool.lines[h2]
     svc.pool.write()
-    log.append({"host": "h3", "revoked_at_s": round(time.time() - t0, 2), "notice": False})
+    log.append({"host": h2, "notice": False, "revoked_at_s": round(time.time() - t0, 2)})
     at(time.time() - t0 + 20)
-    ask("back", "h3")
-    svc.pool.lines["h3"] = "h3:1 type=slow spot"
+    ask("back", h2)
+    svc.pool.lines[h2] = line2
     svc.pool.write()
 
 
@@ -410,7 +434,7 @@ def inner(a) -> int:
           f"{start_s:.1f} s (each: {', '.join(f'{s:.1f}' for s in starts)})", flush=True)
     profile_path = tmp / "profile.json"
     profile_path.write_text(json.dumps(profile))
-    jobs = stream(a.jobs, profile, start_s)
+    jobs = stream(a.jobs, profile)
     out = {"command": "sudo .venv/bin/python benchmarks/cluster/transient_real.py "
                       + " ".join(sys.argv[1:sys.argv.index("--inner")]),
            "machine": "2 cores shared with other sessions' work (loaded)",

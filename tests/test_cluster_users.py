@@ -250,3 +250,34 @@ def test_root_service_runs_each_job_as_its_user_locally_and_over_ssh(team):
             (work / "gate").touch()
             serve.terminate()
             serve.wait(30)
+
+
+def test_who_may_do_what_and_which_requests_are_refused(tmp_path):
+    """The rules of launcher/cluster/users.py and the server's request checks, without
+    processes: the job's user, root and the service's user may cancel or read the logs of a
+    job, nobody else (one line naming whose job it is); a Host header must be an IP address or
+    localhost; a cluster file that is a symbolic link or writable by others is refused."""
+    from launcher.cluster import cluster_file, users
+    from launcher.cluster.server import host_is_literal
+    me = users.service_user()
+    stranger = users.User(me.uid + 4242, "mallory", 4242, (4242,), "/")
+    owner = users.User(me.uid + 4243, "alice", 4243, (4243,), "/")
+    for caller in (owner, me, users.User.of_uid(0)):
+        users.may_manage(caller, "j1", "alice", owner.uid, "cancel")
+    with pytest.raises(users.Refusal) as e:
+        users.may_manage(stranger, "j1", "alice", owner.uid, "cancel")
+    assert str(e.value) == "job j1 is alice's: only alice (or root) may cancel it"
+    with pytest.raises(users.Refusal):
+        users.may_operate(stranger, "drain a host")
+    assert all(host_is_literal(h) for h in ("127.0.0.1:8080", "[::1]:80", "localhost:1",
+                                            "10.250.0.1"))
+    assert not any(host_is_literal(h) for h in ("evil.example:8080", "", "localhost.evil:1"))
+    good = cluster_file.write(tmp_path / "c.json", "http://127.0.0.1:1", "/state")
+    assert os.stat(good).st_mode & 0o777 == 0o644
+    assert cluster_file.read(good)["url"] == "http://127.0.0.1:1"
+    (tmp_path / "link.json").symlink_to(good)
+    with pytest.raises(cluster_file.ClusterFileError, match="symbolic link"):
+        cluster_file.read(tmp_path / "link.json")
+    os.chmod(good, 0o664)
+    with pytest.raises(cluster_file.ClusterFileError, match="writable by others"):
+        cluster_file.read(good)

@@ -54,10 +54,27 @@ def training_script(argv: Sequence[str]) -> Optional[str]:
     return next((a for a in argv[1:] if a.endswith(".py")), None)
 
 
-def checks(argv: Sequence[str], cwd: str, environ: Mapping[str, str]) -> List[Check]:
-    """What must hold for ``argv`` to start in ``cwd`` with ``environ`` (module docstring),
-    in order: the folder, the interpreter, its ``#!`` interpreter, the script, the service's
-    interpreter and its ``hvd-edl-run``.
+def readable_by(path: str, user: "users.User") -> bool:
+    """Whether ``user`` may read ``path`` by its mode bits (owner, group, others; ACLs not
+    consulted): the service reads a ``#!`` line for a user only from a file that user could
+    read, so that no line of a file of root's reaches a message."""
+    import stat
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    if st.st_uid == user.uid:
+        return bool(st.st_mode & stat.S_IRUSR)
+    if st.st_gid in user.groups:
+        return bool(st.st_mode & stat.S_IRGRP)
+    return bool(st.st_mode & stat.S_IROTH)
+
+
+def checks(argv: Sequence[str], cwd: str, environ: Mapping[str, str],
+           user: Optional["users.User"] = None) -> List[Check]:
+    """What must hold for ``argv`` to start in ``cwd`` with ``environ`` as ``user`` (None: the
+    service's) (module docstring), in order: the folder, the interpreter, its ``#!``
+    interpreter, the script, the service's interpreter and its ``hvd-edl-run``.
 
     Raises:
         NotRunnable: the interpreter is not on the ``PATH`` it was submitted with.
@@ -72,7 +89,7 @@ def checks(argv: Sequence[str], cwd: str, environ: Mapping[str, str]) -> List[Ch
         raise NotRunnable(f"training command {first!r} not found on the PATH it was submitted "
                           f"with")
     out.append(("-x", exe, "the training command"))
-    interp = shebang(exe)
+    interp = shebang(exe) if user is None or readable_by(exe, user) else None
     if interp:
         out.append(("-x", interp, f"the interpreter of {exe} (its #! line)"))
     script = training_script(argv)
@@ -133,14 +150,17 @@ def check(argv: Sequence[str], cwd: str, environ: Mapping[str, str],
     Raises:
         NotRunnable: the first check that fails, one line: what, which path, as whom.
     """
-    todo = checks(argv, cwd, environ)
     as_other = users.runs_as_other(uid)
+    todo = checks(argv, cwd, environ, users.User.of_uid(uid) if as_other else None)
     bad = _failed_as(uid, todo) if as_other else _failed_here(todo)
     if bad is None:
         return
     flag, path, what = todo[bad]
     who = users.User.of_uid(uid if as_other else os.geteuid()).name
-    if not os.path.lexists(path):
+    if as_other:  # what root sees here (does it exist?) is not this user's to learn
+        why = (f"no such file, or not a readable file (for {who})" if flag == "-r" else
+               f"no such file, or {who} cannot enter or run it")
+    elif not os.path.lexists(path):
         why = "no such file"
     elif flag == "-r":
         why = f"not a readable file (for {who})"

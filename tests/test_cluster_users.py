@@ -119,8 +119,10 @@ def test_a_service_of_an_ordinary_user_refuses_the_others(team):
                                out.read_text)
         assert os.stat(cluster).st_mode & 0o777 == 0o644
         assert "secret" not in json.loads(cluster.read_text())
+        # a worker that only waits (no torch to import: a cheaper start; cancelled below,
+        # well within the launcher's 120 s for a worker to register)
         r = _cli(alice, bin_dir, cluster, "submit", "--np", "1", "--", str(bin_dir / "python"),
-                 "job.py", str(work / "out"), str(work / "gate"), cwd=str(work))
+                 "-c", "import time; time.sleep(120)", cwd=str(work))
         assert r.returncode == 0, r.stderr
         job = r.stdout.strip().splitlines()[-1]
         r = _cli(alice, bin_dir, cluster, "submit", "--np", "1", "--", "/bin/true")

@@ -221,7 +221,13 @@ def plot(path: Path, table: dict, loads, timelines: dict) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--setting" in argv and argv[argv.index("--setting") + 1:][:1] == ["sia"]:
+        from sia_setting import main as sia_main     # Sia's heterogeneous setting (issue 42)
+        return sia_main(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--setting", default="pollux", choices=["pollux", "sia"],
+                    help="sia: Sia's heterogeneous cluster (benchmarks/cluster/sia_setting.py)")
     ap.add_argument("--workloads", default="1-8", help="workload indices, e.g. 1-8 or 1,3")
     ap.add_argument("--loads", default=",".join(LOADS))
     ap.add_argument("--out", default=None, help="default benchmarks/results/scheduler_sim.json "

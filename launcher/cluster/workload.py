@@ -78,19 +78,24 @@ class Application:
         folder: ``traces/<application>`` of the data folder.
         epochs: epochs a job trains for (:data:`EPOCHS`).
         max_local_bsz: largest local batch per GPU (default: the largest profiled).
+        profile: a suffix of the profile files, ``placements<profile>.csv`` (Sia's per-type
+            profiles: ``-aws``, ``-rtx``, ``-dgx-ext``).
+        validation: the folder of the validation runs (default ``folder``).
     """
 
-    def __init__(self, folder: Path, epochs: int, max_local_bsz: Optional[int] = None):
+    def __init__(self, folder: Path, epochs: int, max_local_bsz: Optional[int] = None,
+                 profile: str = "", validation: Optional[Path] = None):
         self.name = folder.name
+        self.profile = profile
         self.epochs = epochs
         self.validation: Dict[int, List[Dict[str, float]]] = {}
-        for p in sorted(folder.glob("validation-*.csv")):
+        for p in sorted((validation or folder).glob("validation-*.csv")):
             b = int(p.stem.split("-")[-1])
             self.validation[b] = [{k: float(v) for k, v in r.items()} for r in _read_csv(p)]
         self.validation = dict(sorted(self.validation.items()))
         self._placements: Dict[str, List[Tuple[float, float, float]]] = {}
         self._points: Dict[Tuple[int, int, float], List[Tuple[float, float]]] = {}
-        for r in _read_csv(folder / "placements.csv"):
+        for r in _read_csv(folder / f"placements{profile}.csv"):
             key = r["placement"]
             bsz, st, sy = float(r["local_bsz"]), float(r["step_time"]), float(r["sync_time"])
             self._placements.setdefault(key, []).append((bsz, st, sy))
@@ -98,7 +103,7 @@ class Application:
             self._points.setdefault((len(digits), sum(digits), bsz), []).append((st, sy))
         for rows in self._placements.values():
             rows.sort()
-        for r in _read_csv(folder / "scalability.csv"):
+        for r in _read_csv(folder / f"scalability{profile}.csv"):
             self._points.setdefault((int(r["num_nodes"]), int(r["num_replicas"]),
                                      float(r["local_bsz"])), []).append(
                 (float(r["step_time"]), float(r["sync_time"])))

@@ -1,0 +1,65 @@
+"""The heterogeneity-aware goodput policy (issue 42 s4) on a tiny stream: a job gaining 3x from an
+a100 over a t4 gets an a100 before jobs gaining 1.5x; moves only when they pay their stall; the
+packing keeps partial allocations on one node."""
+from launcher.cluster.hetero_sim import Alloc, Costs, SimJobState, pack, placement, sizes
+from launcher.cluster.policies.hetero_goodput import choose, hetero_goodput_policy
+
+
+class _PM:
+    end = 1000.0
+    bounds = [0.0, 1000.0]
+
+    def epoch(self, progress):
+        return 0
+
+
+class _Prof:
+    """Progress per second 1.0 on a t4 / rtx and ``gain`` on an a100, one GPU only."""
+
+    def __init__(self, gains):
+        self.gains = gains
+        self.progress = {app: _PM() for app in gains}
+
+    def best(self, app, t, n, e):
+        if n != 1:
+            return (0.0, 0)
+        return (self.gains[app] if t == "a100" else 1.0, 64)
+
+
+def _jobs(n_slow):
+    jobs = [SimJobState("fast", "fast", 0.0, 1, 64)]
+    jobs += [SimJobState(f"slow{i}", "slow", 0.0, 1, 64) for i in range(n_slow)]
+    return jobs
+
+
+def test_a100_goes_to_the_larger_gain_first():
+    prof = _Prof({"fast": 3.0, "slow": 1.5})
+    want = choose(_jobs(16), prof, Costs("stop_free", 5.0, 0.5, 5.0))   # 17 jobs, 16 a100s
+    assert want["fast"] == ("a100", 1)
+    on_a100 = [k for k, v in want.items() if v[0] == "a100"]
+    assert len(on_a100) == 16 and len(want) == 17
+    # the one slow job left off the a100s runs on a t4 or an rtx
+    assert sum(1 for v in want.values() if v[0] != "a100") == 1
+
+
+def test_move_only_when_it_pays_its_stall():
+    prof = _Prof({"fast": 1.02, "slow": 1.0})
+    j = SimJobState("fast", "fast", 0.0, 1, 64, progress=999.0, alloc=Alloc("t4", 1, -1))
+    # 1 unit left: an a100 saves 0.02 s, less than a 50 s restart or a 0.5 s switch: stays
+    assert choose([j], prof, Costs("restart"))["fast"] == ("t4", 1)
+    assert choose([j], prof, Costs("stop_free", 5.0, 0.5, 5.0))["fast"] == ("t4", 1)
+    j.progress = 0.0          # 1000 units left: 20 s saved pays a 0.5 s switch, not 50 s
+    assert choose([j], prof, Costs("stop_free", 5.0, 0.5, 5.0))["fast"] == ("a100", 1)
+    assert choose([j], prof, Costs("restart"))["fast"] == ("t4", 1)
+
+
+def test_pack_partial_on_one_node_whole_nodes_above():
+    assert placement("t4", 3) == (3,) and placement("rtx", 16) == (8, 8)
+    assert sizes("a100") == [1, 2, 3, 4, 5, 6, 7, 8, 16]
+    got = pack([("a", Alloc("a100", 16)), ("b", Alloc("a100", 1))])
+    assert list(got) == ["a"]                      # no room left on the two a100 nodes
+    got = pack([("a", Alloc("t4", 3)), ("b", Alloc("t4", 3)), ("c", Alloc("t4", 20))])
+    assert list(got) == ["a", "b"]                 # 20 = 5 whole nodes: only 4 left whole
+    pol = hetero_goodput_policy(Costs("restart"))
+    out = pol(0.0, _jobs(2), _Prof({"fast": 3.0, "slow": 1.5}))
+    assert {k: v.gpu_type for k, v in out.items()}["fast"] == "a100"

@@ -225,3 +225,44 @@ def test_goodput_beats_the_fixed_batch_on_a_small_stream():
     adapt = simulate(adaptive_sim_jobs(trace), pool_of(4, 4), make_policy("goodput"), **costs)
     assert adapt.avg_jct_s < 0.9 * fixed.avg_jct_s           # 568 s against 655 s
     assert all(math.isfinite(r.jct_s) for r in adapt.jobs.values())
+
+
+# -- the live service's view of a job that adapts its batch ----------------------------------------
+def _answer(gen, world, local, accum, compute, wait, batch, noise=True):
+    return {"job": {"generation": gen, "world_size": world, "compute_s": compute, "wait_s": wait},
+            "workers": [{"rank": r, "host": f"h{r // 4}"} for r in range(world)],
+            "gradient_noise": {"sqr": 1.0, "var": 640.0, "noise_scale_samples": 640.0,
+                               "batch": batch, "step": 10} if noise else None,
+            "adaptive_batch": {"batch": batch, "local_batch": local, "accumulation": accum,
+                               "world_size": world, "base_batch": 64, "min_batch": 64,
+                               "max_batch": 4096, "max_local_batch": 256}}
+
+
+def test_service_learns_a_jobs_goodput_from_its_telemetry_and_the_policy_passes_a_batch():
+    from launcher.apps.batch_goodput import SETTLE_S
+    from launcher.cluster.job_goodput import JobGoodput
+    m = JobGoodput()
+    assert m.view() is None                                    # nothing seen yet
+    t = 0.0
+    for gen, world, local in ((1, 1, 64), (2, 2, 64), (3, 4, 32)):
+        m.observe(_answer(gen, world, local, 1, 0.001 * local + 0.002, 0.01 * (world > 1), 64), t)
+        assert m.view() is None or gen > 1                     # a new generation: not steady
+        t += SETTLE_S + 1
+        m.observe(_answer(gen, world, local, 1, 0.001 * local + 0.002, 0.01 * (world > 1), 64), t)
+        t += 1
+    v = m.view()
+    assert v is not None and v.adapts and v.batch == 64 and v.base_batch == 64
+    assert v.var == pytest.approx(640.0 / 64)                  # per sample -> at B0
+    # noise scale 640 samples: at 4 GPUs a batch well above 64 pays
+    g4, b4 = v.best((4,))
+    assert b4 > 64 and g4 > v.at((4,), 64)
+    view = JobView(id="j", submitted_at=0.0, np=4, min_np=1, max_np=8, allocation={"a": 4},
+                   started=True, last_change_at=0.0, throughput=v.speed, goodput=v)
+    snap = Snapshot(now=1000.0, pool={"a": 4}, jobs=(view,), change_cost_s=0.6)
+    pol = make_policy("goodput")
+    alloc = pol.allocate(snap)
+    assert alloc == {"j": {"a": 4}} and pol.batch_sizes(snap, alloc) == {"j": b4}
+    # a script that did not opt in reports no adaptive batch: no view, its batch is its own
+    other = JobGoodput()
+    other.observe({"job": {"generation": 1}, "adaptive_batch": None}, 0.0)
+    assert other.view() is None

@@ -78,8 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "nvidia-smi (hosts without it, tests on CPU machines); by default a "
                         "host's GPUs are its line's gpus= or what nvidia-smi there reports, and "
                         "a host without GPUs has CPU slots")
-    s.add_argument("--policy", choices=("edl", "tiresias", "fifo", "typed"), default="edl",
-                   help="edl: elastic (lend idle slots, take them back stop-free); tiresias: "
+    s.add_argument("--policy", choices=("edl", "tiresias", "fifo", "typed", "goodput"),
+                   default="edl",
+                   help="edl: elastic (lend idle slots, take them back stop-free); goodput: edl "
+                        "judging jobs that adapt their batch by goodput and passing each its "
+                        "best batch (docs/cluster.md); tiresias: "
                         "least attained service with preemption; fifo: gang-scheduled, first "
                         "come first served; typed: GPU types and prices, each job's --objective "
                         "(docs/transient.md) (default edl)")

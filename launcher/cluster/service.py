@@ -49,6 +49,7 @@ beside it, as functions that take the service explicitly (the event log: a small
 """
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -66,11 +67,14 @@ from launcher.cluster import pool as pool_
 from launcher.cluster import reach as reach_
 from launcher.cluster import speed as speed_
 from launcher.cluster.events import EventLog
+from launcher.cluster.job_goodput import JobGoodput
 from launcher.cluster.handlers import RequestError  # noqa: F401 - importable here as before
 from launcher.cluster.policy import (AllocationError, JobView, Policy, Snapshot,
                                      check_allocation)
 from launcher.cluster.runs import Run
 from launcher.cluster.store import Store, StoreError
+
+log = logging.getLogger(__name__)
 
 ROUND_S = 5.0            # a scheduling round at least this often
 BUSY_TICK_S = 0.05       # the loop's period while a change is being applied
@@ -150,6 +154,8 @@ class Service:
         self.caps: Dict[str, Tuple[int, Dict[str, int]]] = {}
         self.occupied: Dict[str, Dict[str, int]] = {}  # job id -> slots it still uses
         self.telemetry: Dict[str, Tuple[float, dict]] = {}  # job id -> (monotonic, answer)
+        self.goodput: Dict[str, JobGoodput] = {}  # job id -> its goodput model (adaptive batch)
+        self.batch_asked: Dict[Tuple[str, int], int] = {}  # (job, run) -> batch passed to it
         self.releasing: Dict[str, float] = {}    # job id -> when its shrink was written
         self.leftovers: Dict[str, "orphans.Drain"] = {}  # job id -> its ended run's processes
         self.reach = reach_.Reach()              # hosts no job reaches: they rest (a cooldown)
@@ -401,12 +407,15 @@ class Service:
                         pool[h] = max(0, pool[h] - k)
                 continue
             held = {h: k for h, k in allocs.get(job.id, {}).items() if h in self.pool}
+            model = self.goodput.get(job.id)
+            gview = model.view() if model is not None and job.id in self.runs else None
             views.append(JobView(
                 id=job.id, submitted_at=job.submitted_at, np=job.np, min_np=job.min_np,
                 max_np=job.max_np, priority=job.priority, allocation=held,
                 attained_gpu_s=job.attained_gpu_s, started=job.run > 0,
-                last_change_at=job.last_change_at, throughput=speed_.throughput(job.speed),
-                elastic=job.min_np < job.max_np, goal=job.goal or None,
+                last_change_at=job.last_change_at,
+                throughput=gview.speed if gview is not None else speed_.throughput(job.speed),
+                goodput=gview, elastic=job.min_np < job.max_np, goal=job.goal or None,
                 speed_of=speed_.typed_speed(job.speed, tflops), spent_usd=job.cost_usd,
                 user=job.user))
         per_user: Dict[str, float] = {}  # fair share: every job's service, ended ones too
@@ -432,6 +441,7 @@ class Service:
         self.waiting_reasons = reasons.waiting(snap, alloc, self.policy, sum(self.pool.values()))
         explain = getattr(self.policy, "explain", None)
         self._note_choices(snap)
+        self._pass_batches(snap, alloc)
         for view in snap.jobs:
             new = {h: k for h, k in alloc.get(view.id, {}).items() if k > 0}
             old = dict(view.allocation)
@@ -456,6 +466,29 @@ class Service:
             if n_new and not n_old and view.id not in self.runs:
                 self.waiting_since.setdefault(view.id, time.monotonic())
 
+
+    def _pass_batches(self, snap: Snapshot, alloc) -> None:
+        """Pass each running job that adapts its batch the global batch the policy chose with
+        its allocation (``Policy.batch_sizes``; Pollux's co-adaptation), through its control
+        API's ``/ctl/batch`` on a thread (the job applies it at its next switch, the allocation's
+        own when there is one); a batch already passed to this run is not passed again."""
+        for job_id, batch in self.policy.batch_sizes(snap, alloc).items():
+            run = self.runs.get(job_id)
+            if run is None or self.batch_asked.get((job_id, run.number)) == batch:
+                continue
+            self.batch_asked[(job_id, run.number)] = batch
+            self.events.write({"at": snap.now, "job": job_id, "kind": "batch", "batch": batch,
+                               "reason": f"{getattr(self.policy, 'name', 'policy')}: global "
+                                         f"batch {batch} (best goodput at its allocation)"})
+            job_file = run.files.job_file
+
+            def ask(job_id=job_id, job_file=job_file, batch=batch):
+                from launcher.serve.control import ControlClient, ControlError
+                try:
+                    ControlClient(job_file, timeout_s=5.0).call("batch", batch=batch)
+                except ControlError as e:
+                    log.info("job %s: batch %d not passed: %s", job_id, batch, e)
+            threading.Thread(target=ask, daemon=True).start()
 
     def _note_choices(self, snap: Snapshot) -> None:
         """Keep the policy's choice per job with an objective (``typed``: type, number,

@@ -19,6 +19,7 @@ import time
 from typing import Dict, Tuple
 
 from launcher.cluster import speed as speed_
+from launcher.cluster.job_goodput import JobGoodput
 
 TELEMETRY_BUSY_S = 0.05  # a job releasing slots is asked this often whether they are free
 TELEMETRY_IDLE_S = 1.0   # ... the others this often (speed points, world size)
@@ -50,6 +51,8 @@ def poll(svc) -> None:
                 continue
             svc.telemetry[job_id] = (asked, answer)
             speed_point(svc, steady, job_id, answer.get("job", {}))
+            if answer.get("adaptive_batch"):  # the script opted in: learn its goodput
+                svc.goodput.setdefault(job_id, JobGoodput()).observe(answer, asked)
             if job_id in svc.releasing:
                 svc.wake.set()
         time.sleep(TELEMETRY_BUSY_S if svc.releasing else 0.2)

@@ -125,18 +125,24 @@ def workload_jobs(load: str, i: int, jobs: str):
     return sim_jobs(trace, elastic=(jobs == "elastic"))
 
 
-def run_set(policy: str, load: str, workloads, jobs: str, **costs):
-    out = []
-    for i in workloads:
-        r = simulate(workload_jobs(load, i, jobs), pool_of(16, 4), make_policy(policy),
-                     timeline=True, **costs)
-        fair = finish_time_fairness(r, sim_jobs(load_workload(load, i), elastic=True), 64, 4,
-                                    costs.get("restart_cost_s", PUBLISHED_RESTART_S))
-        out.append({"workload": i, "avg_jct_s": r.avg_jct_s, "makespan_s": r.makespan_s,
-                    "utilisation": r.utilisation,
-                    "changes": sum(j.changes for j in r.jobs.values()),
-                    "batch_changes": sum(j.batch_changes for j in r.jobs.values()),
-                    "ftf_worst": fair["worst"], "ftf_median": fair["median"]})
+def run_one(policy: str, load: str, i: int, jobs: str, costs: dict) -> dict:
+    """One workload under one policy: average JCT, makespan, utilisation, changes, fairness."""
+    r = simulate(workload_jobs(load, i, jobs), pool_of(16, 4), make_policy(policy),
+                 timeline=True, **costs)
+    fair = finish_time_fairness(r, sim_jobs(load_workload(load, i), elastic=True), 64, 4,
+                                costs.get("restart_cost_s", PUBLISHED_RESTART_S))
+    return {"workload": i, "avg_jct_s": r.avg_jct_s, "makespan_s": r.makespan_s,
+            "utilisation": r.utilisation,
+            "changes": sum(j.changes for j in r.jobs.values()),
+            "batch_changes": sum(j.batch_changes for j in r.jobs.values()),
+            "ftf_worst": fair["worst"], "ftf_median": fair["median"]}
+
+
+def run_set(policy: str, load: str, workloads, jobs: str, pool=None, **costs):
+    """:func:`run_one` over ``workloads`` (in ``pool``'s processes when given), with means."""
+    args = [(policy, load, i, jobs, costs) for i in workloads]
+    out = list(pool.map(run_one, *zip(*args))) if pool is not None else \
+        [run_one(*a) for a in args]
     return {"runs": out,
             "mean_avg_jct_s": statistics.mean(x["avg_jct_s"] for x in out),
             "mean_makespan_s": statistics.mean(x["makespan_s"] for x in out),
@@ -240,6 +246,8 @@ def main(argv=None) -> int:
     ap.add_argument("--user-quota", type=int, default=48,
                     help="with --users: slots one user may hold in the quota runs")
     ap.add_argument("--no-scale", action="store_true", help="skip the 1,024-GPU round timing")
+    ap.add_argument("--procs", type=int, default=1,
+                    help="simulate the workloads in this many processes (default 1)")
     args = ap.parse_args(argv)
     try:
         traces_dir()
@@ -282,6 +290,10 @@ def main(argv=None) -> int:
                           Path(args.out or RESULTS / "scheduler_sim_users.json"))
 
     table, detail = {}, {}
+    procs = None
+    if args.procs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+        procs = ProcessPoolExecutor(args.procs)
     for load in loads:
         row = {}
         pubs = {p: published(p, load) for p in ("tiresias", "pollux", "optimus")}
@@ -293,7 +305,7 @@ def main(argv=None) -> int:
                                       ("edl_stopfree", "edl", "elastic", stopfree),
                                       ("edl_goodput", "goodput", "goodput", stopfree),
                                       ("edl_goodput_30s", "goodput", "goodput", ckpt)]:
-            res = run_set(pol, load, wl, kind, **costs)
+            res = run_set(pol, load, wl, kind, pool=procs, **costs)
             detail.setdefault(load, {})[key] = res
             row[key] = res["mean_avg_jct_s"]
             row[f"{key}_makespan_s"] = res["mean_makespan_s"]

@@ -78,7 +78,8 @@ def choose_hosts(lines: Dict[str, HostLine], objective: str, samples: float,
                     max(terms[h].revocations_per_h for h in hosts),
                     max(terms[h].startup_s for h in hosts), spot)
               for (t, spot), hosts in sorted(klass.items())]
-    tflops = {t: p.tflops for t, p in prices.items() if p.tflops}
+    from launcher.cluster.speed_types import GPU_TFLOPS  # the published figures
+    tflops = dict(GPU_TFLOPS, **{t: p.tflops for t, p in prices.items() if p.tflops})
     start = dict(speed_.start_costs(profile), **{"*": start_s})
     pred = choose(Goal(objective, samples, deadline_at, budget, tuple(types)), samples,
                   speed_.typed_speed(points, tflops), offers, time.time(), min_np, max_np,

@@ -398,7 +398,9 @@ class Service:
         ended and not being stopped."""
         allocs = self.store.allocations()
         pool = {h: k for h, k in self.pool.items() if h not in self.reach.resting_hosts()}
-        tflops = {t: p.tflops for t, p in self.prices.items() if getattr(p, "tflops", None)}
+        from launcher.cluster.speed_types import GPU_TFLOPS  # the published figures
+        tflops = dict(GPU_TFLOPS, **{t: p.tflops for t, p in self.prices.items()
+                                     if getattr(p, "tflops", None)})
         views = []
         for job in self.store.jobs(("queued", "running", "suspended")):
             if job.stopping:  # its slots stay its own until its run ended

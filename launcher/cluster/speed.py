@@ -13,8 +13,9 @@ Per GPU type (issue 42; CM-DARE measures speed per server type and cluster size)
 while every host of the job is of one type (``type=`` on its pool line) is kept under
 ``"TYPE:N"`` and carries ``"type"``; :func:`typed_speed` answers samples/s for any type and
 size: from that type's own points when it has some, else from the type with the most points
-scaled by the two types' TFLOPS (the price table's ``tflops`` column; CM-DARE's first feature),
-else unknown.  A job's ``--speed-profile`` (``{"TYPE": {"N": samples_per_s}}``) seeds the
+scaled by the two types' TFLOPS (the price table's ``tflops`` column, else the published figures
+of :data:`launcher.cluster.speed_types.GPU_TFLOPS`; CM-DARE's first feature), else unknown.
+A job's ``--speed-profile`` (``{"TYPE": {"N": samples_per_s}}``) seeds the
 points before it runs.
 """
 from __future__ import annotations

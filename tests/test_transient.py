@@ -196,14 +196,10 @@ def test_bad_input_is_one_line_exit_2(service, tmp_path):
     job = ["--", sys.executable, str(ROOT / "tests" / "horovod_style" / "ledger_main.py")]
     for args, says in [(["--objective", "cost", "--samples", "100", "--deadline", "-5"],
                         "--deadline -5 is already past"),
-                       (["--objective", "cost", "--samples", "100", "--deadline",
-                         str(time.time() - 60)], "is already past"),
                        (["--objective", "time", "--samples", "100", "--types", "v100"],
                         "unknown GPU type 'v100'"),
                        (["--objective", "time", "--samples", "100", "--budget", "-2"],
-                        "--budget needs a positive number"),
-                       (["--objective", "time"], "needs --samples"),
-                       (["--budget", "3"], "--budget goes with --objective")]:
+                        "--budget needs a positive number")]:
         r = svc.cli("submit", *args, *job)
         assert r.returncode == 2 and says in r.stderr, (args, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -27,8 +27,8 @@ The stream: ``--jobs`` jobs, one every ``--gap`` seconds, alternating ``--object
 a budget and ``--objective cost`` with a deadline (budgets and deadlines drawn so that both
 types get chosen), ``--min-np 1 --max-np 2``.  During the stream a script revokes h4 with a
 notice (``ends=now+30`` on its pool line, the line removed and the host cut off the bridge at
-the deadline, back 20 s later) and then h3 without one (cut off and its line removed at once,
-back 20 s later).  The same stream and revocations then run under ``edl`` (type-blind).
+the deadline, back 20 s later) and then another without one (cut off and its line removed at
+once, back 20 s later); each time the spot host whose running job started first.  The same stream and revocations then run under ``edl`` (type-blind).
 
 Written to benchmarks/results/transient_real.json and printed.
 """
@@ -305,8 +305,8 @@ def stream(n_jobs: int, profile: dict, seed: int = 42) -> list:
 
 
 def busiest_spot(svc: Service, default: str, but: str = "") -> str:
-    """The spot host holding the most recently started running job (the most work left to
-    lose), else ``default``."""
+    """The spot host holding the running job that started first (training by now: a slow
+    worker's start takes ~40 s here), else ``default``."""
     try:
         st = svc.call("status")
     except Exception:  # noqa: BLE001 - a busy service: revoke the default host
@@ -317,14 +317,14 @@ def busiest_spot(svc: Service, default: str, but: str = "") -> str:
         if TYPES.get(host) != "slow" or host == but:
             continue
         for jid, _ in holders:
-            if jid in started and (best is None or started[jid] > best[1]):
+            if jid in started and (best is None or started[jid] < best[1]):
                 best = (host, started[jid])
     return best[0] if best else default
 
 
 def revocations(svc: Service, t0: float, at_notice: float, at_cut: float, log: list) -> None:
     """A spot host revoked with a 30 s notice at ``at_notice`` and another without one at
-    ``at_cut`` (seconds after t0; each the spot host whose job started last, :func:`busiest_spot`);
+    ``at_cut`` (seconds after t0; each the spot host whose job started first, :func:`busiest_spot`);
     each back 20 s after it went."""
     def at(t):
         wait = t0 + t - time.time()
@@ -358,6 +358,26 @@ def revocations(svc: Service, t0: float, at_notice: float, at_cut: float, log: l
     ask("back", h2)
     svc.pool.lines[h2] = line2
     svc.pool.write()
+
+
+def switches(folder: Path) -> dict:
+    """A job's generation changes over its runs: how many, steps rolled back, the longest
+    stall, and the lines where workers left (what a revocation cost it)."""
+    gens, left = [], []
+    for f in sorted(folder.glob("run*.events.jsonl")):
+        for line in f.read_text().splitlines():
+            e = json.loads(line)
+            if "generation" in e and e.get("kind") not in (None, "start"):
+                gens.append(e)
+    for f in sorted(folder.glob("run*.log")):
+        left += [x.split("hvd-edl-run: ", 1)[1][:160] for x in f.read_text().splitlines()
+                 if x.startswith("hvd-edl-run:") and (" leaves: " in x or " lost " in x
+                                                     or "from its checkpoint" in x
+                                                     or "resum" in x)]
+    return {"switches": len(gens),
+            "rolled_back_steps": sum(e.get("rolled_back_steps") or 0 for e in gens),
+            "max_stall_s": round(max((e.get("stall_s") or 0 for e in gens), default=0), 3),
+            "leave_lines": left}
 
 
 def run_stream(policy: str, tmp: Path, ssh, prices: Path, start_s: float, jobs, profile_path,
@@ -405,7 +425,7 @@ def run_stream(policy: str, tmp: Path, ssh, prices: Path, start_s: float, jobs, 
             "met": (j["cost_usd"] <= g["budget_usd"]) if g.get("budget_usd") is not None else
                    (j["finished_at"] <= g["deadline_at"]),
             "repeated": rep.repeated, "missing": rep.missing, "audit_ok": rep.ok,
-            "runs": j["runs"]})
+            "runs": j["runs"], **switches(svc.state / "jobs" / jid)})
         for k in ("time", "cost"):
             p, m = rows[-1][f"pred_{k}_s" if k == "time" else "pred_cost_usd"], \
                 rows[-1]["time_s" if k == "time" else "cost_usd"]
@@ -475,9 +495,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--gap", type=float, default=12.0, help="seconds between submissions")
-    ap.add_argument("--notice-at", type=float, default=30.0,
+    ap.add_argument("--notice-at", type=float, default=70.0,
                     help="seconds into a stream when h4 gets its 30 s notice")
-    ap.add_argument("--cut-at", type=float, default=90.0,
+    ap.add_argument("--cut-at", type=float, default=125.0,
                     help="seconds into a stream when h3 is revoked without notice")
     ap.add_argument("--out", default=str(RESULTS / "transient_real.json"))
     ap.add_argument("--inner", default=None, help=argparse.SUPPRESS)

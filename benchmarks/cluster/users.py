@@ -1,7 +1,8 @@
 """Several users on one cluster, for real (issue 40's "must show"): a stream of elastic jobs of
 two Unix users made for the run, on localhost plus namespace hosts of the test cluster, under a
 root service; who ran as whom on every host (every process of every run sampled every 0.2 s:
-its owner, its host, its role), each user's refusals (cancel, logs of the other's job: one
+its owner, its host, its role; on a remote host also the worker's supervisor and its sshd
+session), each user's refusals (cancel, logs of the other's job: one
 line, exit 1), each user's own logs, and no GPU used twice (every worker's own environment
 sampled every 0.1 s, benchmarks/common/gpu_sampler.py; ``--assume-gpus``).
 
@@ -106,6 +107,18 @@ class OwnerSampler:
                 host = self.netns_hosts.get(ns, f"netns:{ns}")
                 role = self.role(env, cmd)
                 self.seen.setdefault((job, host, role), set()).add(uid)
+                if role == "worker" and host != "localhost":
+                    # its remote supervisor and ssh session on that host carry no marker
+                    # (their environment is sshd's): found as the worker's parents
+                    try:
+                        sup = p.parent()
+                        for proc, what in ((sup, "remote supervisor"),
+                                           (sup.parent() if sup else None, "sshd session")):
+                            if proc is not None:
+                                self.seen.setdefault((job, host, what), set()).add(
+                                    proc.uids().real)
+                    except psutil.Error:
+                        pass
                 if role == "worker":
                     self.shells.setdefault(job, set()).add(env.get("SHELL_OF"))
             self.samples += 1

@@ -23,6 +23,9 @@ from cluster import Cluster, ClusterUnavailable
 from unix_users import TeamUsers, UsersUnavailable, team_install
 
 ROOT = Path(__file__).resolve().parent.parent
+# one xdist worker runs this file with the other namespace clusters' (tests/conftest.py): never
+# two clusters at once, and the users are made once (useradd locks /etc/passwd)
+pytestmark = pytest.mark.xdist_group("namespace-cluster")
 
 JOB = """\
 import json, os, socket, sys, time

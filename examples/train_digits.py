@@ -47,6 +47,21 @@ def parse_args():
                    "computes at once (larger shares are accumulated)")
     p.add_argument("--lr-rule", default="adascale", choices=("adascale", "sqrt", "linear", "none"),
                    help="adaptive batch: how the learning rate follows it (default adascale)")
+    p.add_argument("--model", choices=("small", "large"), default="small",
+                   help="small: the digits CNN (16/32 channels, 64 hidden); large: 64/128 "
+                   "channels, 256 hidden (about 14x the parameters, 10x the compute)")
+    p.add_argument("--target-accuracy", type=float,
+                   help="end training at the first epoch whose test accuracy (rank 0's, on "
+                   "the whole test split) reaches this (all ranks agree through one allreduce)")
+    p.add_argument("--accuracy-log", help="rank 0 appends one JSON line per epoch: time, "
+                   "epoch, step, test accuracy, world size, global batch, gradient noise, lr "
+                   "factor (benchmarks/job/adaptive_batch_tta.py)")
+    p.add_argument("--save-epochs", metavar="DIR", help="rank 0 saves the parameters and the "
+                   "online gradient noise estimate at every epoch's end to DIR/epoch-K.pt "
+                   "(benchmarks/job/noise_scale_check.py)")
+    p.add_argument("--init-params", metavar="PATH", help="start from the parameters saved "
+                   "by --save-epochs (with --lr 0: measure the gradient noise at fixed "
+                   "parameters)")
     p.add_argument("--train-size", type=int, help="use only the first N training samples")
     p.add_argument("--repeat-data", type=int, default=1,
                    help="an epoch passes over K copies of the training set (longer epochs)")
@@ -122,14 +137,15 @@ class _Slowdown:
 
 
 class DigitsCNN(nn.Module):
-    """(N, 1, 8, 8) images -> (N, 10) logits."""
+    """(N, 1, 8, 8) images -> (N, 10) logits; ``width`` multiplies the channels (16, 32) and
+    ``hidden`` is the dense layer's width."""
 
-    def __init__(self):
+    def __init__(self, width: int = 1, hidden: int = 64):
         super().__init__()
-        self.conv1 = nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = nn.Linear(32 * 4 * 4, 64)
-        self.fc2 = nn.Linear(64, 10)
+        self.conv1 = nn.Conv2d(1, 16 * width, 3, padding=1)
+        self.conv2 = nn.Conv2d(16 * width, 32 * width, 3, padding=1)
+        self.fc1 = nn.Linear(32 * width * 4 * 4, hidden)
+        self.fc2 = nn.Linear(hidden, 10)
 
     def forward(self, x):
         x = F.relu(self.conv1(x))
@@ -204,6 +220,52 @@ def load_data(seed: int, train_size=None, repeat: int = 1):
     return train, test
 
 
+def _epoch_end(args, model, optimizer, sampler, state, test_ds, device, t0) -> bool:
+    """Rank 0 scores the whole test split, logs it (``--accuracy-log``), saves the parameters
+    with the online noise estimate (``--save-epochs``); every rank learns through one allreduce
+    whether ``--target-accuracy`` was reached (True: stop)."""
+    import os
+    reached = 0
+    if hvd.rank() == 0:
+        model.eval()
+        with torch.no_grad():
+            xs, ys = test_ds.tensors
+            acc = float((model(xs.to(device)).argmax(1).cpu() == ys).float().mean())
+        model.train()
+        est = optimizer.gradient_noise.noise.latest
+        noise = est.as_dict() if est is not None else None
+        batch = getattr(sampler, "global_batch_size", None) or sampler.batch_size * hvd.size()
+        line = {"t": time.time(), "wall_s": round(time.time() - t0, 3), "epoch": state.epoch,
+                "step": state.step, "accuracy": acc, "world_size": hvd.size(),
+                "batch": batch, "noise": noise,
+                "lr_factor": getattr(getattr(optimizer, "adaptive", None), "last_factor", 1.0),
+                "progress": getattr(getattr(optimizer, "adaptive", None), "progress", None),
+                **_costs(optimizer)}
+        if args.accuracy_log:
+            with open(args.accuracy_log, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        if args.save_epochs:
+            os.makedirs(args.save_epochs, exist_ok=True)
+            torch.save({"params": {k: v.detach().cpu().clone()
+                                   for k, v in model.state_dict().items()},
+                        "line": line, "noise_state": optimizer.gradient_noise.noise.state_dict()},
+                       os.path.join(args.save_epochs, f"epoch-{state.epoch}.pt"))
+        reached = int(args.target_accuracy is not None and acc >= args.target_accuracy)
+    flag = torch.tensor([reached], dtype=torch.int32)
+    return bool(hvd.allreduce(flag, op=hvd.Max, name="target_reached")[0] > 0)
+
+
+def _costs(optimizer) -> dict:
+    """The noise meter's seconds per step on the training thread and the mean step seconds
+    (this worker's, from hvd_edl's step timer; None outside hvd-edl-run)."""
+    from hvd_edl import step_timer
+    meter = optimizer.gradient_noise
+    t = step_timer.timer()
+    steps, compute, wait = t.totals if t is not None else (0, 0.0, 0.0)
+    return {"noise_cost_s": meter.cost_s / meter.cost_steps if meter.cost_steps else None,
+            "step_s": (compute + wait) / steps if steps else None}
+
+
 def _agreed_stop(path: str) -> bool:
     import os
     flag = torch.tensor([1 if os.path.exists(path) else 0], dtype=torch.int32)
@@ -219,7 +281,9 @@ def main():
     train_ds, test_ds = load_data(args.seed, args.train_size, args.repeat_data)
 
     device = _device(args.device)
-    model = DigitsCNN().to(device)
+    model = (DigitsCNN() if args.model == "small" else DigitsCNN(4, 256)).to(device)
+    if args.init_params:
+        model.load_state_dict(torch.load(args.init_params, weights_only=True)["params"])
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     if args.adaptive_batch:  # the two lines that opt in to an adaptive batch
@@ -292,6 +356,9 @@ def main():
             sampler.set_epoch(state.epoch)
             state.commit()
             if args.stop_file and _agreed_stop(args.stop_file):
+                break
+            if (args.target_accuracy or args.accuracy_log or args.save_epochs) \
+                    and _epoch_end(args, model, optimizer, sampler, state, test_ds, device, t0):
                 break
         bar.close()
 

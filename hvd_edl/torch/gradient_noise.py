@@ -9,8 +9,9 @@ Where the norms come from, on the paths a Horovod step takes anyway:
   step (Horovod's ``backward_passes_per_step``, the adaptive batch's accumulation) a rank
   contributes ``a`` independent micro-batch gradients (AdaptDL counts them the same way);
 * their mean over the ranks: one float64 scalar allreduced asynchronously at the start of
-  ``synchronize()``, so it travels while the gradients' allreduces are still in flight
-  (Horovod fuses it into their cycle);
+  ``synchronize()``, so it travels while the gradients' allreduces are still in flight, and is
+  read once ``poll`` says it is done (after a later step's gradients: never waited for; the
+  estimate is a step or two behind);
 * the averaged gradient's squared norm: after ``synchronize()``, one ``vector_norm`` per
   parameter.  ``count`` = ranks x passes.
 
@@ -26,18 +27,32 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import List, Optional
+import os
+import time
+from collections import deque
+from typing import Deque, List, Optional
 
 import horovod.torch as _hvd
 import torch
 
+from hvd_edl import runtime as _runtime
 from hvd_edl.gradient_noise import NoiseScale
 
 log = logging.getLogger(__name__)
 
+ENV_OFF = "HVD_EDL_GRADIENT_NOISE"
+"""``HVD_EDL_GRADIENT_NOISE=0`` in a worker's environment turns the measurement off (nothing
+computed, no scalar allreduce; for benchmarks of its cost)."""
+MAX_PENDING = 4  # steps whose scalar may be in flight at once (more: a step goes unmeasured)
 _batch = [0]   # the global batch (samples) of the step being computed; 0 unknown
 _meters = itertools.count()  # names of the scalar allreduces: the same on every rank
 _current: List[Optional["GradientNoiseMeter"]] = [None]  # the last meter made (telemetry)
+
+
+def _generation() -> int:
+    """The ring this process is in (0 outside hvd-edl-run: one ring for the process's life)."""
+    rt = _runtime.get()
+    return rt.generation if rt is not None else 0
 
 
 def note_batch(global_batch: int) -> None:
@@ -60,7 +75,11 @@ class GradientNoiseMeter:
 
     Attributes:
         noise: the :class:`hvd_edl.gradient_noise.NoiseScale` (its ``latest`` estimate).
-        enabled: False turns the measurement off (nothing computed, no scalar allreduce).
+        enabled: False turns the measurement off (nothing computed, no scalar allreduce);
+            starts False when ``HVD_EDL_GRADIENT_NOISE=0``.
+        cost_s, cost_steps: seconds the measurement took on the training thread (hooks, the
+            norms, waiting for the scalar; not Horovod's own synchronize) over that many steps
+            (its cost per step, timed by two ``perf_counter()`` calls per hook).
         local_scale, total_scale: factors on a backward pass's and on the averaged gradient's
             squared norms, so that both are norms of *means* over their samples.  Defaults: 1,
             and ``1 / a^2`` with ``a`` backward passes per step (Horovod accumulates the sum of
@@ -71,13 +90,18 @@ class GradientNoiseMeter:
     def __init__(self, opt, smoothing: Optional[float] = None):
         self.opt = opt
         self.noise = NoiseScale() if smoothing is None else NoiseScale(smoothing)
-        self.enabled = True
+        self.enabled = os.environ.get(ENV_OFF, "1") != "0"
+        self.cost_s = 0.0  # seconds the measurement took on the training thread, in all
+        self.cost_steps = 0  # synchronized steps it was measured over
         self.local_scale = 1.0  # factor on each backward pass's squared norm
         self.total_scale: Optional[float] = None  # on the averaged gradient's (None: 1/passes^2)
         self.name = f"hvd_edl.gradient_noise.{next(_meters)}"
         self._local: List[torch.Tensor] = []
         self._prev: Optional[List[torch.Tensor]] = None  # size 1: the previous step's grads
         self._prev_sqr = 0.0
+        # (handle, total, count, batch, generation) of steps whose scalar is still in flight
+        self._pending: Deque[tuple] = deque()
+        self._sent = 0  # scalars sent (their names rotate over MAX_PENDING + 1)
         self._prev_batch = 0
         self._params = [p for group in opt.param_groups for p in group["params"]
                         if p.requires_grad]
@@ -99,27 +123,65 @@ class GradientNoiseMeter:
         def synchronize():
             if not self.enabled or not _hvd.is_initialized():
                 self._local = []
+                self._pending.clear()
                 return inner()
+            t0 = time.perf_counter()
             size = _hvd.size()
             handle = None
             local = self._local_sum()
             count = size * self._passes()
             if count > 1 and local is not None:
-                handle = _hvd.allreduce_async(local, name=self.name, op=_hvd.Average) \
-                    if size > 1 else local
+                if size == 1:
+                    handle = local
+                elif len(self._pending) < MAX_PENDING:
+                    self._sent += 1
+                    handle = _hvd.allreduce_async(
+                        local, name=f"{self.name}.{self._sent % (MAX_PENDING + 1)}",
+                        op=_hvd.Average)
+            t1 = time.perf_counter()
             result = inner()
+            t2 = time.perf_counter()
             self._local = []
             try:
                 self._measure(size, count, handle)
+                self._finish_pending()
             except Exception as e:  # noqa: BLE001 - the measurement never fails a step
                 log.warning("gradient noise not measured this step: %s", e)
+            self.cost_s += (t1 - t0) + (time.perf_counter() - t2)
+            self.cost_steps += 1
             return result
 
         opt.synchronize = synchronize
 
+    def _finish_pending(self) -> None:
+        """Add the figures of earlier steps whose scalar allreduce is done (``poll``: never
+        waited for; it completes with a later step's gradients), oldest first."""
+        gen = _generation()
+        while self._pending:
+            handle, total, count, batch, generation = self._pending[0]
+            if generation != gen:  # that ring is gone (a switch): its handle means nothing now
+                self._pending.popleft()
+                continue
+            try:
+                if not _hvd.poll(handle):
+                    return
+                local = float(_hvd.synchronize(handle))
+            except Exception as e:  # noqa: BLE001 - the measurement never fails a step
+                log.debug("gradient noise of an earlier step lost: %s", e)
+                self._pending.popleft()
+                continue
+            self._pending.popleft()
+            self.noise.update(local, total, count, batch)
+
     def _grad_hook(self, grad):
         if self.enabled and not grad.is_sparse:
-            self._local.append(torch.linalg.vector_norm(grad.detach()))
+            t0 = time.perf_counter()
+            g = grad.detach().reshape(-1)
+            # on the CPU a Python float at once (no stacking later); on a GPU a tensor (an
+            # .item() would wait for the device)
+            self._local.append(float(torch.dot(g, g)) if g.device.type == "cpu"
+                               else torch.dot(g, g))
+            self.cost_s += time.perf_counter() - t0
         return None
 
     def _passes(self) -> int:
@@ -132,7 +194,10 @@ class GradientNoiseMeter:
         local, self._local = self._local, []
         if not local:
             return None
-        return torch.stack(local).double().square().sum() * (self.local_scale / self._passes())
+        scale = self.local_scale / self._passes()
+        if isinstance(local[0], float):
+            return torch.tensor(sum(local) * scale, dtype=torch.float64)
+        return torch.stack(local).double().sum() * scale
 
     def _grads(self) -> List[torch.Tensor]:
         return [p.grad.detach() for p in self._params
@@ -143,15 +208,16 @@ class GradientNoiseMeter:
         if not grads:
             return
         k = self.total_scale if self.total_scale is not None else 1.0 / self._passes() ** 2
-        total = k * float(torch.stack([torch.linalg.vector_norm(g) for g in grads])
-                          .double().square().sum())
+        total = k * float(torch.nn.utils.get_total_norm(grads)) ** 2
         batch = _batch[0]
         if count > 1:
             self._prev = None
             if handle is None:
                 return
-            local = float(_hvd.synchronize(handle) if size > 1 else handle)
-            self.noise.update(local, total, count, max(batch, count))
+            if size == 1:
+                self.noise.update(float(handle), total, count, max(batch, count))
+            else:  # the ranks' mean is read once done (polled): never waited for
+                self._pending.append((handle, total, count, max(batch, count), _generation()))
             return
         # one rank: pair this step with the previous one (same batch), as two "ranks"
         if self._prev is not None and batch == self._prev_batch and len(self._prev) == len(grads):

@@ -130,8 +130,8 @@ class AdaptiveBatchSampler(ElasticBatchSampler):
 
     def __iter__(self) -> Iterator[List[int]]:
         a = self.plan.accumulation
-        for _, idx, _ in self._shares():
-            note_batch(self.global_batch_size)
+        for step, idx, _ in self._shares():
+            note_batch(self.step_length(step))
             k = 0
             for n in _split(len(idx), a):
                 # an epoch's short last step may leave a micro-batch empty: it repeats the

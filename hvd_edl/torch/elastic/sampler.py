@@ -382,8 +382,14 @@ class ElasticBatchSampler(ElasticSampler):
         return 0.0 if repeat else self.world_size * count / length
 
     def __iter__(self) -> Iterator[List[int]]:
-        for _, idx, _ in self._shares():
+        for step, idx, _ in self._shares():
+            note_batch(self.step_length(step))  # an epoch's short last step counts as short
             yield idx
+
+    def step_length(self, step: int) -> int:
+        """Samples of global step ``step`` (counted from the last reset) over all ranks: the
+        global batch, less at an epoch's end."""
+        return max(0, min(self._block, self._end() - (self._base + step * self._block)))
 
     def __len__(self) -> int:
         return self._steps()

@@ -10,6 +10,10 @@ line, so a ``kill -9`` loses at most the line being written:
   keep the ranks in step at an epoch's tiny final global batch).
 * ``{"kind": "sync", "gen", "step", "epoch"}`` when a generation starts (after ``state.sync()``):
   ``step`` is the committed step the new ring resumes from.
+
+Under ``hvd-edl-run`` every record also has ``run``, the launcher's start (unix seconds): a job
+resumed from its checkpoint by a new launcher (a preemption, a cluster service's suspend and
+resume) numbers its generations from 1 again, so generations are ordered by ``(run, gen)``.
 * ``{"kind": "epoch", "gen", "step", "epoch", "skipped"}`` at ``set_epoch``: the previous epoch is
   complete; ``skipped`` samples were dropped by ``drop_last``.
 
@@ -49,7 +53,17 @@ class Ledger:
         self._lock = threading.Lock()
 
     def write(self, kind: str, **fields) -> None:
-        """Append one record ``{"kind": kind, **fields}`` with a single ``write(2)``."""
+        """Append one record ``{"kind": kind, **fields}`` with a single ``write(2)``; under
+        ``hvd-edl-run`` it carries ``run``, the launcher's start (unix seconds: a job resumed
+        by a new launcher from its checkpoint restarts its generations at 1, and the checker
+        orders generations by ``(run, gen)``)."""
+        from hvd_edl import messages
+        run = os.environ.get(messages.ENV_LAUNCHED_AT)
+        if run and "run" not in fields:
+            try:
+                fields["run"] = float(run)
+            except ValueError:
+                pass
         line = (json.dumps({"kind": kind, **fields}, separators=(",", ":")) + "\n").encode()
         with self._lock:
             os.write(self._fd, line)
@@ -161,23 +175,30 @@ def read_records(directory: Path) -> List[dict]:
     return records
 
 
+def generation(record: dict) -> tuple:
+    """The order of ``record``'s generation among a job's: ``(run, gen)``, the launcher's start
+    first (a resumed run numbers its generations from 1 again; 0 for records without one)."""
+    return (record.get("run", 0.0), record["gen"])
+
+
 def committed(records: Iterable[dict]) -> List[dict]:
     """The records that belong to committed progress.
 
     A generation ``g`` whose ``sync`` resumed from step ``s0`` supersedes the records of every
-    earlier generation with ``step > s0``; applied in generation order.  (Generations are ordered
-    by ``gen``; any sortable key works, e.g. rank 0's clock at the sync.)
+    earlier generation with ``step > s0``; applied in generation order (:func:`generation`:
+    ``(run, gen)``; any sortable ``gen`` works, e.g. rank 0's clock at the sync).
     """
     records = list(records)
     resume: Dict = {}
     for r in records:
         if r["kind"] == "sync":
-            resume[r["gen"]] = min(r["step"], resume.get(r["gen"], r["step"]))
+            g = generation(r)
+            resume[g] = min(r["step"], resume.get(g, r["step"]))
     alive = [True] * len(records)
     for g in sorted(resume):
         s0 = resume[g]
         for i, r in enumerate(records):
-            if alive[i] and r["gen"] < g and r["step"] > s0:
+            if alive[i] and generation(r) < g and r["step"] > s0:
                 alive[i] = False
     return [r for r, a in zip(records, alive) if a]
 
@@ -203,7 +224,7 @@ def check(directory: Path, dataset_size: int, allow_incomplete: bool = False) ->
     rolled_back = defaultdict(set)
     for r in records:
         if r["kind"] == "step" and id(r) not in kept_ids:
-            rolled_back[(r.get("sampler", ""), r["epoch"])].add((r["gen"], r["step"]))
+            rolled_back[(r.get("sampler", ""), r["epoch"])].add((generation(r), r["step"]))
     steps = defaultdict(list)
     complete, skipped = set(), {}
     for r in kept:
@@ -220,7 +241,7 @@ def check(directory: Path, dataset_size: int, allow_incomplete: bool = False) ->
         declared = 0
         for r in steps[key]:
             # one line per (step, rank); a rank writes a step once per generation
-            ident = (r["gen"], r["step"], r["rank"])
+            ident = (generation(r), r["step"], r["rank"])
             if ident in seen_steps:
                 continue
             seen_steps.add(ident)

@@ -30,6 +30,7 @@ ENV_WORKER_ID = "HVD_EDL_WORKER_ID"
 ENV_HOST = "HVD_EDL_HOST"
 ENV_SLOT = "HVD_EDL_SLOT"
 ENV_ELASTIC = "HVD_EDL_ELASTIC"
+ENV_LAUNCHED_AT = "HVD_EDL_LAUNCHED_AT"  # the launcher's start, unix seconds: orders a job's runs
 
 BEAT_S = 0.3  # seconds between a worker's heartbeats (``Beat``; see launcher/job/liveness.py)
 

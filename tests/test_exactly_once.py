@@ -1,5 +1,6 @@
 """Exactly-once data and world-size-independent training through hvd-edl-run, checked from the
 audit ledger (``HVD_EDL_AUDIT_DIR``) of real workers under real membership changes and kills."""
+import json
 import os
 import subprocess
 import sys
@@ -181,3 +182,34 @@ def test_audit_of_finished_jobs_passes_with_either_set_epoch_idiom(tmp_path):
     r = _audit_cli(empty, 40)
     assert r.returncode == 1 and "FAILED: no step recorded" in r.stdout
     assert _audit_cli(empty, 0).returncode == 2   # a usage error
+
+
+def test_a_run_resumed_by_a_new_launcher_supersedes_the_old_runs_later_steps(tmp_path):
+    """A job stopped after its checkpoint at step 2 and resumed by a new launcher (a cluster
+    service's preemption): the new run numbers its generations from 1 again, and its ``sync``
+    at step 2 still supersedes the old run's step 3, written in its generation 2 (generations
+    ordered by ``(run, gen)``, the launcher's start first): no repeat, no miss."""
+    from hvd_edl import audit
+    lines = []
+
+    def rec(kind, run, gen, step, **kw):
+        lines.append(json.dumps({"kind": kind, "run": run, "gen": gen, "step": step,
+                                 "epoch": 0, "sampler": "s", **kw}))
+    rec("sync", 100.0, 1, 0)
+    for step in (1, 2):
+        rec("step", 100.0, 1, step, rank=0, size=1, indices=[2 * step - 2, 2 * step - 1])
+    rec("sync", 100.0, 2, 2)  # a scale change: generation 2
+    rec("step", 100.0, 2, 3, rank=0, size=1, indices=[4, 5])  # after the checkpoint: lost
+    rec("sync", 200.0, 1, 2)  # the new launcher's first generation, from the checkpoint
+    for step in (3, 4):
+        rec("step", 200.0, 1, step, rank=0, size=1, indices=[2 * step - 2, 2 * step - 1])
+    (tmp_path / "w1.jsonl").write_text("\n".join(lines) + "\n")
+    report = audit.check(tmp_path, 8)
+    assert report.ok and report.repeated == 0 and report.missing == 0, report.verdict()
+    # without the runs told apart (the old ledger), the old run's generation 2 reads as the
+    # later one and drops the new run's steps: the epoch reads as 6 of its 8 samples
+    (tmp_path / "w1.jsonl").write_text("".join(
+        json.dumps({k: v for k, v in json.loads(x).items() if k != "run"}) + "\n"
+        for x in lines))
+    old = audit.check(tmp_path, 8)
+    assert not old.ok and old.epochs[0].distinct == 6, old.verdict()

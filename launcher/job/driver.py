@@ -225,6 +225,7 @@ class Driver:
             messages.ENV_COORD_PORT: str(port),
             messages.ENV_SECRET: self.secret,
             messages.ENV_ELASTIC: "1" if self.spec.elastic else "0",
+            messages.ENV_LAUNCHED_AT: f"{time.time():.6f}",  # the audit orders runs by it
             "HOROVOD_CONTROLLER": "gloo",
             "HOROVOD_CPU_OPERATIONS": "gloo",
             "HOROVOD_GLOO_IFACE": self.spec.network_interface or "lo",

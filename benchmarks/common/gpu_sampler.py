@@ -28,7 +28,11 @@ class GpuSampler:
 
     ``samples``: one ``{pid: (launcher pid, worker id, GPU)}`` a sample; ``seen``: per
     (launcher pid, worker id) ``[GPU, first seen, last seen]`` (monotonic seconds); ``hosts``:
-    pid -> its ``HOROVOD_HOSTNAME`` (GPU 0 of two hosts are two GPUs)."""
+    pid -> its ``HOROVOD_HOSTNAME`` (GPU 0 of two hosts are two GPUs); ``runs``: per (cluster
+    run, worker id) ``[host, GPU, first seen, last seen, pids]``, the run being the worker's
+    ``HVD_EDL_CLUSTER_RUN`` (``STATE_DIR/jobs/<job>/run<N>``; its launcher's pid outside the
+    cluster service).  A remote worker is seen twice, its local ``ssh`` client carrying the same
+    environment: one worker of one run, counted once."""
 
     def __init__(self, marker: str, period_s: float = 0.1):
         self.marker = marker
@@ -36,6 +40,8 @@ class GpuSampler:
         self.samples: List[Dict[int, Tuple[int, str, str]]] = []
         self.seen: Dict[Tuple[int, str], list] = {}
         self.hosts: Dict[int, str] = {}
+        self.runs: Dict[Tuple[str, str], list] = {}
+        self._identity: Dict[int, Tuple[str, str]] = {}  # pid -> (run, worker id)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -69,6 +75,11 @@ class GpuSampler:
                 key = (launcher, env["HVD_EDL_WORKER_ID"])
                 sample[pid] = (launcher, key[1], gpu)
                 self.hosts[pid] = env.get("HOROVOD_HOSTNAME", "")
+                ident = (env.get("HVD_EDL_CLUSTER_RUN") or str(launcher), key[1])
+                self._identity[pid] = ident
+                row = self.runs.setdefault(ident, [self.hosts[pid], gpu, now, now, set()])
+                row[3] = now
+                row[4].add(pid)
                 self.seen.setdefault(key, [gpu, now, now])[2] = now
             self.samples.append(sample)
             self._stop.wait(self.period_s)
@@ -87,5 +98,7 @@ class GpuSampler:
             for pid, (launcher, worker, gpu) in sample.items():
                 where = f"{self.hosts.get(pid, '')}/{gpu}" if len(hosts) > 1 else gpu
                 by_gpu.setdefault(where, []).append((pid, launcher, worker))
-            bad += [(g, users) for g, users in by_gpu.items() if len(users) > 1]
+            bad += [(g, users) for g, users in by_gpu.items()
+                    if len({self._identity.get(pid, (str(launcher), worker))
+                            for pid, launcher, worker in users}) > 1]
         return bad

@@ -114,3 +114,20 @@ def test_a_job_with_no_ring_off_a_draining_host_is_stopped_before_the_deadline(t
             if w.poll() is None:
                 w.terminate()
                 w.wait(30)
+
+
+def test_a_preemption_on_a_drained_host_waits_for_its_checkpoint_until_the_deadline(tmp_path):
+    """The checkpoint before a preemption waits 30 s at most, and no longer than 5 s before the
+    deadline of a drained host the job occupies."""
+    from launcher.cluster import apply
+    from launcher.cluster.policies import make_policy
+    from launcher.cluster.service import Service
+    from launcher.discovery import FixedHosts
+    svc = Service(tmp_path / "state", FixedHosts({"a": 2, "b": 2}), make_policy("edl"),
+                  fixed_pool=True, assume_gpus=True)
+    svc.occupied = {"j1": {"a": 2}, "j2": {"b": 2}}
+    svc.drains = {"a": {"at": time.time(), "deadline": time.time() + 20, "noted": False}}
+    assert 14 <= apply.checkpoint_wait(svc, "j1") <= 15
+    assert apply.checkpoint_wait(svc, "j2") == apply.CHECKPOINT_WAIT_S
+    svc.drains["a"]["deadline"] = time.time() + 2
+    assert apply.checkpoint_wait(svc, "j1") == 1.0

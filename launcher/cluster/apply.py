@@ -63,7 +63,7 @@ def apply_allocations(svc) -> None:
                 start(svc, job, target)
             continue
         if not target:
-            preempt(svc, job)
+            preempt(svc, job, wait_s=checkpoint_wait(svc, job_id))
             continue
         written = svc.written.get(job_id, {})
         if target == written:
@@ -161,6 +161,18 @@ def launch(svc, job: JobRecord, hosts: Dict[str, int], number: int,
     svc.store.update(job.id, wrapper_pid=run.proc.pid, job_file=str(files.job_file))
     svc.events.note(job.id, "run", reason or f"run {number} started", hosts=hosts, run=number,
                     wrapper_pid=run.proc.pid, **detail)
+
+
+def checkpoint_wait(svc, job_id: str) -> float:
+    """How long a preemption of ``job_id`` waits for its checkpoint: :data:`CHECKPOINT_WAIT_S`,
+    or less when a host it occupies is drained with a deadline (until 5 s before the earliest,
+    at least 1 s), so that the run is stopped before the machine goes."""
+    held = svc.occupied.get(job_id, {})
+    deadlines = [d["deadline"] for h, d in svc.drains.items()
+                 if d.get("deadline") and held.get(h)]
+    if not deadlines:
+        return CHECKPOINT_WAIT_S
+    return max(1.0, min(CHECKPOINT_WAIT_S, min(deadlines) - time.time() - 5.0))
 
 
 def preempt(svc, job: JobRecord, wait_s: float = CHECKPOINT_WAIT_S) -> None:

@@ -164,6 +164,10 @@ def test_typed_policy_places_objectives_by_choice_and_others_by_gain_per_type():
     check_allocation(snap, alloc)
     assert alloc["j1"] == {"f1": 1} and policy.choices["j1"].fits, alloc
     assert alloc["j4"] == {"s2": 1}, alloc
+    # the same in the service (a notice: the host leaves the pool, the job's allocation empties
+    # and the same round places it again): a 'move', stop-free, not a preemption; the real run
+    # of it is test_a_notice_moves_the_job_off_its_spot_host_with_no_work_lost below and, for
+    # edl, test_cluster_drain (make test)
 
 
 # ---- real: a move on a notice, bad input ------------------------------------------------------

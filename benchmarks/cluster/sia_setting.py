@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
 from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,7 +123,7 @@ def main(argv=None) -> int:
     ap.add_argument("--traces", default="philly,saturn,newtrace")
     ap.add_argument("--workloads", default="",
                     help="per trace, e.g. 'philly=1-8;saturn=1,3' (default: every workload)")
-    ap.add_argument("--policies", default="gavel,ours,ours_sia_restart")
+    ap.add_argument("--policies", default="ours,ours_sia_restart,gavel")
     a = ap.parse_args(argv)
     spec = dict(p.split("=", 1) for p in a.workloads.split(";") if "=" in p) if a.workloads else {}
     sw = measured_switch_costs()
@@ -143,30 +141,35 @@ def main(argv=None) -> int:
             row[pol] = summarise(rs, prof)
             row[pol]["cpu_s"] = round(time.process_time() - t0, 1)
             print(f"{trace} {pol}: {row[pol]}", flush=True)
-        p = pub[TRACE_KEY[trace]]
-        row["pub_sia_s"] = float(p["sia"]["avg_jct_h"]) * 3600
-        row["pub_pollux_s"] = float(p["pollux"]["avg_jct_h"]) * 3600
-        row["pub_gavel_s"] = float(p["gavel+tunedjobs"]["avg_jct_h"]) * 3600
-        row["published_h"] = {k: {kk: v[kk] for kk in ("avg_jct_h", "p99_jct_h", "makespan_h",
-                                                         "gpu_hours_per_job")}
-                              for k, v in p.items()}
-        if "ours" in row:
-            row["ours_s"] = row["ours"]["avg_jct_s"]
-        if "ours_sia_restart" in row:
-            row["ours_sia_restart_s"] = row["ours_sia_restart"]["avg_jct_s"]
-        if "gavel" in row:
-            row["gavel_s"] = row["gavel"]["avg_jct_s"]
-            row["gavel_vs_published"] = round(row["gavel_s"] / row["pub_gavel_s"] - 1, 3)
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(OUT) + ".lock", timeout=60):
-            doc = json.loads(OUT.read_text()) if OUT.exists() else {}
-            doc.setdefault("table", {})[trace] = row
-            doc["switch_costs"] = sw
-            doc["setting"] = ("Sia heterogeneous: 6 t4 x 4, 3 rtx x 8, 2 a100 x 8; Sia's per-type "
-                              "profiles, calibration slowdowns, TunedJobs workloads")
-            OUT.write_text(json.dumps(doc, indent=1) + "\n")
+            _write(trace, row, pub, sw)
     print_table()
     return 0
+
+
+def _write(trace: str, row: dict, pub: dict, sw: dict) -> None:
+    """Add the published figures and the headline keys to ``row``; merge it into the results
+    file under its lock."""
+    p = pub[TRACE_KEY[trace]]
+    row["pub_sia_s"] = float(p["sia"]["avg_jct_h"]) * 3600
+    row["pub_pollux_s"] = float(p["pollux"]["avg_jct_h"]) * 3600
+    row["pub_gavel_s"] = float(p["gavel+tunedjobs"]["avg_jct_h"]) * 3600
+    row["published_h"] = {k: {kk: v[kk] for kk in ("avg_jct_h", "p99_jct_h", "makespan_h",
+                                                     "gpu_hours_per_job")} for k, v in p.items()}
+    if "ours" in row:
+        row["ours_s"] = row["ours"]["avg_jct_s"]
+    if "ours_sia_restart" in row:
+        row["ours_sia_restart_s"] = row["ours_sia_restart"]["avg_jct_s"]
+    if "gavel" in row:
+        row["gavel_s"] = row["gavel"]["avg_jct_s"]
+        row["gavel_vs_published"] = round(row["gavel_s"] / row["pub_gavel_s"] - 1, 3)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(OUT) + ".lock", timeout=60):
+        doc = json.loads(OUT.read_text()) if OUT.exists() else {}
+        doc.setdefault("table", {})[trace] = row
+        doc["switch_costs"] = sw
+        doc["setting"] = ("Sia heterogeneous: 6 t4 x 4, 3 rtx x 8, 2 a100 x 8; Sia's per-type "
+                          "profiles, calibration slowdowns, TunedJobs workloads")
+        OUT.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def print_table() -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -165,19 +164,39 @@ class Profiles:
         return gp.step_seconds(st, sy, accum) * SLOWDOWN[app]
 
     @functools.lru_cache(maxsize=None)
-    def best(self, app: str, gpu_type: str, n: int, epoch: int) -> Tuple[float, int]:
-        """(progress per second, global batch) of the best batch on ``n`` GPUs of ``gpu_type``
-        in ``epoch`` (Pollux's candidates between the smallest and largest validated batch);
-        (0, 0) where none fits."""
+    def _configs(self, app: str, gpu_type: str, n: int) -> Tuple[np.ndarray, np.ndarray]:
+        """(candidate global batches, their step seconds) on ``n`` GPUs of ``gpu_type``."""
         a, pm = self.apps[(app, gpu_type)], self.progress[app]
         cands = gp.batch_candidates(n, pm.base_batch, max(a.validation), a.min_local_bsz,
                                     a.max_local_bsz)
-        best = (0.0, 0)
-        for b, _, _ in cands:
-            r = pm.gain(b, epoch) / self.step_s(app, gpu_type, n, b)
-            if r > best[0]:
-                best = (r, b)
-        return best
+        b = np.array([c[0] for c in cands], float)
+        return b, np.array([self.step_s(app, gpu_type, n, int(x)) for x in b])
+
+    @functools.lru_cache(maxsize=None)
+    def _stats(self, app: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(validated batches, grad_sqr [epoch, batch], grad_var [epoch, batch])."""
+        v = self.progress[app].app.validation
+        bs = sorted(v)
+        epochs = min(len(v[b]) for b in bs)
+        sqr = np.array([[v[b][e]["grad_sqr"] for b in bs] for e in range(epochs)])
+        var = np.array([[v[b][e]["grad_var"] for b in bs] for e in range(epochs)])
+        return np.array(bs, float), sqr, var
+
+    @functools.lru_cache(maxsize=None)
+    def best(self, app: str, gpu_type: str, n: int, epoch: int) -> Tuple[float, int]:
+        """(progress per second, global batch) of the best batch on ``n`` GPUs of ``gpu_type``
+        in ``epoch`` (Pollux's candidates between the smallest and largest validated batch; the
+        gradient statistics interpolated linearly in the batch, clamped, as
+        :meth:`launcher.cluster.progress.ProgressModel.gain`); (0, 0) where none fits."""
+        b, t = self._configs(app, gpu_type, n)
+        if not len(b):
+            return 0.0, 0
+        vb, sqr, var = self._stats(app)
+        e = min(epoch, sqr.shape[0] - 1, self.progress[app].app.epochs - 1)
+        g = np.asarray(gp.gain(np.interp(b, vb, sqr[e]), np.interp(b, vb, var[e]),
+                               b / self.progress[app].base_batch)) / t
+        i = int(np.argmax(g))
+        return (float(g[i]), int(b[i])) if g[i] > 0 else (0.0, 0)
 
     def rate(self, app: str, gpu_type: str, n: int, batch: int, epoch: int) -> float:
         """Progress per second at a fixed global ``batch``."""

@@ -13,6 +13,9 @@ GPUs of another's one.  The rule, one level up from Tiresias (Gu et al., NSDI 20
   gets its third one considered only after every other user has had 8 slots' worth: one user's
   ten jobs do not starve another's one.  The tier is Tiresias's queue (tiresias, edl; none for
   fifo): a long-running job of a light user still yields to everyone's short jobs, as in 2D-LAS.
+* **Lending** (edl, goodput): spare slots go first to a user holding less than an equal share
+  (the pool / the users with admitted jobs), the fewest slots first, then to the best increment
+  of anyone's, as without users (:class:`launcher.cluster.policies.edl.EdlPolicy`).
 * **Attained service per user** breaks ties between users at equal slots ahead: a user's
   GPU-seconds (every job it ever ran, ended ones included, :attr:`Snapshot.user_attained_gpu_s`)
   in bands that double in GPU-hours (0, 1, 3, 7, 15, ... GPU-h: the band is

@@ -7,7 +7,7 @@ import pytest
 
 from launcher.cluster import reasons
 from launcher.cluster.fair_share import attained_band, fair_order, slots_per_user
-from launcher.cluster.policies import POLICIES, make_policy
+from launcher.cluster.policies import FAIR_SHARE_POLICIES, make_policy
 from launcher.cluster.policy import AllocationError, JobView, Snapshot, check_allocation
 from launcher.cluster.simulator import SimJob, simulate
 
@@ -25,9 +25,9 @@ def _ten_and_one(elastic: bool):
     return jobs
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", FAIR_SHARE_POLICIES)
 def test_ten_jobs_of_one_user_do_not_starve_another_users_one(policy):
-    elastic = policy == "edl"
+    elastic = policy in ("edl", "goodput")
     costs = dict(restart_cost_s=30.0, change_cost_s=30.0)
     fair = simulate(_ten_and_one(elastic), {"h0": 4}, make_policy(policy), **costs)
     unfair = simulate(_ten_and_one(elastic), {"h0": 4}, make_policy(policy, fair_share=False),
@@ -63,13 +63,13 @@ def test_fair_order_interleaves_users_by_slots_ahead_then_attained_band():
     assert [attained_band(h * 3600.0) for h in (0, 0.99, 1, 2.99, 3, 7, 15)] == [0, 0, 1, 1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", FAIR_SHARE_POLICIES)
 def test_user_quota_holds(policy):
     rng = random.Random(7)
     jobs = [SimJob(f"j{i}", rng.uniform(0, 1800), _step, rng.uniform(1000, 8000),
                    rng.choice((1, 2, 4)), user=rng.choice(("alice", "alice", "alice", "bob")),
-                   **(dict(min_np=1, max_np=8) if policy == "edl" else {}),
-                   elastic=policy == "edl") for i in range(24)]
+                   **(dict(min_np=1, max_np=8) if policy in ("edl", "goodput") else {}),
+                   elastic=policy in ("edl", "goodput")) for i in range(24)]
     users = {j.id: j.user for j in jobs}
     res = simulate(jobs, {"h0": 4, "h1": 4}, make_policy(policy, user_quota=4),
                    restart_cost_s=5.0, change_cost_s=1.0, stop_free=True, timeline=True)
@@ -94,6 +94,8 @@ def test_check_allocation_refuses_an_allocation_over_the_quota():
         check_allocation(snap, alloc, user_quota=5)
     with pytest.raises(ValueError, match="user quota"):
         make_policy("tiresias", user_quota=0)
+    with pytest.raises(ValueError, match="typed keeps no per-user quota"):
+        make_policy("typed", user_quota=4)
 
 
 def _stream(user_of):
@@ -107,7 +109,7 @@ def _stream(user_of):
     return out
 
 
-@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("policy", FAIR_SHARE_POLICIES)
 def test_one_user_decides_as_without_users(policy):
     costs = dict(restart_cost_s=30.0, change_cost_s=0.5, stop_free=True, join_s=4.0)
 

@@ -168,13 +168,13 @@ class Policy(abc.ABC):
     no state that the snapshot does not carry (the service restarts it from the store).
 
     Attributes:
-        fair_share: order jobs fair between users (:mod:`launcher.cluster.fair_share`); no
-            effect with one user.
+        fair_share: it orders jobs fair between users (:mod:`launcher.cluster.fair_share`; no
+            effect with one user); False for a policy that does not.
         user_quota: most slots one user holds (None: no cap); every allocation keeps it.
     """
 
     name: str = "policy"
-    fair_share: bool = True
+    fair_share: bool = False
     user_quota: Optional[int] = None
 
     @abc.abstractmethod

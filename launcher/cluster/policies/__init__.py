@@ -8,6 +8,9 @@ from typing import Optional
 from launcher.cluster.policy import Policy
 
 POLICIES = ("fifo", "tiresias", "edl", "goodput", "typed")
+FAIR_SHARE_POLICIES = ("fifo", "tiresias", "edl", "goodput")
+"""The policies that share fairly between users and keep a per-user quota
+(:mod:`launcher.cluster.fair_share`)."""
 
 
 def parse_objective(objective: str):
@@ -48,6 +51,9 @@ def make_policy(name: str, objective: str = "jct", *, fair_share: bool = True,
         from launcher.cluster.policies.goodput import GoodputPolicy
         return GoodputPolicy(obj, e, fair_share=fair_share, user_quota=user_quota)
     if name == "typed":
+        if user_quota is not None:
+            raise ValueError(f"policy typed keeps no per-user quota (one of "
+                             f"{', '.join(FAIR_SHARE_POLICIES)} does)")
         from launcher.cluster.policies.typed import TypedPolicy
         return TypedPolicy()
     raise ValueError(f"unknown policy {name!r} (one of {', '.join(POLICIES)})")

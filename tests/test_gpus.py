@@ -109,3 +109,24 @@ def test_a_line_that_moves_a_slot_to_another_gpu_replaces_its_worker(tmp_path, j
     assert "slot 1 of host localhost is now on GPU 7, not 3" in job.output()
     events = job.events()
     assert all(e["rolled_back_steps"] == 0 for e in events)
+
+
+def test_a_cpu_host_is_asked_for_its_gpus_once_not_at_every_pool_change():
+    """The service asks a new host's nvidia-smi (over ssh: up to 10 s each); a host without
+    GPUs is remembered, asked again only after PROBE_AGAIN_S or when it left and came back."""
+    from launcher.cluster.gpus import PROBE_AGAIN_S, pool_gpus
+    asked = []
+
+    def prober(host):
+        asked.append(host)
+        return ("0", "1") if host == "gpu" else None
+
+    cpu, known = {}, {}
+    for t in (0.0, 1.0, 2.0):  # three pool changes
+        known = pool_gpus({"gpu": 2, "cpu": 4}, {}, False, known, prober, cpu, now=t)
+    assert asked == ["gpu", "cpu"] and known == {"gpu": ("0", "1")}
+    pool_gpus({"gpu": 2, "cpu": 4}, {}, False, known, prober, cpu, now=PROBE_AGAIN_S + 1)
+    assert asked == ["gpu", "cpu", "cpu"]  # asked again after a while
+    pool_gpus({"gpu": 2}, {}, False, known, prober, cpu, now=PROBE_AGAIN_S + 2)
+    pool_gpus({"gpu": 2, "cpu": 4}, {}, False, known, prober, cpu, now=PROBE_AGAIN_S + 3)
+    assert asked == ["gpu", "cpu", "cpu", "cpu"]  # left the pool and came back: asked at once

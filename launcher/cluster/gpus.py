@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import subprocess
+import time
 from typing import Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from launcher.cluster.runs import takes_part
@@ -36,6 +37,7 @@ from launcher.cluster.runs import takes_part
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 10.0  # one nvidia-smi call, local or over ssh
+PROBE_AGAIN_S = 300.0  # a host that answered "no GPUs" (or did not answer) is asked again after this
 NVIDIA_SMI = ["nvidia-smi", "--query-gpu=index,uuid", "--format=csv,noheader"]
 
 
@@ -75,11 +77,23 @@ def probe(host: str, local: bool, ssh_args: Sequence[str] = (),
 
 
 def pool_gpus(hosts: Dict[str, int], named: Dict[str, Tuple[str, ...]], assume: bool,
-              known: Dict[str, Tuple[str, ...]], prober=None) -> Dict[str, Tuple[str, ...]]:
+              known: Dict[str, Tuple[str, ...]], prober=None,
+              cpu_hosts: Optional[Dict[str, float]] = None,
+              now: Optional[float] = None) -> Dict[str, Tuple[str, ...]]:
     """The GPUs of each pool host (host -> GPU ids, one per slot, hosts without GPUs left out):
     a host line's ``gpus=`` (``named``), else ``0..slots-1`` with ``assume``
     (``serve --assume-gpus``), else what ``known`` already says (found when the host joined),
-    else ``prober(host)`` (:func:`probe`), capped to the host's slots."""
+    else ``prober(host)`` (:func:`probe`), capped to the host's slots.
+
+    ``cpu_hosts`` (host -> monotonic time, s, of the answer; updated in place) remembers the
+    hosts the prober found without GPUs, so that a CPU host is not asked over ssh at every
+    change of the pool (each ask can hold the caller up to :data:`PROBE_TIMEOUT_S`): it is
+    asked again after :data:`PROBE_AGAIN_S` (an unreachable GPU host is found later), and at
+    once when it left the pool and came back."""
+    now = time.monotonic() if now is None else now
+    if cpu_hosts is not None:
+        for gone in [h for h in cpu_hosts if h not in hosts]:
+            del cpu_hosts[gone]
     out: Dict[str, Tuple[str, ...]] = {}
     for host, slots in hosts.items():
         if host in named:
@@ -88,8 +102,15 @@ def pool_gpus(hosts: Dict[str, int], named: Dict[str, Tuple[str, ...]], assume: 
             gpus = tuple(str(i) for i in range(slots))
         elif host in known:
             gpus = known[host]
+        elif cpu_hosts is not None and now - cpu_hosts.get(host, -PROBE_AGAIN_S) < PROBE_AGAIN_S:
+            gpus = None  # asked recently: CPU slots
         else:
             gpus = prober(host) if prober is not None else None
+            if cpu_hosts is not None:
+                if gpus:
+                    cpu_hosts.pop(host, None)
+                else:
+                    cpu_hosts[host] = now
         if gpus:
             out[host] = tuple(gpus[:slots])
     return out

@@ -144,6 +144,7 @@ class Service:
         self.pool: Dict[str, int] = {}
         self.discovered: Dict[str, int] = {}  # the pool as discovery last gave it
         self.host_gpus: Dict[str, Tuple[str, ...]] = {}  # host -> its GPUs (GPU hosts only)
+        self.cpu_hosts: Dict[str, float] = {}  # host -> when it answered "no GPUs" (gpus.pool_gpus)
         self.job_gpus: Dict[str, Dict[str, Tuple[str, ...]]] = {}  # job -> host -> its list
         self.held_gpus: Dict[str, Dict[str, set]] = {}  # job -> host -> GPUs it may still use
         self.drains: Dict[str, dict] = {}  # host -> its drain (launcher.cluster.drains)
@@ -240,7 +241,7 @@ class Service:
                for x in args[i:i + 2]]  # how the jobs reach the hosts: how to ask them too
         found = gpus_.pool_gpus(hosts, getattr(self.discovery, "gpus", {}), self.assume_gpus,
                                 self.host_gpus,
-                                lambda h: gpus_.probe(h, is_local(h), ssh))
+                                lambda h: gpus_.probe(h, is_local(h), ssh), self.cpu_hosts)
         pool = {h: (min(k, len(found[h])) if h in found else k)
                 for h, k in drains_.effective(self, hosts).items()}
         from launcher.discovery.prices import host_terms

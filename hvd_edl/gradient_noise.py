@@ -133,9 +133,11 @@ class NoiseScale:
         self.steps = 0
         self.latest: Optional[NoiseEstimate] = None
 
-    def update(self, local_sqr: float, total_sqr: float, count: int, batch: int) -> None:
+    def update(self, local_sqr: float, total_sqr: float, count: int, batch: int,
+               step_batch: Optional[int] = None) -> None:
         """Add one step's norms (see :func:`unbiased`); a step with a non-finite norm (an
-        overflow) is skipped."""
+        overflow) is skipped.  ``step_batch``: the step's global batch when ``batch`` covers
+        more (one rank pairing two steps: ``batch`` is both steps'); reported as ``batch``."""
         if not (math.isfinite(local_sqr) and math.isfinite(total_sqr)):
             return
         sqr, var = unbiased(local_sqr, total_sqr, count, batch)
@@ -147,7 +149,8 @@ class NoiseScale:
             avg[1] = theta * avg[1] + (1.0 - theta)
         self.steps += 1
         s, v = self.sqr, self.var
-        self.latest = NoiseEstimate(s, v, v / s if s > 0 else None, int(batch), self.steps)
+        self.latest = NoiseEstimate(s, v, v / s if s > 0 else None, int(step_batch or batch),
+                                    self.steps)
         _published[0] = self.latest
 
     @property

@@ -9,7 +9,10 @@ estimator's cost per step on the training thread.
 The job is examples/train_digits.py under hvd-edl-run (-np 2, global batch 32 split over the
 ranks, SGD lr 0.02 momentum 0.9), saving its parameters and the online estimate at each epoch's
 end (``--save-epochs``).  At each checkpoint (``--checkpoints``) the same 2-worker job is run
-again from those parameters with lr 0 (``--init-params``): the online estimate then measures
+again from those parameters with lr 0 (``--init-params``; 24 epochs, 1,032 steps, with the
+estimator's memory at 500 steps, ``--probe-smoothing 0.998``: at 2 ranks x 16 samples one step's
+|G|^2 estimate is a difference of two norms each larger than |G|^2 late in training, so 100 steps
+of memory, the default, leave it noisy): the online estimate then measures
 the checkpoint's own noise (during training it is an exponential average over about the last
 100 steps of a moving target, while the snapshot's |G|^2 swings from one step to the next under
 momentum: both are in the JSON and the plot, but only the fixed-parameter figure is the check).
@@ -34,13 +37,15 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
 
-def run_job(model: str, epochs: int, folder: Path, *extra: str) -> dict:
+def run_job(model: str, epochs: int, folder: Path, *extra: str, smoothing=None) -> dict:
     """One 2-worker digits job logging every epoch; returns its accuracy log's lines."""
     log = folder / "accuracy.jsonl"
     cmd = [str(Path(sys.executable).parent / "hvd-edl-run"), "-np", "2",
            sys.executable, str(ROOT / "examples" / "train_digits.py"), "--epochs", str(epochs),
            "--global-batch-size", "32", "--model", model, "--accuracy-log", str(log), *extra]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if smoothing is not None:
+        env["HVD_EDL_NOISE_SMOOTHING"] = str(smoothing)
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     if r.returncode != 0:
         raise RuntimeError(f"job failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}")
@@ -82,7 +87,10 @@ def main(argv=None) -> int:
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--checkpoints", default="2,5,10", help="epochs whose parameters are "
                    "measured again at fixed parameters (lr 0)")
-    p.add_argument("--probe-epochs", type=int, default=5, help="epochs of each lr-0 job")
+    p.add_argument("--probe-epochs", type=int, default=24, help="epochs of each lr-0 job")
+    p.add_argument("--probe-smoothing", type=float, default=0.998,
+                   help="the estimator's theta in the lr-0 jobs (HVD_EDL_NOISE_SMOOTHING; "
+                        "training uses the default 0.99)")
     p.add_argument("--models", default="small,large")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
                                         "noise_scale_check.json"))
@@ -91,8 +99,10 @@ def main(argv=None) -> int:
     from train_digits import load_data
     torch.set_num_threads(1)
     train_ds, _ = load_data(0)
-    out = {"what": "online noise scale (2-worker job, EMA) vs per-sample offline estimate, "
-                   "per epoch end", "machine": "2 shared CPU cores, loaded", "models": {}}
+    out = {"what": "online noise scale (2-worker job, EMA) vs per-sample offline estimate at "
+                   "checkpoints (lr-0 jobs from their parameters)",
+           "command": "benchmarks/job/noise_scale_check.py " + " ".join(argv or sys.argv[1:]),
+           "probe_smoothing": a.probe_smoothing, "probe_epochs": a.probe_epochs, "machine": "2 shared CPU cores, loaded", "models": {}}
     for model in a.models.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.time()
@@ -105,7 +115,7 @@ def main(argv=None) -> int:
                 probe = Path(tmp) / f"probe-{k}"
                 probe.mkdir()
                 lines = run_job(model, a.probe_epochs, probe, "--init-params", str(ck),
-                                "--lr", "0")["lines"]
+                                "--lr", "0", smoothing=a.probe_smoothing)["lines"]
                 on = lines[-1]["noise"] or {}
                 ns_on = on.get("noise_scale_samples")
                 checks.append({"epoch": k, "accuracy": off["line"]["accuracy"],

@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 ENV_OFF = "HVD_EDL_GRADIENT_NOISE"
 """``HVD_EDL_GRADIENT_NOISE=0`` in a worker's environment turns the measurement off (nothing
 computed, no scalar allreduce; for benchmarks of its cost)."""
+ENV_SMOOTHING = "HVD_EDL_NOISE_SMOOTHING"
+"""The estimator's theta per step of the initial batch (default
+:data:`hvd_edl.gradient_noise.DEFAULT_SMOOTHING`, 0.99: about 100 steps of memory; AdaptDL's
+0.999 remembers 1,000: steadier, slower to follow training)."""
 MAX_PENDING = 4  # steps whose scalar may be in flight at once (more: a step goes unmeasured)
 _batch = [0]   # the global batch (samples) of the step being computed; 0 unknown
 _meters = itertools.count()  # names of the scalar allreduces: the same on every rank
@@ -89,6 +93,8 @@ class GradientNoiseMeter:
 
     def __init__(self, opt, smoothing: Optional[float] = None):
         self.opt = opt
+        if smoothing is None and os.environ.get(ENV_SMOOTHING):
+            smoothing = float(os.environ[ENV_SMOOTHING])
         self.noise = NoiseScale() if smoothing is None else NoiseScale(smoothing)
         self.enabled = os.environ.get(ENV_OFF, "1") != "0"
         self.cost_s = 0.0  # seconds the measurement took on the training thread, in all
@@ -225,7 +231,7 @@ class GradientNoiseMeter:
                             for a, b in zip(self._prev, grads)))
             local = (self._prev_sqr + total) / 2.0
             mean = (self._prev_sqr + total + 2.0 * dot) / 4.0
-            self.noise.update(local, mean, 2, max(2 * batch, 2))
+            self.noise.update(local, mean, 2, max(2 * batch, 2), step_batch=batch)
             for a, b in zip(self._prev, grads):
                 a.copy_(b)
         else:

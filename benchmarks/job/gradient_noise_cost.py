@@ -2,12 +2,13 @@
 2-worker job: the digits CNN (examples/train_digits.py, small and large), global batch 32.
 
     .venv/bin/python benchmarks/job/gradient_noise_cost.py [--slices 12] [--steps 40]
-        [--out benchmarks/results/gradient_noise_cost.json]
+        [--every 1,4] [--out benchmarks/results/gradient_noise_cost.json]
 
 Two figures per model, both from one job (``--worker`` is what each rank runs):
 * direct: the seconds the measurement itself takes on the training thread (its hooks' norms,
   the local sum, launching the scalar allreduce, the averaged gradient's norm, polling),
-  timed by ``GradientNoiseMeter.cost_s``, over the mean step;
+  timed by ``GradientNoiseMeter.cost_s``, per step, over the mean step; for every step measured
+  and for every 4th (``--every 1,4``: ``HVD_EDL_GRADIENT_NOISE_EVERY``);
 * side by side: slices of ``--steps`` steps with the meter on and off, interleaved (on, off,
   off, on, ...), steps/s of each slice: the median ratio off/on (1.0 = no visible cost) and its
   spread, which on the shared 2 cores is mostly other processes' noise.
@@ -76,8 +77,8 @@ def worker(model_name: str, slices: int, steps: int, out: str) -> None:
                 sampler.record_batch(i, len(x))
             dt = time.perf_counter() - t0
             rows.append({"on": on, "steps_per_s": steps / dt,
-                         "cost_s_per_step": (meter.cost_s - c0) / max(meter.cost_steps - n0, 1)
-                         if on else 0.0})
+                         "cost_s_per_step": (meter.cost_s - c0) / steps if on else 0.0,
+                         "measured_steps": meter.cost_steps - n0})
         if hvd.rank() == 0:
             Path(out).write_text(json.dumps(rows))
 
@@ -89,6 +90,7 @@ def main(argv=None) -> int:
     p.add_argument("--slices", type=int, default=12, help="slices per setting")
     p.add_argument("--steps", type=int, default=40, help="steps per slice")
     p.add_argument("--models", default="small,large")
+    p.add_argument("--every", default="1,4", help="HVD_EDL_GRADIENT_NOISE_EVERY values to run")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
                                         "gradient_noise_cost.json"))
     p.add_argument("--worker", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
@@ -100,13 +102,14 @@ def main(argv=None) -> int:
               "machine": "2 shared CPU cores, loaded (other sessions' jobs running)",
               "command": "benchmarks/job/gradient_noise_cost.py " + " ".join(argv or sys.argv[1:]),
               "models": {}}
-    for model in a.models.split(","):
+    for model, every in [(m, e) for e in a.every.split(",") for m in a.models.split(",")]:
         out = Path(a.out).with_name(f".cost-{model}.json")
         cmd = [str(Path(sys.executable).parent / "hvd-edl-run"), "-np", "2", sys.executable,
                __file__, "--worker", model, str(out), "--slices", str(a.slices), "--steps",
                str(a.steps)]
-        r = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True,
-                           text=True, timeout=1800)
+        r = subprocess.run(cmd, env=dict(os.environ, PYTHONPATH=str(ROOT),
+                                         HVD_EDL_GRADIENT_NOISE_EVERY=every),
+                           capture_output=True, text=True, timeout=1800)
         if r.returncode != 0:
             print(r.stdout[-3000:], r.stderr[-3000:])
             return 1
@@ -122,8 +125,8 @@ def main(argv=None) -> int:
              "direct_cost_s_per_step": cost, "direct_fraction": cost / step_s,
              "ratio_off_over_on_median": statistics.median(ratios),
              "ratio_range": [min(ratios), max(ratios)], "slices": rows}
-        result["models"][model] = m
-        print(f"{model}: step {1e3 * step_s:.1f} ms; estimator {1e6 * cost:.0f} us per step = "
+        result["models"][f"{model}, every {every}"] = m
+        print(f"{model}, every {every}: step {1e3 * step_s:.1f} ms; estimator {1e6 * cost:.0f} us per step = "
               f"{100 * cost / step_s:.2f} % (direct); steps/s off/on median "
               f"{m['ratio_off_over_on_median']:.3f} (range {min(ratios):.2f}-{max(ratios):.2f})",
               flush=True)

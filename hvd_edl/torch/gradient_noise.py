@@ -47,7 +47,12 @@ ENV_SMOOTHING = "HVD_EDL_NOISE_SMOOTHING"
 """The estimator's theta per step of the initial batch (default
 :data:`hvd_edl.gradient_noise.DEFAULT_SMOOTHING`, 0.99: about 100 steps of memory; AdaptDL's
 0.999 remembers 1,000: steadier, slower to follow training)."""
-MAX_PENDING = 4  # steps whose scalar may be in flight at once (more: a step goes unmeasured)
+ENV_EVERY = "HVD_EDL_GRADIENT_NOISE_EVERY"
+"""Measure every k-th optimizer step only (default 1: every step): 1/k of the cost, k times
+fewer samples for the average (its memory stays the same number of steps).  The steps are
+chosen by the step count, the same on every rank (no collective can be left unmatched); one
+rank alone measures the pairs (k-1, k) of consecutive steps."""
+NAMES = 16  # the scalar allreduces' names rotate over this many steps
 _batch = [0]   # the global batch (samples) of the step being computed; 0 unknown
 _meters = itertools.count()  # names of the scalar allreduces: the same on every rank
 _current: List[Optional["GradientNoiseMeter"]] = [None]  # the last meter made (telemetry)
@@ -97,6 +102,8 @@ class GradientNoiseMeter:
             smoothing = float(os.environ[ENV_SMOOTHING])
         self.noise = NoiseScale() if smoothing is None else NoiseScale(smoothing)
         self.enabled = os.environ.get(ENV_OFF, "1") != "0"
+        self.every = max(int(os.environ.get(ENV_EVERY, "1") or 1), 1)
+        self._calls = 0  # synchronize calls (the step count outside hvd-edl-run)
         self.cost_s = 0.0  # seconds the measurement took on the training thread, in all
         self.cost_steps = 0  # synchronized steps it was measured over
         self.local_scale = 1.0  # factor on each backward pass's squared norm
@@ -107,7 +114,7 @@ class GradientNoiseMeter:
         self._prev_sqr = 0.0
         # (handle, total, count, batch, generation) of steps whose scalar is still in flight
         self._pending: Deque[tuple] = deque()
-        self._sent = 0  # scalars sent (their names rotate over MAX_PENDING + 1)
+        self._prev_step = -2  # the step whose gradients _prev holds (one rank)
         self._prev_batch = 0
         self._params = [p for group in opt.param_groups for p in group["params"]
                         if p.requires_grad]
@@ -127,29 +134,35 @@ class GradientNoiseMeter:
         inner = opt.synchronize
 
         def synchronize():
+            step = self._step_id()
+            self._calls += 1
             if not self.enabled or not _hvd.is_initialized():
                 self._local = []
                 self._pending.clear()
                 return inner()
-            t0 = time.perf_counter()
             size = _hvd.size()
+            count = size * self._passes()
+            if not self._armed(step, count):
+                self._local = []
+                return inner()
+            t0 = time.perf_counter()
             handle = None
             local = self._local_sum()
-            count = size * self._passes()
             if count > 1 and local is not None:
                 if size == 1:
                     handle = local
-                elif len(self._pending) < MAX_PENDING:
-                    self._sent += 1
-                    handle = _hvd.allreduce_async(
-                        local, name=f"{self.name}.{self._sent % (MAX_PENDING + 1)}",
-                        op=_hvd.Average)
+                else:
+                    try:  # every rank sends on the same steps, under the same name
+                        handle = _hvd.allreduce_async(local, name=f"{self.name}.{step % NAMES}",
+                                                      op=_hvd.Average)
+                    except Exception as e:  # noqa: BLE001 - never fails a step
+                        log.debug("gradient noise scalar not sent: %s", e)
             t1 = time.perf_counter()
             result = inner()
             t2 = time.perf_counter()
             self._local = []
             try:
-                self._measure(size, count, handle)
+                self._measure(size, count, handle, step)
                 self._finish_pending()
             except Exception as e:  # noqa: BLE001 - the measurement never fails a step
                 log.warning("gradient noise not measured this step: %s", e)
@@ -158,6 +171,22 @@ class GradientNoiseMeter:
             return result
 
         opt.synchronize = synchronize
+
+    def _step_id(self) -> int:
+        """This step's number, the same on every rank: the runtime's optimizer step count
+        (synced to joiners, restored at a rollback), else the synchronize calls so far."""
+        rt = _runtime.get()
+        return rt.steps if rt is not None else self._calls
+
+    def _armed(self, step: int, count: Optional[int] = None) -> bool:
+        """Whether step ``step`` is measured (:data:`ENV_EVERY`): every k-th step; with one
+        gradient per step (one rank, one pass) also the step before it, to pair them."""
+        k = self.every
+        if k == 1:
+            return True
+        if count is None:
+            count = (_hvd.size() if _hvd.is_initialized() else 1) * self._passes()
+        return step % k == 0 or (count == 1 and step % k == k - 1)
 
     def _finish_pending(self) -> None:
         """Add the figures of earlier steps whose scalar allreduce is done (``poll``: never
@@ -180,7 +209,8 @@ class GradientNoiseMeter:
             self.noise.update(local, total, count, batch)
 
     def _grad_hook(self, grad):
-        if self.enabled and not grad.is_sparse:
+        if self.enabled and not grad.is_sparse and (self.every == 1
+                                                    or self._armed(self._step_id())):
             t0 = time.perf_counter()
             g = grad.detach().reshape(-1)
             # on the CPU a Python float at once (no stacking later); on a GPU a tensor (an
@@ -209,7 +239,7 @@ class GradientNoiseMeter:
         return [p.grad.detach() for p in self._params
                 if p.grad is not None and not p.grad.is_sparse]
 
-    def _measure(self, size: int, count: int, handle) -> None:
+    def _measure(self, size: int, count: int, handle, step: int = 0) -> None:
         grads = self._grads()
         if not grads:
             return
@@ -223,10 +253,13 @@ class GradientNoiseMeter:
             if size == 1:
                 self.noise.update(float(handle), total, count, max(batch, count))
             else:  # the ranks' mean is read once done (polled): never waited for
+                if len(self._pending) >= NAMES - 1:
+                    self._pending.popleft()  # far too late: forgotten (never waited for)
                 self._pending.append((handle, total, count, max(batch, count), _generation()))
             return
         # one rank: pair this step with the previous one (same batch), as two "ranks"
-        if self._prev is not None and batch == self._prev_batch and len(self._prev) == len(grads):
+        if self._prev is not None and batch == self._prev_batch and len(self._prev) == len(grads) \
+                and (self.every == 1 or self._prev_step == step - 1):
             dot = k * float(sum(torch.dot(a.flatten(), b.flatten()).double()
                             for a, b in zip(self._prev, grads)))
             local = (self._prev_sqr + total) / 2.0
@@ -236,4 +269,4 @@ class GradientNoiseMeter:
                 a.copy_(b)
         else:
             self._prev = [g.clone() for g in grads]
-        self._prev_sqr, self._prev_batch = total, batch
+        self._prev_sqr, self._prev_batch, self._prev_step = total, batch, step

@@ -35,6 +35,7 @@ import json
 import statistics
 import sys
 import time
+from typing import Optional
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,8 +126,24 @@ def workload_jobs(load: str, i: int, jobs: str):
     return sim_jobs(trace, elastic=(jobs == "elastic"))
 
 
-def run_one(policy: str, load: str, i: int, jobs: str, costs: dict) -> dict:
-    """One workload under one policy: average JCT, makespan, utilisation, changes, fairness."""
+def run_one(policy: str, load: str, i: int, jobs: str, costs: dict,
+            cache: Optional[str] = None) -> dict:
+    """One workload under one policy: average JCT, makespan, utilisation, changes, fairness;
+    read from / written to ``cache`` (a folder) when given."""
+    path = None
+    if cache:
+        tag = "-".join(f"{k}={v}" for k, v in sorted(costs.items()))
+        path = Path(cache) / f"{policy}-{jobs}-{load}-{i}-{tag}.json"
+        if path.exists():
+            return json.loads(path.read_text())
+    out = _run_one(policy, load, i, jobs, costs)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out))
+    return out
+
+
+def _run_one(policy: str, load: str, i: int, jobs: str, costs: dict) -> dict:
     r = simulate(workload_jobs(load, i, jobs), pool_of(16, 4), make_policy(policy),
                  timeline=True, **costs)
     fair = finish_time_fairness(r, sim_jobs(load_workload(load, i), elastic=True), 64, 4,
@@ -138,9 +155,9 @@ def run_one(policy: str, load: str, i: int, jobs: str, costs: dict) -> dict:
             "ftf_worst": fair["worst"], "ftf_median": fair["median"]}
 
 
-def run_set(policy: str, load: str, workloads, jobs: str, pool=None, **costs):
+def run_set(policy: str, load: str, workloads, jobs: str, pool=None, cache=None, **costs):
     """:func:`run_one` over ``workloads`` (in ``pool``'s processes when given), with means."""
-    args = [(policy, load, i, jobs, costs) for i in workloads]
+    args = [(policy, load, i, jobs, costs, cache) for i in workloads]
     out = list(pool.map(run_one, *zip(*args))) if pool is not None else \
         [run_one(*a) for a in args]
     return {"runs": out,
@@ -248,6 +265,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-scale", action="store_true", help="skip the 1,024-GPU round timing")
     ap.add_argument("--procs", type=int, default=1,
                     help="simulate the workloads in this many processes (default 1)")
+    ap.add_argument("--cache", metavar="DIR",
+                    help="keep each simulated workload's figures in DIR and reuse them (runs per "
+                         "load in parallel, then one run over all loads that writes the results)")
     args = ap.parse_args(argv)
     try:
         traces_dir()
@@ -305,7 +325,7 @@ def main(argv=None) -> int:
                                       ("edl_stopfree", "edl", "elastic", stopfree),
                                       ("edl_goodput", "goodput", "goodput", stopfree),
                                       ("edl_goodput_30s", "goodput", "goodput", ckpt)]:
-            res = run_set(pol, load, wl, kind, pool=procs, **costs)
+            res = run_set(pol, load, wl, kind, pool=procs, cache=args.cache, **costs)
             detail.setdefault(load, {})[key] = res
             row[key] = res["mean_avg_jct_s"]
             row[f"{key}_makespan_s"] = res["mean_makespan_s"]
@@ -363,7 +383,14 @@ def main(argv=None) -> int:
         print("\nScale: workload-1 (1.0x) x16 on 1,024 GPUs, CPU s of one scheduling round")
         for pol, costs in (("fifo", ckpt), ("tiresias", ckpt), ("edl", stopfree),
                            ("goodput", stopfree)):
-            scale[pol] = scale_round(pol, costs)
+            cached = Path(args.cache) / f"scale-{pol}.json" if args.cache else None
+            if cached is not None and cached.exists():
+                scale[pol] = json.loads(cached.read_text())
+            else:
+                scale[pol] = scale_round(pol, costs)
+                if cached is not None:
+                    cached.parent.mkdir(parents=True, exist_ok=True)
+                    cached.write_text(json.dumps(scale[pol]))
             s = scale[pol]
             print(f"  {pol:>9}: median {s['round_cpu_s_median']:.4f} s, max {s['round_cpu_s_max']:.4f} s "
                   f"over {s['rounds']} rounds ({s['jobs']} jobs, up to {s['max_jobs_in_snapshot']} "

@@ -139,14 +139,14 @@ class GoodputView:
         """(goodput, global batch) of the best candidate at ``placement`` (slots per host,
         largest first); (0.0, batch) where none fits or the placement is empty.  A job that does
         not adapt is judged at the candidate nearest its own batch."""
-        pl = tuple(placement)
-        got = self._best.get(pl)
+        got = self._best.get(placement)
         if got is None:
+            pl = tuple(placement)
             b, t = self.configs(pl) if pl else (np.empty(0), np.empty(0))
             if not len(b):
                 got = (0.0, self.batch)
             else:
-                g = self.base_batch * np.asarray(gain(self.sqr, self.var, b / self.base_batch)) / t
+                g = self._goodputs(b, t)
                 if not self.adapts:
                     i = int(np.argmin(np.abs(np.log(b / self.batch))))
                 else:
@@ -154,6 +154,13 @@ class GoodputView:
                 got = (float(g[i]), int(b[i]))
             self._best[pl] = got
         return got
+
+    def _goodputs(self, b: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """Goodput of candidate batches ``b`` (samples) at step seconds ``t``."""
+        if self.sqr > 0 or self.var > 0:           # the common case, without gain()'s guards
+            return self.base_batch * (self.var + self.sqr) / (
+                self.var * self.base_batch / b + self.sqr) / t
+        return self.base_batch / t
 
     def speed(self, placement: Tuple[int, ...]) -> float:
         """Goodput (samples/s at B0) at ``placement`` with the best batch: what the policies
@@ -168,4 +175,4 @@ class GoodputView:
         if not len(b):
             return 0.0
         i = int(np.argmin(np.abs(np.log(b / batch))))
-        return float(self.base_batch * gain(self.sqr, self.var, b[i] / self.base_batch) / t[i])
+        return float(self._goodputs(b[i:i + 1], t[i:i + 1])[0])

@@ -116,6 +116,7 @@ class BatchModel:
         self.max_batch = int(max_batch or max(app.validation))
         self.adapts = adapts
         self.min_local, self.max_local = app.min_local_bsz, app.max_local_bsz
+        self._view = None     # ((epoch, batch), GoodputView) last given
 
     @property
     def max_replicas(self) -> int:
@@ -135,8 +136,18 @@ class BatchModel:
         return gp.step_seconds(st, sy, accum)
 
     def view(self, progress: float, batch: int) -> gp.GoodputView:
-        """What a policy sees of this job now: its statistics at ``batch`` in the current epoch."""
-        sqr, var = self.model.grad_stats(batch, self.model.epoch(progress))
+        """What a policy sees of this job now: its statistics at ``batch`` in the current epoch
+        (the same object while the epoch and the batch stay: its memo of the best batch per
+        placement carries over rounds)."""
+        key = (self.model.epoch(progress), batch)
+        if self._view is not None and self._view[0] == key:
+            return self._view[1]
+        sqr, var = self.model.grad_stats(batch, key[0])
+        v = self._make_view(sqr, var, batch)
+        self._view = (key, v)
+        return v
+
+    def _make_view(self, sqr: float, var: float, batch: int) -> gp.GoodputView:
         return gp.GoodputView(sqr, var, self.model.base_batch, batch,
                               functools.partial(_configs, self.app, self.min_batch, self.max_batch,
                                                 self.b0 if not self.adapts else None),

@@ -16,7 +16,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Optional, Tuple, Union
+from typing import Iterable, Optional, Tuple, Union
 
 PathLike = Union[str, os.PathLike]
 
@@ -40,16 +40,21 @@ class PrivateFileError(OSError):
         super().__init__(f"{path}: {reason} {detail or ''}".strip())
 
 
-def read_private(path: PathLike, max_bytes: int = 1 << 20) -> bytes:
-    """The contents of ``path`` (at most ``max_bytes`` bytes), after the checks of the module's
-    docstring.
+def open_checked(path: PathLike, owners: Optional[Iterable[int]] = None,
+                 flags: int = os.O_RDONLY) -> Tuple[int, os.stat_result]:
+    """An open descriptor of ``path`` and its ``fstat``, after the open and owner checks of the
+    module's docstring: ``O_NOFOLLOW | O_NONBLOCK`` are added to ``flags`` (a link is refused, a
+    FIFO never blocks), then it must be a regular file owned by a uid in ``owners`` (default:
+    this user only).  The permission bits are not checked here (:func:`read_private` does).
+    The caller closes the descriptor.
 
     Raises:
-        PrivateFileError: missing, a symbolic link, not a regular file, owned by another user,
-            open to group or others, larger than ``max_bytes``, or unreadable.
+        PrivateFileError: missing, a symbolic link, not a regular file, owned by a uid not in
+            ``owners``, or unopenable.
     """
+    accepted = {os.geteuid()} if owners is None else set(owners)
     try:
-        fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(os.fspath(path), flags | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         raise PrivateFileError(path, MISSING) from None
     except OSError as e:
@@ -60,8 +65,27 @@ def read_private(path: PathLike, max_bytes: int = 1 << 20) -> bytes:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise PrivateFileError(path, NOT_REGULAR)
-        if st.st_uid != os.geteuid():
+        if st.st_uid not in accepted:
             raise PrivateFileError(path, OTHER_OWNER, uid=st.st_uid)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_private(path: PathLike, max_bytes: int = 1 << 20,
+                 owners: Optional[Iterable[int]] = None) -> bytes:
+    """The contents of ``path`` (at most ``max_bytes`` bytes), after the checks of the module's
+    docstring.  ``owners``: the uids whose file is accepted (default: this user only; a root
+    service reading a file in a user's job folder also accepts that user's uid,
+    :mod:`launcher.cluster.user_files`).
+
+    Raises:
+        PrivateFileError: missing, a symbolic link, not a regular file, owned by a uid not in
+            ``owners``, open to group or others, larger than ``max_bytes``, or unreadable.
+    """
+    fd, st = open_checked(path, owners)
+    try:
         if st.st_mode & 0o077:
             raise PrivateFileError(path, OPEN_TO_OTHERS, mode=stat.S_IMODE(st.st_mode))
         chunks, size = [], 0

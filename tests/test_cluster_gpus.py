@@ -106,7 +106,7 @@ def test_a_service_killed_mid_shrink_still_holds_the_leavers_gpus(service, tmp_p
                         *ledger(tmp_path, "j2", 96), audit_dir=a2)
         wait_for("j1's shrink written", lambda: svc.events(j1, "shrink"), 60, svc.output)
         svc.kill9()
-        held = json.loads((svc.state / "jobs" / j1 / "held.json").read_text())
+        held = json.loads((svc.state / "held" / f"{j1}.json").read_text())
         svc.start()
         jobs = _both_done_once_j2_runs(svc, tmp_path, j2)
     finally:

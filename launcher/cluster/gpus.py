@@ -16,7 +16,7 @@ happens otherwise: two jobs' workers on one GPU).
   plus the GPUs it was asked to give back until its telemetry shows no worker on them
   (:func:`released`).  A GPU is free only when no job holds it, so no GPU is ever given to two
   jobs' live processes, also while a shrinking job's leavers finish their last step.  The held
-  sets are kept in each job's folder (``held.json``), so a restarted service counts a leaver's
+  sets are kept in the service's folder (``held/<job>.json``), so a restarted service counts a leaver's
   GPU as held until it is gone (:func:`load_held`).
 
 Each function takes the service explicitly (:class:`launcher.cluster.service.Service`), on its
@@ -207,20 +207,24 @@ def occupied_counts(svc, job_id: str, counts: Dict[str, int]) -> Dict[str, int]:
 
 
 def _held_path(svc, job_id: str) -> str:
-    return os.path.join(str(svc.state_dir), "jobs", job_id, "held.json")
+    """``STATE_DIR/held/<job>.json``: the service's own folder, never the job's (a job's folder
+    is its user's under a root service: a file the service writes or trusts there could be a
+    link the user planted, or a list of GPUs the user wrote)."""
+    return os.path.join(str(svc.state_dir), "held", f"{job_id}.json")
 
 
 def save_held(svc, job_id: str) -> None:
-    """Keep the job's lists and held GPUs in its folder (``held.json``, written atomically), for
-    a restarted service (:func:`load_held`)."""
+    """Keep the job's lists and held GPUs in the service's folder (:func:`_held_path`, written
+    atomically), for a restarted service (:func:`load_held`)."""
     path = _held_path(svc, job_id)
-    if not os.path.isdir(os.path.dirname(path)):
+    if not os.path.isdir(os.path.join(str(svc.state_dir), "jobs", job_id)):
         return
     data = {"lists": {h: list(g) for h, g in svc.job_gpus.get(job_id, {}).items()},
             "held": {h: sorted(g) for h, g in svc.held_gpus.get(job_id, {}).items()}}
     tmp = path + ".tmp"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f)
         os.replace(tmp, path)
@@ -230,7 +234,7 @@ def save_held(svc, job_id: str) -> None:
 
 def load_held(svc, job_id: str, lists: Dict[str, Tuple[str, ...]]) -> None:
     """A re-adopted job (a restarted service): its lists are what its allocation file names
-    (``lists``), and it holds those plus what ``held.json`` says it still held (its leavers'
+    (``lists``), and it holds those plus what :func:`save_held` kept it still held (its leavers'
     GPUs until its telemetry shows them gone)."""
     svc.job_gpus[job_id] = {h: tuple(g) for h, g in lists.items()}
     held: Dict[str, Set[str]] = {h: set(g) for h, g in lists.items()}

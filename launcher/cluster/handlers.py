@@ -23,7 +23,7 @@ from typing import Optional
 
 from launcher.arg_types import MAX_PRIORITY, MAX_WORKERS
 from launcher.cluster import ends, reasons, runnable, users
-from launcher.cluster.runs import JobFiles, takes_part
+from launcher.cluster.runs import JobFiles, open_in_folder, takes_part
 from launcher.cluster.store import JobRecord, Store
 
 
@@ -213,14 +213,18 @@ def logs(svc, job_id: str, run: Optional[int] = None, offset: int = 0,
         raise RequestError(f"job {job_id} has no run {number} (its runs: "
                            + (f"1 to {job.run})" if job.run > 1 else "1)"), status=404)
     ended = number < job.run or job.state != "running"  # before reading: then all is written
-    path = JobFiles(svc.state_dir, job_id).run_file(number, "log")
+    files = JobFiles(svc.state_dir, job_id)
+    path = files.run_file(number, "log")
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_in_folder(path, os.O_RDONLY, files.owner(), create=False),
+                       "rb") as f:
             size = os.fstat(f.fileno()).st_size
             f.seek(min(max(0, offset), size))
             data = f.read(max(1, min(limit, LOG_CHUNK_BYTES)))
     except FileNotFoundError:
         size, data = 0, b""
+    except OSError as e:  # a link or a FIFO planted in the job's folder (runs.open_in_folder)
+        raise RequestError(f"job {job_id}: its log cannot be read: {e}", status=409)
     start = min(max(0, offset), size)
     if start + len(data) < size and b"\n" in data:
         data = data[:data.rindex(b"\n") + 1]

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -40,6 +41,16 @@ log = logging.getLogger(__name__)
 
 MARKER_ENV = "HVD_EDL_CLUSTER_RUN"  # a run's marker (Run.marker), inherited by its processes
 DISCOVERY_INTERVAL_S = 0.2  # the jobs' --discovery-interval: a shrink is seen this fast
+
+
+def folder_owner(folder: Path) -> Optional[Tuple[int, int]]:
+    """``(uid, gid)`` of a job's folder when it is not the service's user's (a user's job under
+    a root service), else None (also when it does not exist)."""
+    try:
+        st = os.stat(folder)
+    except OSError:
+        return None
+    return None if st.st_uid == os.geteuid() else (st.st_uid, st.st_gid)
 
 
 class JobFiles:
@@ -62,11 +73,7 @@ class JobFiles:
     def owner(self) -> Optional[Tuple[int, int]]:
         """``(uid, gid)`` of the folder when it is not the service's user's (a user's job
         under a root service), else None: its files are made theirs."""
-        try:
-            st = os.stat(self.dir)
-        except OSError:
-            return None
-        return None if st.st_uid == os.geteuid() else (st.st_uid, st.st_gid)
+        return folder_owner(self.dir)
 
     def run_file(self, run: int, kind: str) -> Path:
         return self.dir / f"run{run}.{kind}"
@@ -176,10 +183,11 @@ class Run:
             OSError: it cannot be started.
         """
         owner = files.owner()
-        lock_fd = os.open(files.run_file(number, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        lock_fd = open_in_folder(files.run_file(number, "lock"), os.O_RDWR, owner)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            with open(files.run_file(number, "log"), "ab") as out:
+            log_fd = open_in_folder(files.run_file(number, "log"), os.O_WRONLY | os.O_APPEND, owner)
+            with os.fdopen(log_fd, "ab") as out:
                 if owner is not None:
                     os.fchown(lock_fd, *owner)
                     os.fchown(out.fileno(), *owner)
@@ -205,14 +213,14 @@ class Run:
     def exit_code(self) -> Optional[int]:
         """The run's exit code once written, else None."""
         try:
-            return int(json.loads(self.files.run_file(self.number, "exit").read_text())
-                       ["exit_code"])
+            return int(json.loads(self._read("exit"))["exit_code"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def _lock_held(self) -> bool:
         try:
-            fd = os.open(self.files.run_file(self.number, "lock"), os.O_RDWR)
+            fd = open_in_folder(self.files.run_file(self.number, "lock"), os.O_RDWR,
+                                self.files.owner(), create=False)
         except OSError:
             return False
         try:
@@ -247,30 +255,88 @@ class Run:
         says nothing of the kind (:func:`error_excerpt`)."""
         return error_excerpt(self.files.run_file(self.number, "log"))
 
+    def _read(self, kind: str, limit: int = 4096) -> str:
+        """The text of the run's small file ``run<N>.<kind>`` (:func:`open_in_folder`).
+
+        Raises: OSError (missing, or not a plain file of the job's user)."""
+        fd = open_in_folder(self.files.run_file(self.number, kind), os.O_RDONLY,
+                            self.files.owner(), create=False)
+        with os.fdopen(fd, "rb") as f:
+            return f.read(limit).decode("utf-8", "replace")
+
     def pid(self) -> Optional[int]:
         try:
-            return int(self.files.run_file(self.number, "pid").read_text())
+            return int(self._read("pid"))
         except (OSError, ValueError):
             return None
 
     def launcher_pid(self) -> Optional[int]:
         """The ``hvd-edl-run`` pid its job file names (None before it is written)."""
         try:
-            return int(json.loads(self.files.job_file.read_text())["pid"])
+            fd = open_in_folder(self.files.job_file, os.O_RDONLY, self.files.owner(),
+                                create=False)
+            with os.fdopen(fd, "rb") as f:
+                return int(json.loads(f.read(1 << 16))["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def is_wrapper(self, pid: int) -> bool:
+        """Whether process ``pid`` is this run's wrapper: its environment carries the run's
+        :meth:`marker` (set by :meth:`start`) and it runs as the job's user or the service's.
+        ``run<N>.pid`` lies in the job's folder, which is its user's under a root service: a pid
+        written there by hand names any process, and root would signal it."""
+        import psutil
+        owner = self.files.owner()
+        uids = {os.geteuid()} | ({owner[0]} if owner is not None else set())
+        try:
+            proc = psutil.Process(pid)
+            return (proc.uids().real in uids
+                    and proc.environ().get(MARKER_ENV) == self.marker())
+        except (psutil.Error, OSError):
+            return False
+
     def stop(self, sig: int = signal.SIGTERM) -> bool:
         """Send ``sig`` to the run's wrapper (it passes it to the launcher); False when the run
-        is not alive."""
-        pid = self.pid()
+        is not alive, or its pid file names another process (:meth:`is_wrapper`)."""
+        pid = self.proc.pid if self.proc is not None else self.pid()
         if pid is None or not self._lock_held():
+            return False
+        if not self.is_wrapper(pid):
+            log.warning("run %s: its pid file names process %d, not its wrapper: not signalled",
+                        self.marker(), pid)
             return False
         try:
             os.kill(pid, sig)
             return True
         except OSError:
             return False
+
+
+def open_in_folder(path: Path, flags: int, owner: Optional[Tuple[int, int]],
+                   create: bool = True) -> int:
+    """Open (with ``create``, creating it 0600 when missing) a file of a job's folder, which is its user's under
+    a root service: never through a symbolic link the user planted (``O_NOFOLLOW``), never
+    blocking on a FIFO (``O_NONBLOCK``), and only a regular file that is the user's (``owner``
+    ``(uid, gid)``) or the service's own: else root would write, chown or read a file of
+    anyone's (the folder's owner can put any name there).  Returns the descriptor (blocking).
+
+    Raises:
+        OSError: it cannot be opened (FileNotFoundError when missing and not ``create``), or
+            it is not such a file (a one-line reason).
+    """
+    fd = os.open(path, flags | (os.O_CREAT if create else 0) | os.O_NOFOLLOW | os.O_NONBLOCK
+                 | os.O_CLOEXEC, 0o600)
+    try:
+        st = os.fstat(fd)
+        uids = {os.geteuid()} | ({owner[0]} if owner is not None else set())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in uids or st.st_nlink != 1:
+            raise OSError(f"{path} is not a plain file of the job's user (a link, a FIFO, or "
+                          "another user's): not used")
+        os.set_blocking(fd, True)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 LOG_TAIL_BYTES = 64 * 1024   # what :func:`error_excerpt` reads of a run's log
@@ -283,7 +349,8 @@ def error_excerpt(log_path: Path) -> str:
     (``hvd-edl-run: error: ...``, the prefix dropped), joined by "; ", then where the first
     traceback of a worker ended (``at "train.py", line 3``); "" when it has none."""
     try:
-        with open(log_path, "rb") as f:
+        with os.fdopen(open_in_folder(log_path, os.O_RDONLY, folder_owner(log_path.parent),
+                                      create=False), "rb") as f:
             f.seek(max(0, f.seek(0, os.SEEK_END) - LOG_TAIL_BYTES))
             lines = f.read().decode("utf-8", "replace").splitlines()
     except OSError:

@@ -145,22 +145,38 @@ def launch(svc, job: JobRecord, hosts: Dict[str, int], number: int,
            reason: str = "", **detail) -> None:
     """Start run ``number`` of ``job`` on ``hosts``, as :func:`start` recorded it: its
     allocation file first, then the run, then its ``run`` event (``reason``, ``detail``:
-    ``waited_s``, ``since_submit_s``); a run that cannot start fails the job."""
-    files = JobFiles(svc.state_dir, job.id).make(job.uid)
-    write(svc, job.id, hosts)
-    spec = RunSpec(argv=tuple(job.argv), cwd=job.cwd, env=tuple(sorted(job.env.items())),
-                   np=sum(hosts.values()), min_np=job.min_np, max_np=job.max_np,
-                   checkpoint_dir=job.checkpoint_dir, launcher_args=svc.launcher_args,
-                   environ=tuple(sorted(job.environ.items())), uid=job.uid)
+    ``waited_s``, ``since_submit_s``).  A run that cannot start, for any reason (``OSError``;
+    ``ValueError`` or ``TypeError`` from what a stored job holds: a NUL, a bad environment
+    name, a job stored before ``submit`` checked them) fails the job (:func:`cannot_start`);
+    the service goes on."""
     try:
+        files = JobFiles(svc.state_dir, job.id).make(job.uid)
+        write(svc, job.id, hosts)
+        spec = RunSpec(argv=tuple(job.argv), cwd=job.cwd, env=tuple(sorted(job.env.items())),
+                       np=sum(hosts.values()), min_np=job.min_np, max_np=job.max_np,
+                       checkpoint_dir=job.checkpoint_dir, launcher_args=svc.launcher_args,
+                       environ=tuple(sorted(job.environ.items())), uid=job.uid)
         run = Run.start(files, number, spec)
-    except OSError as e:
-        ends.end(svc, job, "failed", None, f"cannot start its run: {e}")
+    except Exception as e:  # noqa: BLE001 - whatever a stored job holds: that job fails
+        cannot_start(svc, job, number, e)
         return
     svc.runs[job.id] = run
     svc.store.update(job.id, wrapper_pid=run.proc.pid, job_file=str(files.job_file))
     svc.events.note(job.id, "run", reason or f"run {number} started", hosts=hosts, run=number,
                     wrapper_pid=run.proc.pid, **detail)
+
+
+def cannot_start(svc, job: JobRecord, number: int, error: Exception) -> None:
+    """Run ``number`` of ``job`` could not start (``error``): no process of it exists, so its
+    slots are free at once, and the job ends ``failed`` with the error in its reason (one line,
+    at most 300 characters)."""
+    svc.written.pop(job.id, None)
+    svc.written_at.pop(job.id, None)
+    svc.releasing.pop(job.id, None)
+    svc.set_occupied(job.id, {})
+    said = " ".join(f"{type(error).__name__}: {error}".split())[:300]
+    log.warning("job %s: run %d cannot start: %s", job.id, number, said)
+    ends.end(svc, job, "failed", None, f"cannot start its run {number}: {said}")
 
 
 def checkpoint_wait(svc, job_id: str) -> float:

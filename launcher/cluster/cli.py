@@ -284,7 +284,11 @@ def submit(a, client) -> int:
         goal = _goal(a)
     except ValueError as e:
         return _fail(str(e))
-    r = client.call("submit", argv=command, cwd=os.getcwd(), env=env, environ=dict(os.environ),
+    from launcher.cluster.exec_input import NAME
+    # the job's environment: this one, less what is no variable name (bash's exported
+    # functions, BASH_FUNC_f%%: the service takes POSIX names only)
+    environ = {k: v for k, v in os.environ.items() if NAME.fullmatch(k)}
+    r = client.call("submit", argv=command, cwd=os.getcwd(), env=env, environ=environ,
                     name=a.name, np=np_,
                     min_np=lo, max_np=hi, priority=a.priority,
                     checkpoint_dir=os.path.abspath(a.checkpoint_dir) if a.checkpoint_dir

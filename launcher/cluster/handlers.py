@@ -22,7 +22,7 @@ import time
 from typing import Optional
 
 from launcher.arg_types import MAX_PRIORITY, MAX_WORKERS
-from launcher.cluster import ends, reasons, runnable, users
+from launcher.cluster import ends, exec_input, reasons, runnable, users
 from launcher.cluster.runs import JobFiles, open_in_folder, takes_part
 from launcher.cluster.store import JobRecord, Store
 
@@ -35,15 +35,6 @@ class RequestError(ValueError):
         self.status = status
 
 
-def _string_map(value, what: str) -> dict:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                              for k, v in value.items()):
-        raise RequestError(f"{what} must map names to strings")
-    return value
-
-
 def submit(svc, req: dict, caller: Optional[users.User] = None) -> dict:
     """A ``submit`` request of ``caller`` (default: the service's user; validated here; the
     loop's thread only): the job is queued as ``caller``'s, in the store with its folder (that
@@ -53,16 +44,17 @@ def submit(svc, req: dict, caller: Optional[users.User] = None) -> dict:
     Returns:
         ``{"id": ..., "state": "queued"}``.
     Raises:
-        RequestError: no command, a bad size or environment, (a fixed pool) a ``min_np``
-            that can never fit, a bad goal (:func:`check_goal`).
+        RequestError: a bad size, (a fixed pool) a ``min_np`` that can never fit, a bad goal
+            (:func:`check_goal`).
+        launcher.cluster.exec_input.BadExecInput: what ``execve`` could not take: no
+            command, an argument, a path or an environment variable with a NUL, a name not
+            POSIX's, a string too long (:mod:`.exec_input`).
         launcher.cluster.runnable.NotRunnable: the job could not start as its user (its
             folder, interpreter, training script: the first argument after the interpreter
             ending in ``.py``, or the service's interpreter: :func:`.runnable.check`).
     """
     caller = caller or users.service_user()
-    argv = req.get("argv")
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        raise RequestError("no training command given (e.g. -- python train.py)")
+    argv = exec_input.check_argv(req.get("argv"))
     nums = {}
     for key in ("np", "min_np", "max_np", "priority"):
         v = req.get(key)
@@ -87,14 +79,14 @@ def submit(svc, req: dict, caller: Optional[users.User] = None) -> dict:
     capacity = sum(svc.pool.values())
     if svc.fixed_pool and lo > capacity:
         raise RequestError(f"--min-np {lo} can never fit: the pool has {capacity} slots")
-    cwd = str(req.get("cwd") or os.getcwd())
-    env = _string_map(req.get("env"), "env")
-    environ = _string_map(req.get("environ"), "environ")
+    cwd = exec_input.check_path(req.get("cwd") or os.getcwd(), "cwd")
+    env = exec_input.check_environ(req.get("env"), "env")
+    environ = exec_input.check_environ(req.get("environ"), "environ")
     runnable.check(argv, cwd, dict(environ or os.environ, **env), caller.uid)
     goal, speed = check_goal(svc, req.get("goal"), req.get("speed_profile"))
     script = next((a for a in argv if a.endswith(".py")), argv[0])
     name = req.get("name") or os.path.basename(script)
-    ckpt = req.get("checkpoint_dir") or ""
+    ckpt = exec_input.check_path(req.get("checkpoint_dir") or "", "checkpoint_dir")
     job = JobRecord(id="", name=str(name)[:64], argv=argv, cwd=cwd, env=env, np=np_,
                     min_np=lo, max_np=hi, priority=nums["priority"] or 0,
                     checkpoint_dir=str(ckpt), state="queued", submitted_at=time.time(),

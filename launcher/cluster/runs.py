@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from launcher.cluster import allocation, users
+from launcher.cluster.exec_input import NAME
 
 log = logging.getLogger(__name__)
 
@@ -399,11 +400,13 @@ def environment(pairs: Sequence[str]) -> Dict[str, str]:
     """``["K=V", ...]`` -> ``{K: V}``.
 
     Raises:
-        ValueError: an item without ``=`` or with an empty name."""
+        ValueError: an item without ``=``, or whose name is not a variable name
+            (:data:`launcher.cluster.exec_input.NAME`: POSIX's)."""
     out = {}
     for item in pairs:
         k, sep, v = item.partition("=")
-        if not sep or not k:
-            raise ValueError(f"--env {item!r}: expected NAME=VALUE")
+        if not sep or not NAME.fullmatch(k):
+            raise ValueError(f"--env {item!r}: expected NAME=VALUE (NAME: letters, digits "
+                             f"and _, not starting with a digit)")
         out[k] = v
     return out

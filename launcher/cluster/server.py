@@ -157,8 +157,8 @@ class ClusterServer:
         except (ValueError, KeyError, TypeError) as e:
             msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
             return _json(getattr(e, "status", 400), {"error": str(msg)})
-        except TimeoutError:
-            return _json(503, {"error": "the service is busy: try again"})
+        except TimeoutError as e:  # Service.call: its message says whether it was done
+            return _json(503, {"error": str(e) or "the service is busy: try again"})
         except Exception:  # noqa: BLE001 - a bug of ours: 500, keep serving
             log.exception("cluster: error serving a request")
             return _json(500, {"error": "internal error"}, close=True)

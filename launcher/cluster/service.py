@@ -55,6 +55,7 @@ import queue
 import threading
 import time
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -80,6 +81,11 @@ ROUND_S = 5.0            # a scheduling round at least this often
 BUSY_TICK_S = 0.05       # the loop's period while a change is being applied
 IDLE_TICK_S = 0.5        # ... and while nothing is
 REQUEST_TIMEOUT_S = 10.0 # an HTTP request's wait for the loop
+# the answers (503) to a request the loop did not take in time (withdrawn: retrying is safe), or
+# took but did not finish (it may still be carried out: look before retrying)
+BUSY_NOT_DONE = "the service is busy: nothing was done (the request was withdrawn); try again"
+BUSY_UNDER_WAY = ("the service is busy: the request was taken and is still under way; check "
+                  "with hvd-edl-cluster queue / status before retrying")
 # a stop-free switch (the stall of a scale-in/out, make bench) and a (re)start from a
 # checkpoint (a launcher, its workers' imports and the restore, on 2 cores): what the policies
 # are told a change costs
@@ -294,15 +300,26 @@ class Service:
 
     def call(self, fn: Callable[[], object]) -> object:
         """Run ``fn`` on the loop's thread and return its result (its exception raised here);
-        at most ``REQUEST_TIMEOUT_S`` seconds.
+        at most ``REQUEST_TIMEOUT_S`` seconds for the loop to take it.  A request the loop has
+        not taken by then is withdrawn (never run: a client may retry without doing it twice);
+        one it took just then is waited for as long again.
 
         Raises:
-            TimeoutError: the loop did not answer in time.
+            TimeoutError: the loop did not take it in time (its message says it was not done),
+                or did not finish it in twice that (its message says to check before retrying).
         """
         fut: Future = Future()
         self.requests.put((fn, fut))
         self.wake.set()
-        return fut.result(timeout=REQUEST_TIMEOUT_S)
+        try:
+            return fut.result(timeout=REQUEST_TIMEOUT_S)
+        except FutureTimeout:
+            if fut.cancel():  # the loop skips it (_step): it never runs
+                raise TimeoutError(BUSY_NOT_DONE) from None
+        try:  # the loop took it as the wait ended
+            return fut.result(timeout=REQUEST_TIMEOUT_S)
+        except FutureTimeout:
+            raise TimeoutError(BUSY_UNDER_WAY) from None
 
     def post(self, fn: Callable[[], object]) -> None:
         """Run ``fn`` on the loop's thread at its next pass, not waiting (the background
@@ -348,6 +365,8 @@ class Service:
                 fn, fut = self.requests.get_nowait()
             except queue.Empty:
                 break
+            if not fut.set_running_or_notify_cancel():
+                continue  # withdrawn: its caller was answered "not done" (call)
             try:
                 fut.set_result(fn())
             except BaseException as e:  # noqa: BLE001 - handed to the caller

@@ -182,6 +182,9 @@ class Run:
 
         Raises:
             OSError: it cannot be started.
+            ValueError, TypeError: ``spec`` holds what ``execve`` cannot take (a NUL, a ``=``
+                in an environment name, a string not encodable, a non-string): ``submit``
+                refuses those (:mod:`.exec_input`), a job stored before it did may hold them.
         """
         owner = files.owner()
         lock_fd = open_in_folder(files.run_file(number, "lock"), os.O_RDWR, owner)

@@ -236,11 +236,15 @@ def test_edl_lends_spare_slots_and_takes_them_back_stop_free(service, tmp_path):
     starts on them once they are free, and both finish exactly once."""
     svc = service("--policy", "edl", "--hold", "2", "-H", "localhost:3")
     a1, a2 = tmp_path / "a1", tmp_path / "a2"
-    j1 = svc.submit("--min-np", "1", "--max-np", "3", *ledger(tmp_path, "j1", 768, delay=0.03),
-                    audit_dir=a1)
+    stop = tmp_path / "j1.stop"  # j1 trains epochs of 96 samples until j2 has run
+    j1 = svc.submit("--min-np", "1", "--max-np", "3",
+                    *ledger(tmp_path, "j1", 96, epochs=1000, delay=0.03),
+                    "--stop-file", str(stop), audit_dir=a1)
     svc.wait_jobs(lambda j: j[j1]["allocated"] == 3, "j1 on 3 slots")
     wait_for("j1 training", lambda: any(a1.glob("*.jsonl")), 60, svc.job_logs)
     j2 = svc.submit("--np", "2", *ledger(tmp_path, "j2", 64), audit_dir=a2)
+    svc.wait_jobs(lambda j: j[j2]["state"] == "done", "j2 done")
+    stop.touch()
     jobs = svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()), "both done")
     shrink = svc.events(j1, "shrink")
     assert shrink and shrink[0]["hosts"] == {"localhost": 1}, svc.events(j1)
@@ -254,7 +258,7 @@ def test_edl_lends_spare_slots_and_takes_them_back_stop_free(service, tmp_path):
     assert any(g.get("kind") == "scale_in" and g["rolled_back_steps"] == 0 for g in gens), gens
     for j in (j1, j2):
         ended_once(svc, j)
-    assert_exactly_once(a1, 768)
+    assert_exactly_once(a1, 96)
     assert_exactly_once(a2, 64)
 
 

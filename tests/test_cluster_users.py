@@ -286,3 +286,65 @@ def test_who_may_do_what_and_which_requests_are_refused(tmp_path):
     os.chmod(good, 0o664)
     with pytest.raises(cluster_file.ClusterFileError, match="writable by others"):
         cluster_file.read(good)
+
+
+def test_root_service_reads_a_users_job_and_its_shrink_frees_slots_for_another_user(team):
+    """A root service (``--policy edl`` on localhost:2) reads the files in a user's job folder
+    that the user owns (its job file: telemetry; its allocation file: what it holds), and no
+    one else's (launcher/cluster/user_files.py): status shows alice's elastic job with its two
+    workers in its ring, and when bob's job arrives the slot lent to alice's is taken back by a
+    stop-free shrink, counted free from her job's telemetry, and bob's job starts on it."""
+    (alice, bob), shared, bin_dir = team
+    work = _home_work(alice, shared)
+    script = work / "ledger_main.py"
+    shutil.copy(ROOT / "tests" / "horovod_style" / "ledger_main.py", script)
+    os.chown(script, alice.uid, alice.gid)
+    state = shared / f"state-{work.name}"   # root's, beside the users' folders
+    cluster = shared / f"cluster-{work.name}.json"
+    out = work / "serve.log"
+    serve = subprocess.Popen([str(bin_dir / "python"), "-m", "launcher.cluster.cli", "serve",
+                              "-H", "localhost:2", "--policy", "edl", "--hold", "1",
+                              "--state-dir", str(state), "--cluster-file", str(cluster)],
+                             stdout=open(out, "w"), stderr=subprocess.STDOUT, cwd="/")
+    job = None
+    try:
+        wait_for("the service", lambda: cluster.exists() or serve.poll() is not None, 60)
+        assert serve.poll() is None, out.read_text()
+        from launcher.cluster import cluster_file
+        from launcher.cluster.server import ClusterClient
+        client = ClusterClient(cluster_file.read(cluster))
+
+        def jobs():
+            return {j["id"]: j for j in client.call("status")["jobs"]}
+
+        def explain():
+            return json.dumps(jobs(), indent=1)[-2500:] + out.read_text()[-2000:] + "".join(
+                p.read_text()[-1500:] for p in state.glob("jobs/*/run*.log"))
+        r = _cli(alice, bin_dir, cluster, "submit", "--min-np", "1", "--max-np", "2", "--",
+                 str(bin_dir / "python"), str(script), "--dataset-size", "100000",
+                 "--step-delay", "0.05", "--done-log", str(work / "done"), cwd=str(work))
+        assert r.returncode == 0, r.stderr
+        job = r.stdout.strip().splitlines()[-1]
+        row = wait_for("alice's job with both workers in its ring", lambda: (
+            lambda j: j if j["world_size"] == 2 and len(j["workers"]) == 2 else None)(
+                jobs()[job]), 90, explain)
+        assert row["user"] == alice.name and row["allocated"] == 2, row
+        assert os.stat(state / "jobs" / job / "job.json").st_uid == alice.uid
+        assert {w["host"] for w in row["workers"]} == {"localhost"}, row
+        r = _cli(bob, bin_dir, cluster, "submit", "--np", "1", "--", "/bin/true")
+        assert r.returncode == 0, r.stderr
+        theirs = r.stdout.strip().splitlines()[-1]
+        wait_for("bob's job to run on the slot taken back", lambda: jobs()[theirs]["state"]
+                 in ("running", "done"), 60, explain)
+        events = [json.loads(x) for x in (state / "events.jsonl").read_text().splitlines()]
+        released = [e for e in events if e.get("job") == job and e.get("kind") == "released"]
+        started = [e for e in events if e.get("job") == theirs and e.get("kind") == "run"]
+        assert released and started and started[0]["at"] >= released[0]["at"], events
+        assert jobs()[job]["runs"] == 1, jobs()[job]   # shrunk, not restarted
+    finally:
+        if job is not None:
+            _cli(alice, bin_dir, cluster, "cancel", job)
+            wait_for(f"{job}'s run to end", lambda: (state / "jobs" / job / "run1.exit")
+                     .exists(), 60)
+        serve.terminate()
+        serve.wait(30)

@@ -23,15 +23,17 @@ _WHY = {"missing": "does not exist", "symlink": "is a symbolic link",
         "not_regular": "is not a regular file", "too_large": "is too large"}
 
 
-def read(path: str) -> str:
-    """The allocation file's text.
+def read(path: str, owners=None) -> str:
+    """The allocation file's text.  ``owners``: the uids whose file is accepted (default: this
+    user only, the job's side; the root service also accepts the job's user,
+    :meth:`launcher.cluster.runs.JobFiles.uids`).
 
     Raises:
         OSError: missing, unreadable, a symbolic link, not a regular file, not this user's, or
             readable or writable by others (the message says which).
     """
     try:
-        return read_private(path, max_bytes=1 << 20).decode()
+        return read_private(path, max_bytes=1 << 20, owners=owners).decode()
     except PrivateFileError as e:
         if e.reason == "other_owner":
             raise OSError(f"{path} is owned by uid {e.uid}, not by you") from None

@@ -205,7 +205,7 @@ def preempt(svc, job: JobRecord, wait_s: float = CHECKPOINT_WAIT_S) -> None:
         try:
             from launcher.serve.control import ControlClient, ControlError
             try:
-                ControlClient(files.job_file, timeout_s=wait_s + 5).call(
+                ControlClient(files.job_file, timeout_s=wait_s + 5, owners=files.uids()).call(
                     "checkpoint", wait=wait_s)
             except ControlError as e:
                 log.info("job %s: no checkpoint before the preemption: %s", job.id, e)

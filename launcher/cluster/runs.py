@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from launcher.cluster import allocation, users
+from launcher.cluster import allocation, user_files, users
 from launcher.cluster.exec_input import NAME
 
 log = logging.getLogger(__name__)
@@ -76,20 +76,26 @@ class JobFiles:
         under a root service), else None: its files are made theirs."""
         return folder_owner(self.dir)
 
+    def uids(self) -> frozenset:
+        """The uids whose files the service accepts in the folder: its own and the folder's
+        owner's (the job's user under a root service; :mod:`launcher.cluster.user_files`)."""
+        owner = self.owner()
+        return user_files.job_uids(owner[0] if owner else None)
+
     def run_file(self, run: int, kind: str) -> Path:
         return self.dir / f"run{run}.{kind}"
 
     def read_hosts(self) -> Dict[str, int]:
         """The allocation the job sees now ({} when there is no file)."""
         try:
-            return allocation.parse(allocation.read(str(self.hosts)))
+            return allocation.parse(allocation.read(str(self.hosts), self.uids()))
         except (OSError, ValueError):
             return {}
 
     def read_gpus(self) -> Dict[str, tuple]:
         """The GPUs the allocation file names per host ({} when none or no file)."""
         try:
-            return allocation.parse_gpus(allocation.read(str(self.hosts)))
+            return allocation.parse_gpus(allocation.read(str(self.hosts), self.uids()))
         except (OSError, ValueError):
             return {}
 

@@ -502,12 +502,13 @@ class Service:
             self.events.write({"at": snap.now, "job": job_id, "kind": "batch", "batch": batch,
                                "reason": f"{getattr(self.policy, 'name', 'policy')}: global "
                                          f"batch {batch} (best goodput at its allocation)"})
-            job_file = run.files.job_file
+            job_file, owners = run.files.job_file, run.files.uids()
 
-            def ask(job_id=job_id, job_file=job_file, batch=batch):
+            def ask(job_id=job_id, job_file=job_file, owners=owners, batch=batch):
                 from launcher.serve.control import ControlClient, ControlError
                 try:
-                    ControlClient(job_file, timeout_s=5.0).call("batch", batch=batch)
+                    ControlClient(job_file, timeout_s=5.0, owners=owners).call("batch",
+                                                                               batch=batch)
                 except ControlError as e:
                     log.info("job %s: batch %d not passed: %s", job_id, batch, e)
             threading.Thread(target=ask, daemon=True).start()

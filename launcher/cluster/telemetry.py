@@ -44,7 +44,8 @@ def poll(svc) -> None:
             asked = time.monotonic()
             try:
                 if key not in clients:
-                    clients[key] = ControlClient(run.files.job_file, timeout_s=2.0)
+                    clients[key] = ControlClient(run.files.job_file, timeout_s=2.0,
+                                                 owners=run.files.uids())
                 answer = clients[key].call("telemetry")
             except ControlError:
                 clients.pop(key, None)

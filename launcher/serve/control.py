@@ -46,7 +46,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import psutil
 import requests
@@ -133,16 +133,19 @@ def _launcher_running(pid: int, job_file: Path) -> bool:
         return False
 
 
-def read_job_file(path: Path) -> dict:
+def read_job_file(path: Path, owners: Optional[Iterable[int]] = None) -> dict:
     """The job file's contents, after checking it is safe to use: a regular file (not a
     symbolic link), owned by this user, neither readable nor writable by group or others.
+    ``owners``: the uids whose file is accepted (default: this user only; a root cluster service
+    also accepts the job's user for a file in that user's job folder,
+    :mod:`launcher.cluster.user_files`).
 
     Raises:
         ControlError: missing, unreadable, unsafe (the message says which check failed and
             what to do) or malformed.
     """
     try:
-        data = read_private(path)
+        data = read_private(path, owners=owners)
     except PrivateFileError as e:
         if e.reason == private_file.SYMLINK:
             raise ControlError(f"job file {path} is a symbolic link: refused (hvd-edl-run writes "
@@ -150,8 +153,10 @@ def read_job_file(path: Path) -> dict:
         if e.reason == private_file.NOT_REGULAR:
             raise ControlError(f"job file {path} is not a regular file: refused") from None
         if e.reason == private_file.OTHER_OWNER:
+            mine = sorted(set(owners)) if owners is not None else [os.geteuid()]
             raise ControlError(f"job file {path} is owned by uid {e.uid}, not by you (uid "
-                               f"{os.geteuid()}): refused (its secret is not yours to use)") from None
+                               f"{', '.join(map(str, mine))}): refused (its secret is not "
+                               f"yours to use)") from None
         if e.reason == private_file.OPEN_TO_OTHERS:
             raise ControlError(f"job file {path} is readable or writable by others (mode "
                                f"{e.mode:04o}): refused, its secret may be "
@@ -251,14 +256,17 @@ class ControlClient:
     Args:
         job_file: a file written by :func:`write_job_file`.
         timeout_s: seconds one call may take.
+        owners: the uids whose job file is accepted (default: this user only;
+            :func:`read_job_file`).
 
     Raises:
         ControlError: the job file is missing, unreadable, unsafe (:func:`read_job_file`)
             or malformed.
     """
 
-    def __init__(self, job_file: Path, timeout_s: float = 30.0):
-        job = read_job_file(Path(job_file))
+    def __init__(self, job_file: Path, timeout_s: float = 30.0,
+                 owners: Optional[Iterable[int]] = None):
+        job = read_job_file(Path(job_file), owners)
         try:
             self.url = str(job["url"]).rstrip("/")
             self.secret = str(job["secret"])

@@ -76,3 +76,42 @@ def test_a_cancel_never_signals_the_process_a_hand_written_pid_file_names(folder
     finally:
         victim.kill()
         victim.wait(timeout=10)
+
+
+def test_a_client_sends_nothing_to_another_users_process_on_the_services_port(tmp_path):
+    """Once the service is gone any local user may bind its port: the client checks that the
+    listener runs as the cluster file's owner before it sends (a submit carries the caller's
+    environment), and refuses in one line, exit 1."""
+    import json
+    import socket
+    from conftest import VENV_BIN
+    got = tmp_path / "got"
+    got.touch()
+    os.chmod(got, 0o666)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    squatter = subprocess.Popen(  # a Python every user can run (the checkout's is root's)
+        ["/usr/bin/python3", "-c",
+         "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"
+         f"s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True)\n"
+         "while True:\n c, _ = s.accept(); d = c.recv(65536)\n"
+         f" open({str(got)!r}, 'ab').write(d); c.close()"],
+        user="nobody", stdout=subprocess.PIPE, text=True)
+    try:
+        assert squatter.stdout.readline().strip() == "up"
+        cluster = tmp_path / "cluster.json"
+        cluster.write_text(json.dumps({"url": f"http://127.0.0.1:{port}", "pid": 1,
+                                       "user": "root", "state_dir": str(tmp_path)}))
+        os.chmod(cluster, 0o644)
+        r = subprocess.run([str(VENV_BIN / "hvd-edl-cluster"), "--cluster", str(cluster),
+                            "submit", "--np", "1", "--", sys.executable, "-c", "pass"],
+                           capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, SECRET_OF_THE_CALLER="hunter2"))
+        assert r.returncode == 1, (r.returncode, r.stdout, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and "not the cluster service, nothing sent" in lines[0], r.stderr
+        assert b"hunter2" not in got.read_bytes()
+    finally:
+        squatter.kill()
+        squatter.wait(timeout=10)

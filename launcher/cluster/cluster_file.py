@@ -100,7 +100,8 @@ def read(path: Path) -> dict:
         raise ClusterFileError(why or f"cannot read cluster file {path}: "
                                f"{e.strerror or e}") from None
     try:
-        why = _unsafe(path, os.fstat(fd))
+        st = os.fstat(fd)
+        why = _unsafe(path, st)
         if why:
             raise ClusterFileError(why)
         with os.fdopen(fd, "rb") as f:
@@ -115,4 +116,5 @@ def read(path: Path) -> dict:
         raise ClusterFileError(f"cannot read cluster file {path}: {e}") from None
     if not isinstance(data, dict) or not isinstance(data.get("url"), str):
         raise ClusterFileError(f"cannot read cluster file {path}: not a cluster file (no url)")
+    data["owner_uid"] = st.st_uid  # who wrote it: the service's user (ClusterClient checks)
     return data

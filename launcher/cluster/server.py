@@ -242,14 +242,43 @@ class ClusterClient:
     def __init__(self, cluster: dict, timeout_s: float = 30.0):
         self.url = str(cluster["url"]).rstrip("/")
         self.timeout_s = timeout_s
+        self.expect_uid = cluster.get("owner_uid")  # the cluster file's owner: the service's
+        self._checked = self.expect_uid is None
+
+    def check_listener(self) -> None:
+        """Make sure the process listening at ``url`` runs as the cluster file's owner before
+        anything is sent (a submit carries the caller's whole environment): once the service
+        is gone, any local user may bind its port.  The kernel says who owns the listening
+        socket (:func:`hvd_edl.peer_uid.peer_uid`, as the service learns who calls it); when
+        it cannot say, the call goes on.
+
+        Raises:
+            ClusterRefused: another user's process listens there (status None)."""
+        import socket
+        from urllib.parse import urlsplit
+        from hvd_edl.peer_uid import peer_uid
+        u = urlsplit(self.url)
+        try:
+            with socket.create_connection((u.hostname, u.port or 80),
+                                          timeout=min(5.0, self.timeout_s)) as sock:
+                uid = peer_uid(sock.getpeername()[:2], sock.getsockname()[:2])
+        except OSError:
+            return  # no connection: the call itself says it cannot reach the service
+        if uid is not None and uid != self.expect_uid:
+            raise ClusterRefused(
+                f"the process listening at {self.url} runs as uid {uid}, not as the cluster "
+                f"file's owner (uid {self.expect_uid}): not the cluster service, nothing sent")
+        self._checked = True
 
     def call(self, route: str, **args) -> dict:
-        """POST ``args`` to ``/cluster/<route>``.
+        """POST ``args`` to ``/cluster/<route>``, once :meth:`check_listener` passed.
 
         Raises:
             ClusterRefused: the service answered an error (``status``: its HTTP code; None
-                when it cannot be reached)."""
+                when it cannot be reached or another user's process listens at its URL)."""
         import requests
+        if not self._checked:
+            self.check_listener()
         try:
             return post_json(self.url, PREFIX + route, args, self.timeout_s)
         except requests.RequestException as e:

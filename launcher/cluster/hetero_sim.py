@@ -170,7 +170,12 @@ class Profiles:
         cands = gp.batch_candidates(n, pm.base_batch, max(a.validation), a.min_local_bsz,
                                     a.max_local_bsz)
         b = np.array([c[0] for c in cands], float)
-        return b, np.array([self.step_s(app, gpu_type, n, int(x)) for x in b])
+        if not len(b):
+            return b, b
+        micro = np.array([max(c[1], a.min_local_bsz) for c in cands], float)
+        accum = np.array([c[2] for c in cands], float)
+        st, sy = a.step_times(placement(gpu_type, n), micro)
+        return b, (st + accum * (st - sy)) * SLOWDOWN[app]
 
     @functools.lru_cache(maxsize=None)
     def _stats(self, app: str) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:

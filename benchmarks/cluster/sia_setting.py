@@ -124,7 +124,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workloads", default="",
                     help="per trace, e.g. 'philly=1-8;saturn=1,3' (default: every workload)")
     ap.add_argument("--policies", default="ours,ours_sia_restart,gavel")
+    ap.add_argument("--out", default=str(OUT), help="results file (merged per trace)")
     a = ap.parse_args(argv)
+    globals()["OUT"] = Path(a.out)
     spec = dict(p.split("=", 1) for p in a.workloads.split(";") if "=" in p) if a.workloads else {}
     sw = measured_switch_costs()
     prof = Profiles()

@@ -18,7 +18,7 @@ from test_cluster_service import CLI, ROOT, service, wait_for  # noqa: F401
 
 def test_exec_input_refuses_what_execve_cannot_take_in_one_line():
     from launcher.cluster.exec_input import (MAX_STRING_BYTES, BadExecInput, check_argv,
-                                             check_environ, check_path)
+                                             check_environ, check_name, check_path)
     from launcher.cluster.runs import environment
     assert check_argv(["python3", "t.py", "--lr", "0.1"]) == ["python3", "t.py", "--lr", "0.1"]
     assert check_environ({"PATH": "/usr/bin", "_x1": "", "a": "b=c"}, "environ")
@@ -45,7 +45,11 @@ def test_exec_input_refuses_what_execve_cannot_take_in_one_line():
         (lambda: check_path("/tmp\x00x", "cwd"), "cwd contains a NUL"),
         (lambda: check_path(["/tmp"], "cwd"), "cwd must be a path"),
         (lambda: environment(["A=B=C", "1X=y"]), "--env '1X=y': expected NAME=VALUE"),
+        (lambda: check_name("x\x1b]0;pwned\x07"), "has a control character"),
+        (lambda: check_name("a\nj9 fake row"), "has a control character"),
+        (lambda: check_name("n" * 65), "at most 64"),
     ]
+    assert check_name("résumé run 1") == "résumé run 1"
     for fn, words in bad:
         with pytest.raises(ValueError) as e:
             fn()

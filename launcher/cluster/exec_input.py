@@ -102,3 +102,20 @@ def check_path(value, what: str) -> str:
         raise BadExecInput(f"{what} must be a path (a string), got {type(value).__name__}")
     _encoded(value, what)
     return value
+
+
+def check_name(value) -> str:
+    """A job's display name (``submit --name``): printable text of at most 64 characters.  Every
+    user's ``queue``, ``status`` and ``top`` print it, so a control character (an escape
+    sequence that retitles or recolours their terminal, a newline that fakes a row) is refused.
+
+    Raises:
+        BadExecInput: one line."""
+    if not isinstance(value, str):
+        raise BadExecInput(f"name must be a string, got {type(value).__name__}")
+    if not value.isprintable():
+        raise BadExecInput(f"name {value!r} has a control character (every user's status "
+                           "prints it): use printable text")
+    if len(value) > 64:
+        raise BadExecInput(f"name is {len(value)} characters long: at most 64")
+    return value

@@ -85,7 +85,7 @@ def submit(svc, req: dict, caller: Optional[users.User] = None) -> dict:
     runnable.check(argv, cwd, dict(environ or os.environ, **env), caller.uid)
     goal, speed = check_goal(svc, req.get("goal"), req.get("speed_profile"))
     script = next((a for a in argv if a.endswith(".py")), argv[0])
-    name = req.get("name") or os.path.basename(script)
+    name = exec_input.check_name(req.get("name") or os.path.basename(script)[:64])
     ckpt = exec_input.check_path(req.get("checkpoint_dir") or "", "checkpoint_dir")
     job = JobRecord(id="", name=str(name)[:64], argv=argv, cwd=cwd, env=env, np=np_,
                     min_np=lo, max_np=hi, priority=nums["priority"] or 0,

@@ -286,6 +286,17 @@ def test_who_may_do_what_and_which_requests_are_refused(tmp_path):
     os.chmod(good, 0o664)
     with pytest.raises(cluster_file.ClusterFileError, match="writable by others"):
         cluster_file.read(good)
+    # a failed job's reason quotes its log: only those who may read its logs see it
+    from types import SimpleNamespace
+    store = SimpleNamespace(jobs=lambda: [SimpleNamespace(id="j1", uid=owner.uid)])
+
+    def answer():
+        return {"jobs": [{"id": "j1", "state": "failed", "reason": "db password=hunter2"}],
+                "events": [{"job": "j1", "kind": "end", "state": "failed",
+                            "reason": "db password=hunter2"}]}
+    for caller in (owner, me):
+        assert "hunter2" in json.dumps(users.hide_output(answer(), caller, store))
+    assert "hunter2" not in json.dumps(users.hide_output(answer(), stranger, store))
 
 
 def test_root_service_reads_a_users_job_and_its_shrink_frees_slots_for_another_user(team):

@@ -179,7 +179,8 @@ def routes(service) -> Dict[str, Callable[[dict, users.User], dict]]:
         since = data.get("since", 0)
         if isinstance(since, bool) or not isinstance(since, int):
             raise ValueError(f"'since' must be an integer, got {since!r}")
-        return {"events": service.store.events(since)}
+        return users.hide_output({"events": service.store.events(since)}, caller,
+                                 service.store)
 
     def logs(data: dict, caller: users.User) -> dict:
         run, offset = data.get("run"), data.get("offset", 0)
@@ -209,7 +210,8 @@ def routes(service) -> Dict[str, Callable[[dict, users.User], dict]]:
         return service.call(lambda: service.cancel(job, caller))
 
     def status(data: dict, caller: users.User) -> dict:
-        return service.status(job_id(data) if data.get("job") is not None else None)
+        return users.hide_output(service.status(job_id(data) if data.get("job") is not None
+                                                else None), caller, service.store)
 
     return {PREFIX + "drain": drain, PREFIX + "logs": logs, PREFIX + "submit": submit,
             PREFIX + "cancel": cancel, PREFIX + "status": status, PREFIX + "events": events}

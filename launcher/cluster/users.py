@@ -134,3 +134,29 @@ def give(path, job_uid: Optional[int]) -> None:
     if runs_as_other(job_uid):
         u = User.of_uid(job_uid)
         os.chown(path, u.uid, u.gid, follow_symlinks=False)
+
+
+HIDDEN_REASON = "failed: its error is in its output, which only its user (or root) may read"
+
+
+def hide_output(answer: dict, caller: User, store) -> dict:
+    """``answer`` (status's ``jobs`` or the ``events``) as ``caller`` may see it: every job and
+    event (like ``squeue``), but a failed job's reason quotes the first lines of its error (its
+    log: :func:`launcher.cluster.runs.error_excerpt`), which only those who may read its logs
+    see (:func:`may_manage`); others read :data:`HIDDEN_REASON`."""
+    if is_operator(caller.uid):
+        return answer
+    uids = {j.id: j.uid for j in store.jobs()}
+
+    def theirs(job_id) -> bool:
+        uid = uids.get(job_id)
+        return uid is not None and uid == caller.uid
+
+    for row in answer.get("jobs", ()):
+        if row.get("state") == "failed" and row.get("reason") and not theirs(row.get("id")):
+            row["reason"] = HIDDEN_REASON
+    for ev in answer.get("events", ()):
+        if (isinstance(ev, dict) and ev.get("kind") == "end" and ev.get("state") == "failed"
+                and ev.get("reason") and not theirs(ev.get("job"))):
+            ev["reason"] = HIDDEN_REASON
+    return answer

@@ -41,12 +41,12 @@ class PrivateFileError(OSError):
 
 
 def open_checked(path: PathLike, owners: Optional[Iterable[int]] = None,
-                 flags: int = os.O_RDONLY) -> Tuple[int, os.stat_result]:
+                 flags: int = os.O_RDONLY, mode: int = 0o600) -> Tuple[int, os.stat_result]:
     """An open descriptor of ``path`` and its ``fstat``, after the open and owner checks of the
     module's docstring: ``O_NOFOLLOW | O_NONBLOCK`` are added to ``flags`` (a link is refused, a
     FIFO never blocks), then it must be a regular file owned by a uid in ``owners`` (default:
     this user only).  The permission bits are not checked here (:func:`read_private` does).
-    The caller closes the descriptor.
+    The caller closes the descriptor.  ``mode``: a file ``O_CREAT`` in ``flags`` creates.
 
     Raises:
         PrivateFileError: missing, a symbolic link, not a regular file, owned by a uid not in
@@ -54,7 +54,7 @@ def open_checked(path: PathLike, owners: Optional[Iterable[int]] = None,
     """
     accepted = {os.geteuid()} if owners is None else set(owners)
     try:
-        fd = os.open(os.fspath(path), flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(os.fspath(path), flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
     except FileNotFoundError:
         raise PrivateFileError(path, MISSING) from None
     except OSError as e:

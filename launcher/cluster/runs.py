@@ -23,18 +23,19 @@ exit code).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
 import os
 import signal
-import stat
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from hvd_edl.private_file import MISSING
 from launcher.cluster import allocation, user_files, users
 from launcher.cluster.exec_input import NAME
 
@@ -324,24 +325,27 @@ class Run:
 
 def open_in_folder(path: Path, flags: int, owner: Optional[Tuple[int, int]],
                    create: bool = True) -> int:
-    """Open (with ``create``, creating it 0600 when missing) a file of a job's folder, which is its user's under
-    a root service: never through a symbolic link the user planted (``O_NOFOLLOW``), never
-    blocking on a FIFO (``O_NONBLOCK``), and only a regular file that is the user's (``owner``
-    ``(uid, gid)``) or the service's own: else root would write, chown or read a file of
-    anyone's (the folder's owner can put any name there).  Returns the descriptor (blocking).
+    """Open (with ``create``, creating it 0600 when missing) a file of a job's folder, which is
+    its user's under a root service (:func:`launcher.cluster.user_files.open_owned`: never
+    through a link the user planted, never blocking on a FIFO, only a regular file of the
+    job's user, ``owner`` ``(uid, gid)``, or the service's own), and not a hard link either:
+    else root would write, chown or read a file of anyone's.  Returns a blocking descriptor.
 
     Raises:
-        OSError: it cannot be opened (FileNotFoundError when missing and not ``create``), or
-            it is not such a file (a one-line reason).
+        OSError: it cannot be opened (missing and not ``create``), or it is not such a file
+            (:class:`hvd_edl.private_file.PrivateFileError`, one line).
     """
-    fd = os.open(path, flags | (os.O_CREAT if create else 0) | os.O_NOFOLLOW | os.O_NONBLOCK
-                 | os.O_CLOEXEC, 0o600)
     try:
-        st = os.fstat(fd)
-        uids = {os.geteuid()} | ({owner[0]} if owner is not None else set())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid not in uids or st.st_nlink != 1:
-            raise OSError(f"{path} is not a plain file of the job's user (a link, a FIFO, or "
-                          "another user's): not used")
+        fd = user_files.open_owned(path, user_files.job_uids(owner[0] if owner else None),
+                                   flags | (os.O_CREAT if create else 0) | os.O_CLOEXEC)
+    except user_files.PrivateFileError as e:
+        if e.reason == MISSING:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", str(path)) \
+                from None
+        raise
+    try:
+        if os.fstat(fd).st_nlink != 1:
+            raise OSError(f"{path} is a hard link: not used")
         os.set_blocking(fd, True)
         return fd
     except BaseException:

@@ -25,16 +25,18 @@ def job_uids(folder_uid: Optional[int]) -> frozenset:
     return frozenset({os.geteuid()} | ({folder_uid} if folder_uid is not None else set()))
 
 
-def open_owned(path: os.PathLike, uids: Iterable[int], flags: int = os.O_RDONLY) -> int:
+def open_owned(path: os.PathLike, uids: Iterable[int], flags: int = os.O_RDONLY,
+               mode: int = 0o600) -> int:
     """A file descriptor of ``path`` opened with ``flags | O_NOFOLLOW | O_NONBLOCK`` (the
     descriptor keeps ``O_NONBLOCK``: harmless for a regular file), after ``fstat`` showed a
-    regular file owned by a uid in ``uids``.  The caller closes it.
+    regular file owned by a uid in ``uids``.  ``mode``: a file ``O_CREAT`` creates.  The
+    caller closes it.
 
     Raises:
         PrivateFileError: ``reason`` missing, symlink, not_regular, other_owner (``uid``: the
             file's owner) or unreadable (:mod:`hvd_edl.private_file`).
     """
-    fd, _ = open_checked(path, uids, flags)
+    fd, _ = open_checked(path, uids, flags, mode)
     return fd
 
 

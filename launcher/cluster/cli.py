@@ -49,7 +49,8 @@ def _fail(message: str, code: int = 2) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog=PROG, description="A pool of hosts shared by many elastic Horovod jobs.")
     p.add_argument("--cluster", metavar="FILE", help="the cluster file serve wrote (default "
-                   "$HVD_EDL_CLUSTER, else ~/.hvd_edl/cluster.json)")
+                   "$HVD_EDL_CLUSTER, else ~/.hvd_edl/cluster.json, else "
+                   "/etc/hvd_edl/cluster.json)")
     sub = p.add_subparsers(dest="cmd", metavar="COMMAND", parser_class=_Parser)
     s = sub.add_parser("serve", help="run the service: own the pool, schedule and run jobs")
     src = s.add_mutually_exclusive_group(required=True)
@@ -68,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the key every job's hvd-edl-run reaches the hosts with (its -i)")
     s.add_argument("--network-interface", dest="nic", default=None,
                    help="the interface every job's rings use (its --network-interface)")
-    s.add_argument("--state-dir", required=True, help="the service's folder (0700): its "
+    s.add_argument("--state-dir", required=True, help="the service's folder (0711; the "
+                   "database 0600, each job's folder 0700 and its user's): its "
                    "database, the jobs' files and logs, the event log; a restarted service "
                    "with the same folder re-adopts the running jobs")
     s.add_argument("--cluster-file", help="where to write the cluster file (default "
@@ -152,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("status", help="every job, or one")
     st.add_argument("job", nargs="?")
     st.add_argument("--json", action="store_true",
-                    help='{"jobs": [...], "resting": {HOST: S}} for scripts')
+                    help='{"jobs": [...], "resting": {HOST: S}, "pool": {HOST: SLOTS}, '
+                         '"pool_gpus": {HOST: [GPU, ...]}} for scripts')
     c = sub.add_parser("cancel", help="end a job (a running one gets SIGTERM)")
     c.add_argument("job")
     dr = sub.add_parser("drain", help="take a pool host out: its jobs leave it stop-free "
@@ -223,7 +226,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             print("(no job waiting)")
         return 0
     if a.json:
-        json.dump({"jobs": status["jobs"], "resting": status.get("resting", {})}, sys.stdout)
+        json.dump({"jobs": status["jobs"], "resting": status.get("resting", {}),
+                   "pool": status.get("pool", {}), "pool_gpus": status.get("pool_gpus", {})},
+                  sys.stdout)
         print()
         return 0
     from launcher.cluster.top import frame_lines

@@ -233,7 +233,7 @@ def known(store: Store, job_id) -> JobRecord:
     """
     job = store.job(job_id) if isinstance(job_id, str) else None
     if job is None:
-        raise RequestError(f"no job {job_id!r} in this cluster (hvd-edl-cluster queue "
+        raise RequestError(f"no job {job_id!r} in this cluster (hvd-edl-cluster status "
                            f"lists them)", status=404)
     return job
 

@@ -20,6 +20,19 @@ LAUNCHER = str(VENV_BIN / "hvd-edl-run")
 DIGITS = str(ROOT / "examples" / "train_digits.py")
 
 
+def wait_for(what: str, pred: Callable[[], object], timeout_s: float = 60.0,
+             explain: Callable[[], str] = lambda: ""):
+    """``pred()``'s first true value, asked every 0.2 s; AssertionError naming ``what`` (and
+    ``explain()``) after ``timeout_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}\n{explain()}")
+
+
 class Job:
     """One ``hvd-edl-run`` process with an event log and, for elastic jobs, a hosts file that
     ``cat`` serves as the host discovery script."""

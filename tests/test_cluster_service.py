@@ -16,6 +16,7 @@ from typing import Callable, List, Optional
 
 import pytest
 
+from conftest import wait_for  # noqa: F401 - the other cluster tests import it from here
 from hvd_edl import audit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,15 +24,6 @@ LEDGER = str(ROOT / "tests" / "horovod_style" / "ledger_main.py")
 CLI = [sys.executable, "-m", "launcher.cluster.cli"]
 
 
-def wait_for(what: str, pred: Callable[[], object], timeout_s: float = 60.0,
-             explain: Callable[[], str] = lambda: ""):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}\n{explain()}")
 
 
 class Service:

@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from cluster import Cluster, ClusterUnavailable
+from conftest import wait_for
 from unix_users import TeamUsers, UsersUnavailable, team_install
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,14 +44,6 @@ while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
 """
 
 
-def wait_for(what, pred, timeout_s=60.0, explain=lambda: ""):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}\n{explain()}")
 
 
 @pytest.fixture(scope="module")

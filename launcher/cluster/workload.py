@@ -134,26 +134,6 @@ class Application:
         return float(st), float(sy)
 
     def step_times(self, placement: Placement, local_bszs) -> Tuple["np.ndarray", "np.ndarray"]:
-        """:meth:`step_time` for many micro-batch sizes at once (numpy arrays of step and sync
-        seconds): one interpolation call instead of one per size."""
-        import numpy as np
-        pl = tuple(p for p in placement if p > 0)
-        key = "".join(map(str, min(pl[i:] + pl[:i] for i in range(len(pl)))))
-        bs = np.asarray(local_bszs, dtype=float)
-        rows = self._placements.get(key)
-        if rows is not None:
-            xs = [b for b, _, _ in rows]
-            return (np.interp(bs, xs, [s for _, s, _ in rows]),
-                    np.interp(bs, xs, [s for _, _, s in rows]))
-        lin, near = self._interpolators()
-        q = np.column_stack([np.full(len(bs), min(len(pl), 16)), np.full(len(bs), sum(pl)), bs])
-        out = lin(q)
-        bad = np.isnan(out).any(axis=1)
-        if bad.any():
-            out[bad] = near(q[bad])
-        return out[:, 0], out[:, 1]
-
-    def step_times(self, placement: Placement, local_bszs) -> Tuple["np.ndarray", "np.ndarray"]:
         """:meth:`step_time` for many local batches at once (one interpolator query): arrays of
         (step seconds, sync seconds), shape ``(len(local_bszs),)``."""
         import numpy as np

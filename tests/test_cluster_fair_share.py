@@ -152,3 +152,21 @@ def test_a_job_held_at_its_users_quota_says_so():
     assert why == {"a1": "needs 2 slots; its user alice holds 4 of the quota of 5 slots per user",
                    "a2": "needs 6 slots, over the quota of 5 slots per user: never starts under "
                          "this quota"}
+
+
+@pytest.mark.parametrize("policy", FAIR_SHARE_POLICIES)
+def test_serve_no_fair_share_reaches_the_policy(policy):
+    """``serve --no-fair-share`` turns fair share off in the policy serve builds (on by
+    default), the other policy flags still applied; no service started."""
+    from launcher.cluster.cli import build_parser, policy_from_args
+    base = ["serve", "-H", "localhost:2", "--state-dir", "/nonexistent", "--policy", policy,
+            "--user-quota", "3"]
+    on = policy_from_args(build_parser().parse_args(base))
+    off = policy_from_args(build_parser().parse_args(base + ["--no-fair-share"]))
+    assert (on.fair_share, off.fair_share) == (True, False)
+    assert off.user_quota == 3
+    # and it decides as make_policy(..., fair_share=False): alice's four jobs, then bob's one
+    snap = Snapshot(now=10.0, pool={"h": 2}, jobs=tuple(
+        [_view(f"a{i}", "alice", float(i), np=1) for i in range(4)]
+        + [_view("b0", "bob", 5.0, np=1)]))
+    assert on.allocate(snap).get("b0") and not off.allocate(snap).get("b0")

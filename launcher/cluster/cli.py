@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--user-quota", type=_positive_int, default=None, metavar="N",
                    help="the most slots one user's jobs hold together (default: no cap); "
                         "the policies share the pool fairly between users either way")
+    s.add_argument("--no-fair-share", dest="fair_share", action="store_false",
+                   help="order jobs by the policy alone, not fair between users (fifo, "
+                        "tiresias, edl, goodput share between users by default)")
     s.add_argument("--metrics-port", type=_tcp_port, default=None,
                    help="serve Prometheus metrics on this port (0: a free one, printed)")
     s.add_argument("--bind-address", default="127.0.0.1",
@@ -344,28 +347,37 @@ def _goal(a) -> dict:
                      "budget_usd": a.budget, "types": types}, "speed_profile": profile}
 
 
+def policy_from_args(a):
+    """The scheduling policy ``serve``'s parsed arguments ``a`` ask for: ``--policy``,
+    ``--objective``, ``--user-quota``, ``--no-fair-share`` (make_policy's ``fair_share``),
+    ``--queue-thresholds`` and ``--hold`` applied.  ValueError, one line, for a bad value."""
+    from launcher.cluster.policies import make_policy
+    policy = make_policy(a.policy, a.objective, fair_share=a.fair_share,
+                         user_quota=a.user_quota)
+    if a.queue_thresholds is not None and hasattr(policy, "thresholds_gpu_s"):
+        try:
+            th = tuple(float(x) for x in a.queue_thresholds.split(","))
+        except ValueError:
+            th = ()
+        if not th or any(t <= 0 for t in th) or list(th) != sorted(th):
+            raise ValueError(f"--queue-thresholds {a.queue_thresholds!r}: expected "
+                             f"positive ascending slot-seconds, e.g. 60,600")
+        policy.thresholds_gpu_s = th
+    if a.hold is not None and hasattr(policy, "hold_s"):
+        policy.hold_s = a.hold
+    return policy
+
+
 def serve(a, parser) -> int:
     import logging
     from launcher.cluster import cluster_file
-    from launcher.cluster.policies import make_policy
     from launcher.cluster.server import ClusterServer, routes
     from launcher.cluster.service import Service, ServiceError
     from launcher.discovery import FixedHosts, HostDiscoveryScript
     from launcher.discovery.hosts import HostSpecError, parse_hosts_arg
     logging.basicConfig(level=logging.WARNING, format=f"{PROG}: %(message)s")
     try:
-        policy = make_policy(a.policy, a.objective, user_quota=a.user_quota)
-        if a.queue_thresholds is not None and hasattr(policy, "thresholds_gpu_s"):
-            try:
-                th = tuple(float(x) for x in a.queue_thresholds.split(","))
-            except ValueError:
-                th = ()
-            if not th or any(t <= 0 for t in th) or list(th) != sorted(th):
-                raise ValueError(f"--queue-thresholds {a.queue_thresholds!r}: expected "
-                                 f"positive ascending slot-seconds, e.g. 60,600")
-            policy.thresholds_gpu_s = th
-        if a.hold is not None and hasattr(policy, "hold_s"):
-            policy.hold_s = a.hold
+        policy = policy_from_args(a)
     except ValueError as e:
         return _fail(str(e))
     try:

@@ -51,6 +51,8 @@ class Serve:
         self.proc = None
         self.n = 0
         self.extra = None  # serve's policy flags (None: the stream's compressed ones below)
+        self.cli = CLI  # serve's command (another Python: a team install every user can run)
+        self.cwd = ROOT
 
     def start(self):
         if self.cluster.exists():
@@ -59,11 +61,11 @@ class Serve:
             "tiresias": ["--queue-thresholds", f"{QUEUE_THRESHOLD_GPU_S:g}"],
             "edl": ["--hold", "5"]}.get(self.policy, [])
         hosts = ",".join(f"{h}:{n}" for h, n in self.pool["hosts"].items())
-        self.proc = subprocess.Popen(CLI + ["serve", "-H", hosts, *self.pool.get("ssh", []),
+        self.proc = subprocess.Popen(self.cli + ["serve", "-H", hosts, *self.pool.get("ssh", []),
                                             "--state-dir", str(self.state), "--cluster-file",
                                             str(self.cluster), "--policy", self.policy] + extra,
                                      stdout=open(self.tmp / f"serve{self.n}.log", "w"),
-                                     stderr=subprocess.STDOUT, cwd=str(ROOT))
+                                     stderr=subprocess.STDOUT, cwd=str(self.cwd))
         self.n += 1
         deadline = time.monotonic() + 60
         while not self.cluster.exists():

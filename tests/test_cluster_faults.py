@@ -338,8 +338,10 @@ def test_a_slot_whose_joiner_failed_goes_back_to_the_pool(service, tmp_path):
 
 def _wrapper_run(files, number: int) -> subprocess.Popen:
     """Run ``number`` as :meth:`launcher.cluster.runs.Run.start` starts it (its wrapper, holding
-    the run's lock, in a session of its own), with an idle stand-in for ``hvd-edl-run``."""
+    the run's lock, in a session of its own, its marker in its environment: the service
+    signals only a process that carries it), with an idle stand-in for ``hvd-edl-run``."""
     import fcntl
+    from launcher.cluster.runs import MARKER_ENV, Run
     lock_fd = os.open(files.run_file(number, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -348,6 +350,7 @@ def _wrapper_run(files, number: int) -> subprocess.Popen:
              str(files.run_file(number, "pid")), "--exit-file", str(files.run_file(number, "exit")),
              "--", sys.executable, "-c", "import time; time.sleep(120)"],
             start_new_session=True, pass_fds=(lock_fd,),
+            env=dict(os.environ, **{MARKER_ENV: Run(files, number).marker()}),
             cwd=str(Path(__file__).resolve().parent.parent))
     finally:
         os.close(lock_fd)

@@ -345,7 +345,7 @@ def _wrapper_run(files, number: int) -> subprocess.Popen:
     lock_fd = os.open(files.run_file(number, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "launcher.cluster.wrapper", "--pid-file",
              str(files.run_file(number, "pid")), "--exit-file", str(files.run_file(number, "exit")),
              "--", sys.executable, "-c", "import time; time.sleep(120)"],
@@ -354,6 +354,11 @@ def _wrapper_run(files, number: int) -> subprocess.Popen:
             cwd=str(Path(__file__).resolve().parent.parent))
     finally:
         os.close(lock_fd)
+    # its pid file written: from then on a SIGTERM is passed on (a loaded machine starts Python
+    # slowly; a stop before it found no pid and signalled nothing)
+    wait_for("the wrapper's pid file", lambda: Run(files, number).pid() is not None
+             or proc.poll() is not None, 60)
+    return proc
 
 
 def test_a_service_killed_right_after_a_decision_restarts_from_what_was_done(tmp_path):

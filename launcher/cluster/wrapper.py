@@ -47,7 +47,6 @@ def main(argv=None) -> int:
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not command:
         p.error("no command")
-    write_atomic(a.pid_file, str(os.getpid()))
     stop = []
 
     def forward(signum, frame):
@@ -57,6 +56,9 @@ def main(argv=None) -> int:
     child = None
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    # the pid is written once a signal would be forwarded: one sent as soon as the pid file
+    # names this process is passed on (before, it could end the wrapper with no exit file)
+    write_atomic(a.pid_file, str(os.getpid()))
     try:
         child = subprocess.Popen(command)
         if stop:

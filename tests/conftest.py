@@ -181,3 +181,34 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in NAMESPACE_CLUSTER_FILES:
             item.add_marker(pytest.mark.xdist_group("namespace-cluster"))
+
+
+# Where the suite's time goes (issue 38): with HVD_EDL_TEST_COSTS=PATH set, every test appends
+# one JSON line to PATH: its node id, wall seconds, and CPU seconds (user + system) of the test
+# process plus the children it waited for (getrusage RUSAGE_SELF + RUSAGE_CHILDREN deltas over
+# set-up, call and tear-down; a daemon nobody waits for is not counted).  CPU seconds move less
+# with the machine's load than wall seconds do, so they compare runs on a shared machine.
+# Summed per file by benchmarks/common/test_costs.py.
+TEST_COSTS_ENV = "HVD_EDL_TEST_COSTS"
+
+
+def _cpu_s() -> float:
+    import resource
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    path = os.environ.get(TEST_COSTS_ENV)
+    if not path:
+        yield
+        return
+    wall0, cpu0 = time.monotonic(), _cpu_s()
+    yield
+    line = json.dumps({"test": item.nodeid, "wall_s": round(time.monotonic() - wall0, 3),
+                       "cpu_s": round(_cpu_s() - cpu0, 3),
+                       "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")})
+    with open(path, "a") as out:  # one short line per write: appends from xdist workers interleave whole
+        out.write(line + "\n")

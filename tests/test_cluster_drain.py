@@ -26,14 +26,14 @@ def _ring(svc, job):
 
 def test_drain_with_a_deadline_and_an_announced_end_move_jobs_off_stop_free(service, tmp_path):
     pool = tmp_path / "pool"
-    pool.write_text("localhost:2\n127.0.0.1:2\n")
+    pool.write_text("localhost:1\n127.0.0.1:1\n")  # one slot a host: 3 worker starts in all
     svc = service("--policy", "edl", "--hold", "1", "--host-discovery-script", f"cat {pool}",
                   "--discovery-interval", "0.2")
     a1 = tmp_path / "a1"
-    j1 = svc.submit("--min-np", "1", "--max-np", "4",
+    j1 = svc.submit("--min-np", "1", "--max-np", "2",
                     *ledger(tmp_path, "j1", 256, 1000, delay=0.03), "--stop-file",
                     str(tmp_path / "stop1"), audit_dir=a1)
-    wait_for("j1's ring of 4", lambda: (_ring(svc, j1) or [{}])[-1].get("world_size") == 4,
+    wait_for("j1's ring of 2", lambda: (_ring(svc, j1) or [{}])[-1].get("world_size") == 2,
              90, svc.job_logs)
     r = svc.cli("drain", "127.0.0.1", "--deadline", "30")
     assert r.returncode == 0 and "drained, deadline in 30 s; leaving it: " + j1 in r.stdout, \
@@ -48,13 +48,13 @@ def test_drain_with_a_deadline_and_an_announced_end_move_jobs_off_stop_free(serv
     assert all(m.split("@")[1].startswith("localhost") for m in gens[-1]["members"]), gens[-1]
     # the host given back: j1 is lent it again
     assert svc.cli("drain", "127.0.0.1", "--undo").returncode == 0
-    wait_for("j1 back on 4", lambda: _ring(svc, j1)[-1]["world_size"] == 4, 90, svc.job_logs)
+    wait_for("j1 back on 2", lambda: _ring(svc, j1)[-1]["world_size"] == 2, 90, svc.job_logs)
     # a pool line announcing 127.0.0.1's end (a spot notice): the same, with that deadline
-    pool.write_text(f"localhost:2\n127.0.0.1:2 ends={time.time() + 30:.1f}\n")
+    pool.write_text(f"localhost:1\n127.0.0.1:1 ends={time.time() + 30:.1f}\n")
     wait_for("the announced end drained", lambda: len([e for e in svc.events()
                                                       if e["kind"] == "drained"]) == 2, 60,
              svc.output)
-    assert _ring(svc, j1)[-1]["world_size"] == 2 and _ring(svc, j1)[-1]["rolled_back_steps"] == 0
+    assert _ring(svc, j1)[-1]["world_size"] == 1 and _ring(svc, j1)[-1]["rolled_back_steps"] == 0
     (tmp_path / "stop1").touch()
     jobs = svc.wait_jobs(lambda j: j[j1]["state"] == "done", "j1 done")
     assert jobs[j1]["runs"] == 1, jobs            # shrunk twice, never restarted nor failed

@@ -23,10 +23,17 @@ def test_fit_recovers_compute_and_sync_terms():
         assert getattr(got, k) == pytest.approx(getattr(truth, k), rel=1e-6, abs=1e-9)
 
 
-def test_one_local_batch_seen_takes_compute_proportional_to_it():
+def test_one_local_batch_seen_splits_compute_half_fixed_half_per_sample():
+    """AdaptDL's prior: alpha_c is half the compute, so one rank alone sees a larger batch
+    as faster per sample and tries it (compute proportional to the batch never would)."""
     got = fit([StepPoint(2, 1, 16, 1, 0.016, 0.004)])
-    assert (got.alpha_c, got.beta_c, got.alpha_r) == (0.0, pytest.approx(0.001),
+    assert (got.alpha_c, got.beta_c, got.alpha_r) == (pytest.approx(0.008),
+                                                      pytest.approx(0.0005),
                                                       pytest.approx(0.004))
+    alone = GoodputModel(fit([StepPoint(1, 1, 32, 1, 0.032, 0.0)]), sqr=1.0,
+                         var_per_sample=100.0, base_batch=32, min_batch=32, max_batch=512,
+                         max_local_batch=512)
+    assert alone.best(1)[0] > 32
 
 
 def test_best_batch_grows_with_the_noise_scale_and_the_sync_cost():

@@ -1,32 +1,39 @@
-"""Time to accuracy with an adaptive batch: the digits job (examples/train_digits.py, small and
-large CNN) trained to a fixed test accuracy while its allocation changes 1 -> 4 -> 2 workers,
-three ways side by side in one run (the three jobs at once, so that they share the machine's
-load; one model after the other):
+"""Time to accuracy with an adaptive batch: the digits job (examples/train_digits.py, its CNNs)
+trained to a fixed test accuracy while its allocation changes 1 -> 4 -> 2 workers, three ways side
+by side in one run (the three jobs at once, so that they share the machine's load; repeated
+``--repeats`` times, one model after the other):
 
-* ``fixed``: global batch 32 (ElasticBatchSampler), SGD lr 0.02 momentum 0.9;
+* ``fixed``: global batch 32 (ElasticBatchSampler), SGD lr 0.02 momentum 0.9, under
+  ``hvd-edl-run``; the allocation by ``/ctl/scale`` (``hvd-edl-ctl scale``) at the schedule's
+  seconds;
 * ``adaptive``: the same script opted in (AdaptiveBatchSampler + AdaptiveOptimizer, AdaScale,
-  batch 32-512, at most 64 per rank at once) under ``hvd-edl-run --adapt-batch``: the job's own
-  goodput model picks its batch (launcher/apps/batch_goodput.py);
-* ``service``: the same opted-in script without ``--adapt-batch``, its batch chosen by the
-  cluster service's code (``launcher/cluster/job_goodput.py`` learning the job's goodput from
-  ``/ctl/telemetry`` every second, ``GoodputView.best`` at the allocation, the goodput
-  policy's 5 % rule) and passed through the control API with each allocation change
-  (``/ctl/scale`` then ``/ctl/batch``), as ``hvd-edl-cluster serve --policy goodput`` does; the
-  allocation is the schedule's, not a policy's (a service alone on a pool would give the job
-  the whole pool).
+  batch 32-512, at most ``--max-local-batch`` per rank at once) under ``hvd-edl-run
+  --adapt-batch``: the job's own goodput model picks its batch
+  (launcher/apps/batch_goodput.py); the allocation as ``fixed``'s;
+* ``service``: the same opted-in script submitted to a real ``hvd-edl-cluster serve --policy
+  goodput -H localhost:4 --round 1`` (its own state folder): the service chooses the allocation
+  and the batch (launcher/cluster/policies/goodput.py, learning the job's goodput from its
+  telemetry, launcher/cluster/job_goodput.py) and passes the batch through the job's public
+  ``/ctl/batch``.  The allocation changes by other jobs' arrival and departure, at the same
+  seconds as the other ways' ``scale``: a 3-slot job holds the pool when the job is submitted
+  (it starts on the 1 slot left), is cancelled at the schedule's second step (the service lends
+  the job all 4), and a 2-slot job is submitted at the third (the service takes 2 back).  Those
+  two jobs sleep (examples/train_digits.py --step-delay 1 on 96 samples): they add only their
+  start-up's load.
 
-    .venv/bin/python benchmarks/job/adaptive_batch_tta.py [--models small,large]
-        [--ways fixed,adaptive,service] [--schedule 1:0,4:10,2:60]
+    .venv/bin/python benchmarks/job/adaptive_batch_tta.py [--models large,wide]
+        [--ways fixed,adaptive,service] [--schedule 1:0,4:10,2:60] [--repeats 3]
         [--out benchmarks/results/adaptive_batch_tta.json]
 
-The allocation: ``hvd-edl-ctl scale`` at the schedule's seconds after the first generation
-formed.  Each epoch passes twice over the training split (``--repeat-data 2``).  Wall time to
-target: from the first generation's formation (the launch's start-up, 15-50 s of importing torch
-on the loaded cores, is no part of the comparison; from the launch is in the JSON too) to the
-end of the first epoch whose test accuracy (the whole test split, rank 0) reaches the target.  Writes the JSON and a PNG (accuracy, global
-batch and noise scale against time) beside it.  The machine is 2 shared, loaded cores: the three
-jobs run at once (up to 4 + 4 + 4 workers on the 2 cores: each slows the others, alike), so
-that a change of the other sessions' load falls on all three.
+Wall time to target: from the job's first generation (the launch's start-up, 15-50 s of importing
+torch on the loaded cores, is no part of the comparison; from the launch is in the JSON too) to
+the end of the first epoch whose test accuracy (the whole test split, rank 0) reaches the target;
+with it the steps and samples to target (what the machine's load does not move).  Each epoch
+passes twice over the training split (``--repeat-data 2``).  Writes the JSON (every repeat, the
+medians) and a PNG beside it (first repeat: accuracy, global batch with the world size, noise
+scale against time).  The machine is 2 shared, loaded cores: the three jobs run at once (up to
+4 + 4 + 4 workers on the 2 cores: each slows the others, alike), so that a change of the other
+sessions' load falls on all three.
 """
 from __future__ import annotations
 
@@ -43,44 +50,39 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 MAX_EPOCHS = 20
-TARGET = {"small": 0.98, "large": 0.975}  # --targets; the small CNN reaches 0.97 on one
-                                          # worker before the allocation first changes
+TARGET = {"small": 0.98, "large": 0.975}  # --targets
+REPEAT_DATA = {"small": 8, "large": 2}    # passes over the training split per epoch: the small
+                                          # CNN learns in ~12 passes, which at 2 a epoch it made
+                                          # before the allocation first changed
+MAX_LOCAL = 256   # --max-local-batch: the memory bound per rank (no accumulation below it)
+FILLER = ["--model", "small", "--train-size", "96", "--epochs", "100000", "--step-delay", "1"]
 
 
-class _Service:
-    """The cluster service's batch decisions for one job, with the service's own code
-    (:class:`launcher.cluster.job_goodput.JobGoodput` learning the job's goodput from
-    ``/ctl/telemetry``, :class:`launcher.cluster.goodput.GoodputView` choosing): the batch passed
-    with each allocation, and a running job's batch changed only for more than
-    :data:`launcher.cluster.goodput.SWITCH_GAIN` (the goodput policy's rule).  The allocation
-    itself is the benchmark's schedule, not the policy's."""
+def _script(model: str, way: str, log: Path) -> list:
+    script = [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--model", model,
+              "--epochs", str(MAX_EPOCHS), "--global-batch-size", "32",
+              "--repeat-data", str(REPEAT_DATA.get(model, 2)), "--target-accuracy",
+              str(TARGET[model]), "--accuracy-log", str(log), "--commit-every", "4"]
+    if way in ("adaptive", "service"):
+        script += ["--adaptive-batch", "--max-batch", "512", "--max-local-batch", str(MAX_LOCAL)]
+    return script
 
-    def __init__(self, client, log):
-        from launcher.cluster.job_goodput import JobGoodput
-        self.client, self.log, self.model = client, log, JobGoodput()
-        self.size = 1
 
-    def tick(self, now: float, size=None) -> None:
-        from launcher.cluster import goodput as gp
-        answer = self.client.call("telemetry")
-        self.model.observe(answer, now)
-        if size is not None:
-            self.size = size
-        view = self.model.view()
-        if view is None:
-            return
-        best_goodput, best = view.best((self.size,))
-        current = view.at((self.size,), view.batch)
-        if size is not None or (best != view.batch
-                                and best_goodput > current * (1 + gp.SWITCH_GAIN)):
-            if best != view.batch:
-                self.log.append({"t": time.time(), "batch_asked": best})
-                self.client.call("batch", batch=int(best))
-                print(f"  service: batch {view.batch} -> {best} at {self.size} workers",
-                      flush=True)
+def _trace_point(client, t0: float) -> dict:
+    """World size, batch and noise scale now (the job's ``/ctl/telemetry``)."""
+    tel = client.call("telemetry")
+    plan, noise = tel.get("adaptive_batch") or {}, tel.get("gradient_noise") or {}
+    return {"s": round(time.time() - t0, 2), "world_size": tel["job"]["world_size"],
+            "batch": plan.get("batch") or 32,  # fixed: 32
+            "noise_scale": noise.get("noise_scale_samples")}
+
+
+def _formed(events: Path) -> bool:
+    return events.exists() and '"generation"' in events.read_text()
 
 
 def run(model: str, way: str, schedule, folder: Path) -> dict:
+    """``fixed`` or ``adaptive``: one ``hvd-edl-run``, scaled by ``/ctl/scale``."""
     from launcher.serve.control import ControlClient, ControlError
     hosts = folder / "hosts"
     hosts.write_text("localhost:4\n")
@@ -90,22 +92,18 @@ def run(model: str, way: str, schedule, folder: Path) -> dict:
                 "--event-log", str(events), "-np", "1", "--min-np", "1", "--max-np", "4",
                 "--target-np", str(schedule[0][0]), "--host-discovery-script", f"cat {hosts}",
                 "--discovery-interval", "0.5"]
-    script = [sys.executable, str(ROOT / "examples" / "train_digits.py"), "--model", model,
-              "--epochs", str(MAX_EPOCHS), "--global-batch-size", "32", "--repeat-data", "2", "--target-accuracy",
-              str(TARGET[model]), "--accuracy-log", str(log), "--commit-every", "4"]
-    if way in ("adaptive", "service"):
-        script += ["--adaptive-batch", "--max-batch", "512", "--max-local-batch", "64"]
     if way == "adaptive":
         launcher.append("--adapt-batch")
     t0 = time.time()
     out = open(folder / "out.txt", "w")
-    proc = subprocess.Popen(launcher + script, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+    proc = subprocess.Popen(launcher + _script(model, way, log),
+                            env=dict(os.environ, PYTHONPATH=str(ROOT)),
                             stdout=out, stderr=subprocess.STDOUT)
-    asked, adapter, client, formed, trace = [], None, None, None, []
+    client, formed, trace, changes = None, None, [], []
     steps = list(schedule[1:])
     try:
         while proc.poll() is None:
-            time.sleep(0.5)
+            time.sleep(0.5)   # a polling period, not a synchronisation
             if client is None and job_file.exists():
                 try:
                     client = ControlClient(job_file, timeout_s=20)
@@ -114,26 +112,16 @@ def run(model: str, way: str, schedule, folder: Path) -> dict:
             if client is None:
                 continue
             if formed is None:
-                if events.exists() and events.read_text().strip():
+                if _formed(events):
                     formed = time.time()
-                    print(f"  {way}: generation 1 at {formed - t0:.1f} s", flush=True)
+                    print(f"  {model}/{way}: generation 1 at {formed - t0:.1f} s", flush=True)
                 continue
             try:
-                if way == "service" and adapter is None:
-                    adapter = _Service(client, asked)
-                size = None
                 if steps and time.time() - formed >= steps[0][1]:
                     size = steps.pop(0)[0]
                     client.call("scale", np=size)
-                    print(f"  {way}: scale to {size} at {time.time() - t0:.1f} s", flush=True)
-                if adapter is not None:  # with an allocation change: its batch too
-                    adapter.tick(time.monotonic(), size)
-                tel = client.call("telemetry")  # the trace: world size, batch, noise
-                plan, noise = tel.get("adaptive_batch") or {}, tel.get("gradient_noise") or {}
-                trace.append({"s": round(time.time() - t0, 2),
-                              "world_size": tel["job"]["world_size"],
-                              "batch": plan.get("batch") or 32,  # fixed: 32
-                              "noise_scale": noise.get("noise_scale_samples")})
+                    changes.append({"s": round(time.time() - t0, 2), "scale": size})
+                trace.append(_trace_point(client, t0))
             except ControlError:
                 pass  # the job ended meanwhile
         rc = proc.wait()
@@ -142,24 +130,168 @@ def run(model: str, way: str, schedule, folder: Path) -> dict:
             proc.terminate()
             proc.wait(30)
         out.close()
+    decisions = []
+    if events.exists():
+        for line in events.read_text().splitlines():
+            e = json.loads(line)
+            if e.get("kind") == "adapt_batch" or e.get("event") == "adapt_batch":
+                decisions.append(e)
+    return _result(model, rc, t0, formed, log, trace, changes, decisions)
+
+
+class _Cluster:
+    """``hvd-edl-cluster`` commands against one service (the public CLI)."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.cluster = folder, folder / "cluster.json"
+        self.env = dict(os.environ, PYTHONPATH=str(ROOT))
+
+    def cli(self, *args: str) -> str:
+        r = subprocess.run([sys.executable, "-m", "launcher.cluster.cli", "--cluster",
+                            str(self.cluster), *args], capture_output=True, text=True,
+                           timeout=120, env=self.env, cwd=str(ROOT))
+        if r.returncode != 0:
+            raise RuntimeError(f"hvd-edl-cluster {' '.join(args[:2])}: {r.stderr.strip()}")
+        return r.stdout
+
+    def jobs(self) -> dict:
+        from launcher.cluster import cluster_file
+        from launcher.cluster.server import ClusterClient
+        status = ClusterClient(cluster_file.read(self.cluster)).call("status")
+        return {j["id"]: j for j in status["jobs"]}
+
+    def wait(self, what: str, pred, timeout_s: float):
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            got = pred(self.jobs())
+            if got:
+                return got
+            time.sleep(0.5)
+        raise TimeoutError(f"service: {what} not within {timeout_s:.0f} s")
+
+
+def run_service(model: str, schedule, folder: Path) -> dict:
+    """``service``: a real ``hvd-edl-cluster serve --policy goodput`` on localhost:4 (the
+    module's docstring); the allocation changes by other jobs' arrival and departure."""
+    from launcher.cluster.runs import JobFiles
+    from launcher.serve.control import ControlClient, ControlError
+    sizes = [n for n, _ in schedule]
+    if sizes[:3] != [1, 4, 2] or len(sizes) != 3:
+        raise ValueError("the service way's other jobs make the schedule 1 -> 4 -> 2 only")
+    c = _Cluster(folder)
+    state = folder / "state"
+    out = open(folder / "serve.log", "w")
+    serve = subprocess.Popen([sys.executable, "-m", "launcher.cluster.cli", "serve",
+                              "--state-dir", str(state), "--cluster-file", str(c.cluster),
+                              "--policy", "goodput", "-H", "localhost:4", "--round", "1",
+                              "--hold", "2"], stdout=out, stderr=subprocess.STDOUT,
+                             env=c.env, cwd=str(ROOT))
+    log = folder / "accuracy.jsonl"
+    filler = [sys.executable, str(ROOT / "examples" / "train_digits.py"), *FILLER]
+    formed, trace, changes, job, rc = None, [], [], None, None
+    try:
+        deadline = time.monotonic() + 60
+        while not c.cluster.exists():
+            if serve.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("serve did not start: " + (folder / "serve.log").read_text())
+            time.sleep(0.2)
+        holder = c.cli("submit", "--name", "holder", "--np", "3", "--min-np", "3", "--max-np",
+                       "3", "--", *filler).strip().splitlines()[-1]
+        c.wait("the 3-slot job running", lambda j: j[holder]["allocated"] == 3, 120)
+        t0 = time.time()
+        job = c.cli("submit", "--name", f"{model}-adaptive", "--min-np", "1", "--max-np", "4",
+                    "--", *_script(model, "service", log)).strip().splitlines()[-1]
+        files = JobFiles(state, job)
+        events = files.run_file(1, "events.jsonl")
+        client, steps, arrival = None, list(schedule[1:]), None
+        while True:
+            time.sleep(0.5)   # a polling period, not a synchronisation
+            jobs = c.jobs()
+            if jobs[job]["state"] in ("done", "failed", "cancelled"):
+                break
+            if client is None and files.job_file.exists():
+                try:
+                    client = ControlClient(files.job_file, timeout_s=20)
+                except ControlError:
+                    continue
+            if client is None:
+                continue
+            if formed is None:
+                if _formed(events):
+                    formed = time.time()
+                    print(f"  {model}/service: generation 1 at {formed - t0:.1f} s", flush=True)
+                continue
+            if steps and time.time() - formed >= steps[0][1]:
+                size = steps.pop(0)[0]
+                if size == 4:     # the holder departs: the service lends its slots
+                    c.cli("cancel", holder)
+                    changes.append({"s": round(time.time() - t0, 2), "cancel": "holder"})
+                else:             # a 2-slot job arrives: the service takes 2 back
+                    arrival = c.cli("submit", "--name", "arrival", "--np", "2", "--min-np",
+                                    "2", "--max-np", "2", "--", *filler
+                                    ).strip().splitlines()[-1]
+                    changes.append({"s": round(time.time() - t0, 2), "submit": "arrival"})
+            try:
+                trace.append(_trace_point(client, t0))
+            except ControlError:
+                pass
+        rc = jobs[job].get("exit_code")
+        decisions = [e for e in (json.loads(x) for x in
+                                 (state / "events.jsonl").read_text().splitlines())
+                     if e.get("job") == job and e.get("kind") in ("batch", "grow", "shrink",
+                                                                   "start", "run")]
+        for e in decisions:
+            e["s"] = round(e["at"] - t0, 2) if isinstance(e.get("at"), (int, float)) else None
+        for other in (holder, arrival):
+            if other and c.jobs()[other]["state"] not in ("done", "failed", "cancelled"):
+                c.cli("cancel", other)
+    finally:
+        serve.terminate()
+        try:
+            serve.wait(30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+        out.close()
+        from launcher.cluster.runs import Run
+        for pid_file in state.glob("jobs/*/run*.pid"):   # the jobs outlive the service
+            Run(JobFiles(state, pid_file.parent.name), int(pid_file.stem[3:])).stop()
+    return _result(model, rc, t0, formed, log, trace, changes, decisions)
+
+
+def _train_samples(model: str) -> int:
+    sys.path.insert(0, str(ROOT / "examples"))
+    from train_digits import load_data
+    return len(load_data(0, None, REPEAT_DATA.get(model, 2))[0])
+
+
+def _result(model, rc, t0, formed, log: Path, trace, changes, decisions) -> dict:
     lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
     hit = next((x for x in lines if x["accuracy"] >= TARGET[model]), None)
+    per_epoch = _train_samples(model)
     return {"rc": rc, "target": TARGET[model],
             "wall_s_to_target": round(hit["t"] - t0, 2) if hit else None,
             "wall_s_to_target_from_generation1": round(hit["t"] - formed, 2)
             if hit and formed else None,
+            "epochs_to_target": hit["epoch"] if hit else None,
+            "samples_to_target": hit["epoch"] * per_epoch if hit else None,
+            "progress_to_target": (hit.get("progress") or hit["step"]) if hit else None,
             "final_accuracy": lines[-1]["accuracy"] if lines else None,
             "epochs": lines[-1]["epoch"] if lines else None,
             "steps": lines[-1]["step"] if lines else None,
             "generation1_s": round(formed - t0, 2) if formed else None,
             "timeline": [{"s": round(x["t"] - t0, 2), "epoch": x["epoch"],
                           "accuracy": x["accuracy"], "world_size": x["world_size"],
-                          "batch": x["batch"],
+                          "batch": x["batch"], "step_s": x.get("step_s"),
                           "noise_scale": (x["noise"] or {}).get("noise_scale_samples"),
-                          "lr_factor": x.get("lr_factor")} for x in lines],
-            "batch_asked": [{"s": round(a["t"] - t0, 2), "batch": a["batch_asked"]}
-                            for a in asked],
-            "trace": trace}
+                          "lr_factor": x.get("lr_factor"), "progress": x.get("progress")}
+                         for x in lines],
+            "changes": changes, "decisions": decisions, "trace": trace}
+
+
+def _median(xs):
+    xs = sorted(x for x in xs if x is not None)
+    return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else
+                                (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2)
 
 
 def main(argv=None) -> int:
@@ -170,6 +302,7 @@ def main(argv=None) -> int:
                    help="WORKERS:SECONDS after generation 1, comma-separated")
     p.add_argument("--targets", default="small:0.98,large:0.975",
                    help="MODEL:ACCURACY, comma-separated")
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--max-epochs", type=int, default=20, help="end a way that has not reached "
                    "its target after this many epochs")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
@@ -182,33 +315,47 @@ def main(argv=None) -> int:
     result = {"what": "time to accuracy, digits CNNs, allocation " + a.schedule,
               "machine": "2 shared CPU cores, loaded; the three ways run at once (side by side)",
               "command": "benchmarks/job/adaptive_batch_tta.py " + " ".join(argv or sys.argv[1:]),
-              "service_way": "the service's batch code (launcher/cluster/job_goodput.py, "
-                             "GoodputView.best, 5 % rule) run by the benchmark over the control "
-                             "API; the allocation is the schedule's",
-              "models": {}}
+              "models": {}, "median": {}}
     import threading
+    ways = a.ways.split(",")
     for model in a.models.split(","):
-        result["models"][model] = {}
-        ways = a.ways.split(",")
-        with tempfile.TemporaryDirectory() as tmp:
-            print(f"{model}: {', '.join(ways)} side by side ...", flush=True)
-            threads = []
-            for way in ways:
-                folder = Path(tmp) / way
-                folder.mkdir()
+        reps = result["models"][model] = []
+        for rep in range(a.repeats):
+            got = {}
+            with tempfile.TemporaryDirectory() as tmp:
+                print(f"{model} repeat {rep + 1}: {', '.join(ways)} side by side ...", flush=True)
+                threads = []
+                for way in ways:
+                    folder = Path(tmp) / way
+                    folder.mkdir()
 
-                def one(way=way, folder=folder):
-                    result["models"][model][way] = run(model, way, schedule, folder)
-                threads.append(threading.Thread(target=one))
-                threads[-1].start()
-            for t in threads:
-                t.join()
+                    def one(way=way, folder=folder):
+                        try:
+                            got[way] = (run_service(model, schedule, folder) if way == "service"
+                                        else run(model, way, schedule, folder))
+                        except Exception as e:  # noqa: BLE001 - one way's failure is reported
+                            got[way] = {"error": f"{type(e).__name__}: {e}"}
+                            print(f"  {model}/{way}: {got[way]['error']}", flush=True)
+                    threads.append(threading.Thread(target=one))
+                    threads[-1].start()
+                for t in threads:
+                    t.join()
+            reps.append(got)
             for way in ways:
-                r = result["models"][model][way]
-                print(f"{model} / {way}: rc {r['rc']}, to {r['target']:.3f} in "
-                      f"{r['wall_s_to_target_from_generation1']} s from generation 1 "
-                      f"({r['wall_s_to_target']} s from launch), final accuracy {r['final_accuracy']}, "
-                      f"{r['epochs']} epochs, {r['steps']} steps", flush=True)
+                r = got[way]
+                if "error" in r:
+                    continue
+                print(f"{model} #{rep + 1} {way}: rc {r['rc']}, to {r['target']:.3f} in "
+                      f"{r['wall_s_to_target_from_generation1']} s from generation 1, "
+                      f"{r['epochs_to_target']} epochs ({r['samples_to_target']} samples), "
+                      f"final accuracy {r['final_accuracy']}, batches "
+                      f"{sorted({x['batch'] for x in r['trace']})}", flush=True)
+            Path(a.out).write_text(json.dumps(result, indent=1))   # kept as it goes
+        result["median"][model] = {
+            way: {k: _median([r[way].get(k) for r in reps if way in r])
+                  for k in ("wall_s_to_target_from_generation1", "samples_to_target",
+                            "epochs_to_target", "final_accuracy")} for way in ways}
+        print(f"{model} medians: {json.dumps(result['median'][model])}", flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1))
     _plot(result, Path(a.out).with_suffix(".png"))
@@ -226,7 +373,9 @@ def _plot(result: dict, path: Path) -> None:
     models = list(result["models"])
     fig, axes = plt.subplots(len(models), 3, figsize=(14, 3.4 * len(models)), squeeze=False)
     for row, m in zip(axes, models):
-        for way, r in result["models"][m].items():
+        for way, r in result["models"][m][0].items():
+            if "error" in r:
+                continue
             tl = r["timeline"]
             s = [x["s"] for x in tl]
             c = COLOURS.get(way)

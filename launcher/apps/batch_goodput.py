@@ -14,8 +14,11 @@ step is fitted from the job's own telemetry, in the two parts our workers measur
 
 ``step_s = a x (alpha_c + beta_c l) + sync(W, H)``; all coefficients are fitted non-negative
 (``scipy.optimize.nnls``).  One local batch seen so far leaves ``alpha_c`` and ``beta_c``
-apart unknown: compute is then taken proportional to the batch (alpha_c 0), the hypothesis
-that favours larger batches, which the next point corrects.
+apart unknown: :func:`one_batch_prior` then splits the compute half and half (AdaptDL's
+``fit_perf_params`` fixes ``alpha_c`` at half the compute time), the optimistic hypothesis that
+makes a larger batch worth trying; its measured point then corrects it.  (Compute proportional
+to the batch, alpha_c 0, would make throughput flat in the batch at one rank: the job would never
+try a larger batch, so it would never learn that one pays.)
 
 Efficiency comes from the gradient noise the job measures (``hvd_edl.gradient_noise``; per
 sample ``var`` is ``B0 x`` the ``var`` at B0 that :mod:`launcher.cluster.goodput` takes), and
@@ -83,6 +86,20 @@ class PerfParams:
             world_size, hosts, local_batch, accumulation)
 
 
+def one_batch_prior(micro_s, local_batches) -> Tuple[float, float]:
+    """``(alpha_c, beta_c)`` when every point ran one local batch ``l``: half the mean
+    micro-batch compute ``c`` fixed, half proportional to the batch (``alpha_c = c / 2``,
+    ``beta_c = c / (2 l)``).  AdaptDL's ``fit_perf_params`` (Pollux, OSDI'21) fixes ``alpha_c``
+    the same way: optimistic about a larger batch, so that the job tries one and measures it.
+
+    Args:
+        micro_s: seconds of one micro-batch's compute, per point (a sequence, > 0).
+        local_batches: the micro-batch (samples) of each point, all equal.
+    """
+    c = float(np.mean(micro_s))
+    return c / 2.0, c / (2.0 * float(np.mean(local_batches)))
+
+
 def fit(points: List[StepPoint]) -> PerfParams:
     """:class:`PerfParams` from steady points (non-negative least squares per part).
 
@@ -96,8 +113,8 @@ def fit(points: List[StepPoint]) -> PerfParams:
     batches = np.array([float(p.local_batch) for p in points])
     if len(set(batches.tolist())) >= 2:
         (alpha_c, beta_c), _ = nnls(np.column_stack([np.ones_like(batches), batches]), micro)
-    else:  # one batch seen: compute proportional to it (module docstring)
-        alpha_c, beta_c = 0.0, float(np.mean(micro / batches))
+    else:  # one batch seen: the prior (module docstring)
+        alpha_c, beta_c = one_batch_prior(micro, batches)
     synced = [p for p in points if p.world_size > 1]
     coef = [0.0, 0.0, 0.0, 0.0]
     if synced:

@@ -7,19 +7,19 @@ from launcher.apps.batch_goodput import GoodputModel, PerfParams, StepPoint, fit
 
 def _point(n, hosts, local, accum, truth):
     """A point measured on a job whose true step is ``truth``."""
-    sync = truth.step_seconds(n, hosts, local, accum) - accum * (truth.alpha_c
-                                                                 + truth.beta_c * local)
-    return StepPoint(n, hosts, local, accum, accum * (truth.alpha_c + truth.beta_c * local),
-                     sync)
+    compute = accum * (truth.alpha_c + (truth.beta_c + truth.gamma_c * (n / hosts - 1)) * local)
+    return StepPoint(n, hosts, local, accum, compute,
+                     truth.step_seconds(n, hosts, local, accum) - compute)
 
 
-def test_fit_recovers_compute_and_sync_terms():
+def test_fit_recovers_compute_sync_and_shared_host_terms():
+    """Ranks sharing a host compute each sample slower (gamma_c): recovered with the rest."""
     truth = PerfParams(alpha_c=0.004, beta_c=0.0002, alpha_r=0.003, beta_r=0.001,
-                       alpha_n=0.01, beta_n=0.0)
+                       alpha_n=0.01, beta_n=0.0, gamma_c=0.0001)
     pts = [_point(n, h, l, a, truth) for n, h, l, a in (
         (1, 1, 16, 1), (2, 1, 16, 1), (2, 1, 32, 2), (4, 1, 16, 1), (4, 2, 48, 1))]
     got = fit(pts)
-    for k in ("alpha_c", "beta_c", "alpha_r", "beta_r", "alpha_n"):
+    for k in ("alpha_c", "beta_c", "alpha_r", "beta_r", "alpha_n", "gamma_c"):
         assert getattr(got, k) == pytest.approx(getattr(truth, k), rel=1e-6, abs=1e-9)
 
 

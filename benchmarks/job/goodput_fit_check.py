@@ -115,8 +115,10 @@ def measure(model: str, sizes, batches, max_local: int, folder: Path) -> list:
 
 
 def compare(points: list) -> dict:
-    """Predicted against measured step seconds and goodput, for the fit from the first point
-    of each size (the one-batch prior) and the fit from every point."""
+    """Predicted against measured step seconds and goodput at each point, for two fits: from
+    the first point of the point's own size alone (what a job knows before it tried another
+    batch there: :func:`launcher.apps.batch_goodput.one_batch_prior`), and from every point
+    (all sizes and batches, as the adapter's fit ends up)."""
     from launcher.apps.batch_goodput import GoodputModel, StepPoint, fit, one_batch_prior
     from launcher.cluster.goodput import gain
     sp = [StepPoint(p["world_size"], 1, p["local_batch"], p["accumulation"], p["compute_s"],
@@ -124,29 +126,38 @@ def compare(points: list) -> dict:
     first = {}
     for s in sp:
         first.setdefault(s.world_size, s)
-    fits = {"first_batch_only": fit(list(first.values())), "all_points": fit(sp)}
+    by_size = {n: fit([s]) for n, s in first.items()}
+    every = fit(sp)
     rows = []
     for p, s in zip(points, sp):
         b0 = p["base_batch"]
         var0 = (p["var"] or 0.0) / b0
-        g_meas = b0 * gain(p["sqr"] or 0.0, var0, p["batch"] / b0) / p["step_s"]
+        r = gain(p["sqr"] or 0.0, var0, p["batch"] / b0)
         row = {"world_size": p["world_size"], "batch": p["batch"],
                "measured_step_s": round(p["step_s"], 4),
-               "measured_goodput": round(g_meas, 1),
+               "measured_samples_per_s": round(p["batch"] / p["step_s"], 1),
+               "gain": round(r, 3), "efficiency": round(r * b0 / p["batch"], 3),
+               "measured_goodput": round(b0 * r / p["step_s"], 1),
                "noise_scale_samples": round(p["noise_scale_samples"] or -1, 1)}
-        for name, perf in fits.items():
+        for name, perf in (("first_batch_only", by_size[s.world_size]), ("all_points", every)):
             t = perf.step_seconds(s.world_size, 1, s.local_batch, s.accumulation)
             row[f"{name}_step_s"] = round(t, 4)
-            row[f"{name}_goodput"] = round(b0 * gain(p["sqr"] or 0.0, var0,
-                                                      p["batch"] / b0) / t, 1)
+            row[f"{name}_goodput"] = round(b0 * r / t, 1)
         rows.append(row)
     best = {}
     last = points[-1]
-    for name, perf in fits.items():
-        m = GoodputModel(perf, last["sqr"] or 0.0, last["var"] or 0.0, last["base_batch"],
-                         last["base_batch"], max(p["batch"] for p in points), 10 ** 6)
-        best[name] = {str(n): m.best(n) for n in sorted({p["world_size"] for p in points})}
-    return {"fits": {k: vars(v) for k, v in fits.items()}, "rows": rows, "best": best,
+    top = max(p["batch"] for p in points)
+    max_local = max(p["local_batch"] for p in points)
+    for n in sorted(first):
+        for name, perf in (("first_batch_only", by_size[n]), ("all_points", every)):
+            m = GoodputModel(perf, last["sqr"] or 0.0, last["var"] or 0.0, last["base_batch"],
+                             last["base_batch"], top, max_local)
+            best.setdefault(name, {})[str(n)] = m.best(n)
+        measured = [r for r in rows if r["world_size"] == n]
+        best.setdefault("measured", {})[str(n)] = max(
+            ((r["batch"], r["measured_goodput"]) for r in measured), key=lambda x: x[1])
+    return {"fits": {"first_batch_only": {str(n): vars(v) for n, v in by_size.items()},
+                     "all_points": vars(every)}, "rows": rows, "best": best,
             "one_batch_prior": one_batch_prior.__doc__.split("\n\n")[0]}
 
 

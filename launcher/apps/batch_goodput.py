@@ -6,14 +6,21 @@ step is fitted from the job's own telemetry, in the two parts our workers measur
 (``launcher/observe/telemetry.py``):
 
 * compute, per micro-batch: ``alpha_c + beta_c x l`` (forward and backward grow with the batch,
-  the per-step overheads do not);
+  the per-step overheads do not), plus ``gamma_c x (k - 1) x l`` with ``k = W / H`` ranks per
+  host: ranks that share a host's CPU and memory bandwidth compute each sample slower the more
+  of them there are (ours, not Pollux's, which assumes a device per rank and where it fits to
+  0: measured on the 2 shared cores here, a rank's per-sample compute at W = 2 is 1.3-2x its
+  figure alone, and a fit that pools both sizes in ``beta_c`` predicted one rank's step 2.6x
+  too slow: benchmarks/job/goodput_fit_check.py);
 * wait in the allreduce, once per step: ``alpha_r + beta_r x (W - 1)`` for W > 1 and
   ``alpha_n + beta_n x (H - 1)`` more for H > 1 (Pollux's sync by ranks and by nodes).  Our
   ``wait_s`` is the time blocked in ``synchronize()``, i.e. the part of the allreduce that
   backward did not hide: Pollux's overlap exponent gamma is in the measurement, not fitted.
 
-``step_s = a x (alpha_c + beta_c l) + sync(W, H)``; all coefficients are fitted non-negative
-(``scipy.optimize.nnls``).  One local batch seen so far leaves ``alpha_c`` and ``beta_c``
+``step_s = a x (alpha_c + beta_c l + gamma_c (k-1) l) + sync(W, H)``; all coefficients are
+fitted non-negative (``scipy.optimize.nnls``) to the *relative* error, each point weighted by
+one over its own seconds (AdaptDL fits the log of the step time: a point at a large batch must
+not drown the small ones, where the choice is made).  One local batch seen so far leaves ``alpha_c`` and ``beta_c``
 apart unknown: :func:`one_batch_prior` then splits the compute half and half (AdaptDL's
 ``fit_perf_params`` fixes ``alpha_c`` at half the compute time), the optimistic hypothesis that
 makes a larger batch worth trying; its measured point then corrects it.  (Compute proportional
@@ -60,14 +67,16 @@ class StepPoint:
 
 @dataclass(frozen=True)
 class PerfParams:
-    """Fitted coefficients (seconds): micro-batch compute ``alpha_c + beta_c x l``, sync
-    ``alpha_r + beta_r (W-1)`` (W > 1) plus ``alpha_n + beta_n (H-1)`` (H > 1)."""
+    """Fitted coefficients (seconds): micro-batch compute ``alpha_c + beta_c x l`` plus
+    ``gamma_c x (W/H - 1) x l`` (ranks sharing a host), sync ``alpha_r + beta_r (W-1)`` (W > 1)
+    plus ``alpha_n + beta_n (H-1)`` (H > 1)."""
     alpha_c: float
     beta_c: float
     alpha_r: float = 0.0
     beta_r: float = 0.0
     alpha_n: float = 0.0
     beta_n: float = 0.0
+    gamma_c: float = 0.0
 
     def step_seconds(self, world_size: int, hosts: int, local_batch: float,
                      accumulation: int) -> float:
@@ -77,7 +86,9 @@ class PerfParams:
             sync += self.alpha_r + self.beta_r * (world_size - 1)
         if hosts > 1:
             sync += self.alpha_n + self.beta_n * (hosts - 1)
-        return accumulation * (self.alpha_c + self.beta_c * local_batch) + sync
+        shared = max(world_size / max(hosts, 1) - 1.0, 0.0)
+        return accumulation * (self.alpha_c + (self.beta_c + self.gamma_c * shared)
+                               * local_batch) + sync
 
     def throughput(self, world_size: int, hosts: int, local_batch: float,
                    accumulation: int) -> float:
@@ -101,7 +112,10 @@ def one_batch_prior(micro_s, local_batches) -> Tuple[float, float]:
 
 
 def fit(points: List[StepPoint]) -> PerfParams:
-    """:class:`PerfParams` from steady points (non-negative least squares per part).
+    """:class:`PerfParams` from steady points (non-negative least squares of the relative
+    error, per part; the module's docstring).  ``alpha_c`` and ``beta_c`` apart need two local
+    batches at one number of ranks per host (else :func:`one_batch_prior` at the fewest ranks
+    per host); ``gamma_c`` needs two numbers of ranks per host (else 0).
 
     Raises:
         ValueError: no point.
@@ -111,25 +125,42 @@ def fit(points: List[StepPoint]) -> PerfParams:
         raise ValueError("no step point to fit a throughput model to")
     micro = np.array([p.compute_s / p.accumulation for p in points])
     batches = np.array([float(p.local_batch) for p in points])
-    if len(set(batches.tolist())) >= 2:
-        (alpha_c, beta_c), _ = nnls(np.column_stack([np.ones_like(batches), batches]), micro)
-    else:  # one batch seen: the prior (module docstring)
-        alpha_c, beta_c = one_batch_prior(micro, batches)
+    shared = np.array([max(p.world_size / max(p.hosts, 1) - 1.0, 0.0) for p in points])
+    by_sharing: Dict[float, set] = {}
+    for k, b in zip(shared.tolist(), batches.tolist()):
+        by_sharing.setdefault(k, set()).add(b)
+    contended = len(by_sharing) >= 2
+    gamma_c = 0.0
+    if any(len(b) >= 2 for b in by_sharing.values()):
+        cols = [np.ones_like(batches), batches] + ([shared * batches] if contended else [])
+        rel = 1.0 / micro.clip(1e-9)   # relative error: each row over its own seconds
+        sol, _ = nnls(np.column_stack(cols) * rel[:, None], np.ones_like(micro))
+        alpha_c, beta_c = float(sol[0]), float(sol[1])
+        gamma_c = float(sol[2]) if contended else 0.0
+    else:  # one batch per sharing: the prior where fewest ranks share a host
+        least = min(by_sharing)
+        mask = shared == least
+        alpha_c, beta_c = one_batch_prior(micro[mask], batches[mask])
+        if contended:
+            rest = ~mask
+            gamma_c = max(float(np.mean((micro[rest] - alpha_c - beta_c * batches[rest])
+                                        / (shared[rest] * batches[rest]))), 0.0)
     synced = [p for p in points if p.world_size > 1]
     coef = [0.0, 0.0, 0.0, 0.0]
     if synced:
         cols = np.array([[1.0, p.world_size - 1, 1.0 if p.hosts > 1 else 0.0,
                           max(p.hosts - 1, 0)] for p in synced])
         wait = np.array([p.wait_s for p in synced])
+        w = 1.0 / np.maximum(np.array([p.compute_s + p.wait_s for p in synced]), 1e-6)
         keep = [j for j in range(4) if cols[:, j].any()]
         if len({p.world_size for p in synced}) < 2:
             keep = [j for j in keep if j != 1]  # one size: a constant, no slope
         if len({p.hosts for p in synced}) < 2:
             keep = [j for j in keep if j != 3]
-        sol, _ = nnls(cols[:, keep], wait)
+        sol, _ = nnls(cols[:, keep] * w[:, None], wait * w)
         for j, v in zip(keep, sol):
             coef[j] = float(v)
-    return PerfParams(float(alpha_c), float(beta_c), *coef)
+    return PerfParams(float(alpha_c), float(beta_c), *coef, gamma_c=gamma_c)
 
 
 class GoodputModel:

@@ -47,3 +47,15 @@ def test_best_batch_grows_with_the_noise_scale_and_the_sync_cost():
                          max_batch=1024, max_local_batch=64)
     batch, goodput = noisy.best(4)
     assert batch == 1024 and goodput > noisy.goodput(4, 1, 32)
+
+
+def test_a_configuration_seen_again_is_the_mean_of_every_look():
+    """A loaded machine's windows move by 2x: the fit takes the mean per configuration, so one
+    slow look does not flip the choice back and forth."""
+    from launcher.apps.batch_goodput import StepPoints
+    pts = StepPoints()
+    for compute in (0.010, 0.030, 0.020):
+        pts.add(StepPoint(1, 1, 32, 1, compute, 0.0))
+    pts.add(StepPoint(1, 1, 64, 1, 0.05, 0.0))
+    got = {p.local_batch: p.compute_s for p in pts.points()}
+    assert len(pts) == 2 and got[32] == pytest.approx(0.020) and got[64] == 0.05

@@ -97,6 +97,32 @@ class PerfParams:
             world_size, hosts, local_batch, accumulation)
 
 
+class StepPoints:
+    """Steady points by configuration ``(world size, hosts, local batch, accumulation)``, each
+    the mean of every look at it, in this generation and when the job comes back to it later: on
+    a loaded machine one telemetry window (5 s) moves by up to 2x, and a point replaced by each
+    new look made the batch go back and forth (32 -> 53 -> 32 -> 67 -> 32 in one run).  Not
+    thread-safe: its owner holds its lock."""
+
+    def __init__(self):
+        self._sums: Dict[Tuple[int, int, int, int], List[float]] = {}
+
+    def add(self, p: StepPoint) -> None:
+        """One look at a configuration (its mean compute and wait seconds per step)."""
+        key = (p.world_size, p.hosts, p.local_batch, p.accumulation)
+        acc = self._sums.setdefault(key, [0.0, 0.0, 0])
+        acc[0] += p.compute_s
+        acc[1] += p.wait_s
+        acc[2] += 1
+
+    def points(self) -> List[StepPoint]:
+        """One :class:`StepPoint` per configuration seen, with its mean seconds."""
+        return [StepPoint(*k, c / n, w / n) for k, (c, w, n) in self._sums.items()]
+
+    def __len__(self) -> int:
+        return len(self._sums)
+
+
 def one_batch_prior(micro_s, local_batches) -> Tuple[float, float]:
     """``(alpha_c, beta_c)`` when every point ran one local batch ``l``: half the mean
     micro-batch compute ``c`` fixed, half proportional to the batch (``alpha_c = c / 2``,
@@ -210,7 +236,7 @@ class BatchAdapter:
 
     def __init__(self, driver):
         self.driver = driver
-        self.points: Dict[Tuple[int, int, int, int], StepPoint] = {}
+        self.points = StepPoints()
         self.model: Optional[GoodputModel] = None
         self.decisions: List[dict] = []
         self._gen = (0, 0.0)         # (generation, monotonic time it was first seen)
@@ -254,8 +280,8 @@ class BatchAdapter:
                              plan["base_batch"], plan["min_batch"], plan["max_batch"],
                              plan["max_local_batch"] or plan["max_batch"])
         with self._lock:
-            self.points[(p.world_size, p.hosts, p.local_batch, p.accumulation)] = p
-            model.perf = fit(list(self.points.values()))
+            self.points.add(p)
+            model.perf = fit(self.points.points())
             self.model = model
         if now < self._hold_until:
             return

@@ -7,20 +7,20 @@ gradient noise (``gradient_noise``: ``sqr`` and the per-sample ``var``, ``hvd_ed
 and its adaptive batch (``adaptive_batch``: the batch in force, its layout and the script's
 bounds; absent when the script did not opt in).  A configuration (world size, hosts, local batch,
 accumulation) held steadily for :data:`launcher.apps.batch_goodput.SETTLE_S` leaves one step
-point (compute and wait seconds per step), and the step-time model is the job's own
-(:func:`launcher.apps.batch_goodput.fit`, Pollux's ``PerfParams``), fitted again at each new
-point.  :meth:`JobGoodput.view` is then a :class:`launcher.cluster.goodput.GoodputView`: the
+point (compute and wait seconds per step, the mean of every look at it:
+:class:`launcher.apps.batch_goodput.StepPoints`), and the step-time model is the job's own
+(:func:`launcher.apps.batch_goodput.fit`, Pollux's ``PerfParams``), fitted again at each look.  :meth:`JobGoodput.view` is then a :class:`launcher.cluster.goodput.GoodputView`: the
 candidate batches at any placement and their step seconds.  A job that did not opt in has no
 view (None): it is scheduled by its throughput alone and keeps its batch.
 """
 from __future__ import annotations
 
 import threading
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
-from launcher.apps.batch_goodput import SETTLE_S, PerfParams, StepPoint, fit
+from launcher.apps.batch_goodput import SETTLE_S, PerfParams, StepPoint, StepPoints, fit
 from launcher.cluster import goodput as gp
 
 
@@ -30,7 +30,7 @@ class JobGoodput:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._points: Dict[Tuple[int, int, int, int], StepPoint] = {}
+        self._points = StepPoints()
         self._perf: Optional[PerfParams] = None
         self._noise: Optional[dict] = None
         self._plan: Optional[dict] = None
@@ -57,10 +57,8 @@ class JobGoodput:
             p = StepPoint(int(self._plan["world_size"]), hosts, int(self._plan["local_batch"]),
                           int(self._plan["accumulation"]), float(job["compute_s"]),
                           float(job.get("wait_s") or 0.0))
-            key = (p.world_size, p.hosts, p.local_batch, p.accumulation)
-            if key not in self._points:
-                self._points[key] = p
-                self._perf = fit(list(self._points.values()))
+            self._points.add(p)   # the mean of every look (StepPoints)
+            self._perf = fit(self._points.points())
 
     def view(self) -> Optional[gp.GoodputView]:
         """The job's goodput now, or None before it reported an adaptive batch, its gradient

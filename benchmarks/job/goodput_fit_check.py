@@ -102,7 +102,7 @@ def measure(model: str, sizes, batches, max_local: int, folder: Path) -> list:
                 print(f"  size {size} batch {p['batch']}: step {p['step_s'] * 1e3:.1f} ms "
                       f"(compute {p['compute_s'] * 1e3:.1f}, wait {p['wait_s'] * 1e3:.1f}), "
                       f"{p['batch'] / p['step_s']:.0f} samples/s, noise scale "
-                      f"{p['noise_scale_samples']:.0f}", flush=True)
+                      f"{p['noise_scale_samples']}", flush=True)
     finally:
         stop.touch()
         try:

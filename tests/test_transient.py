@@ -78,6 +78,15 @@ def test_revocation_risk_defaults_to_gce_lifetimes_and_takes_the_operators_table
     table.write_text("type,zone,revocations_per_hour\nt4,,-1\n")
     with pytest.raises(TableError, match="revocations_per_hour needs a number >= 0"):
         RiskTable.read(str(table))
+    # a replacement host's start-up where the operator knows it (else CM-DARE's VM start-up)
+    table.write_text("type,zone,revocations_per_hour,replacement_start_s\nt4,,0.5,20\n"
+                     "t4,eu-1,2,\nk80,,1,\n")
+    terms = host_terms(parse_host_specs("a type=t4 spot zone=eu-1\nb type=k80 spot\n"
+                                        "c type=t4"), None, RiskTable.read(str(table)))
+    assert (terms["a"].startup_s, terms["b"].startup_s, terms["c"].startup_s) == (20, 87, 72)
+    table.write_text("type,zone,revocations_per_hour,replacement_start_s\nt4,,0.5,-3\n")
+    with pytest.raises(TableError, match="replacement_start_s needs seconds >= 0"):
+        RiskTable.read(str(table))
 
 
 # ---- the choice ---------------------------------------------------------------------------------
@@ -109,6 +118,16 @@ def test_choice_for_a_budget_is_the_soonest_that_fits_it():
     loss = 2 + 0.5 + 60 * (1 - 144 / 188)
     assert math.isclose(spot.time_s, t0 / (1 - 0.5 * 4 * loss / 3600))
     assert math.isclose(spot.revocations, 0.5 * 4 * spot.time_s / 3600)
+    # the replacement's stall is the host's start-up plus the job's own worker start on it,
+    # less the notice (the replacement starts while the revoked host still trains)
+    joins = predict(work, lambda k: _speed("slow", k), 4, OFFERS[1], commit_s=2, switch_s=0.5,
+                    start_s=30)
+    loss = 2 + 0.5 + (60 + 30) * (1 - 144 / 188)
+    assert math.isclose(joins.time_s, 30 + t0 / (1 - 0.5 * 4 * loss / 3600))
+    noticed = predict(work, lambda k: _speed("slow", k), 4, OFFERS[1], commit_s=2,
+                      switch_s=0.5, start_s=30, join_s=10, notice_s=30)
+    loss = 0.5 + (60 + 10 - 30) * (1 - 144 / 188)  # no work lost with a notice
+    assert math.isclose(noticed.time_s, 30 + t0 / (1 - 0.5 * 4 * loss / 3600))
     tight = choose(Goal("time", work, budget_usd=0.01), work, _speed, OFFERS, now, 1, 4)
     assert not tight.fits and "no choice fits the $0.01 budget" in tight.why
 

@@ -11,9 +11,12 @@ and each size ``n`` in the job's bounds, :func:`predict` gives the time and cost
   type's measurements scaled by the types' TFLOPS);
 * on transient (``spot``) hosts, revocations arrive at ``lambda = rate x n`` per hour
   (:mod:`launcher.discovery.prices`: the operator's table, GCE's lifetimes by default), each
-  costing ``loss = lost work + switch + start-up x (1 - speed(n-1)/speed(n))``: the work since
+  costing ``loss = lost work + switch + stall x (1 - speed(n-1)/speed(n))``: the work since
   the last commit (none with a notice: the workers leave at a commit), a stop-free switch, and
-  the replacement's start-up during which the job trains one host short; so
+  the replacement's stall, during which the job trains one host short: the replacement host's
+  start-up (a VM's boot: CM-DARE 69-92 s; the offer's ``startup_s``) plus the job's own worker
+  start on it (its imports and joining the ring: the job's start on that type), less the
+  notice (the replacement starts while the revoked host still trains); so
   ``T = start + T0 / (1 - lambda x loss / 3600)``;
 * ``cost = price x n x T / 3600`` (price per GPU-hour), plus what the job spent so far.
 
@@ -90,12 +93,15 @@ class Prediction:
 
 def predict(remaining: float, speed: Callable[[int], Optional[float]], n: int, offer: Offer,
             commit_s: float = 1.0, switch_s: float = 0.5, start_s: float = 0.0,
-            notice: bool = False, spent_usd: float = 0.0) -> Optional[Prediction]:
+            notice: bool = False, spent_usd: float = 0.0, join_s: Optional[float] = None,
+            notice_s: float = 0.0) -> Optional[Prediction]:
     """Time and cost to finish ``remaining`` samples on ``n`` GPUs of ``offer`` (module
     docstring); ``speed(n)``: samples/s at ``n`` (None: unknown); ``commit_s``: the job's
     commit period (the work a revocation without notice loses); ``switch_s``: a stop-free
-    switch; ``start_s``: the job's own start (0 for a running job); ``notice``: revocations
-    come with one (no work lost).  None when the speed is unknown or revocations would eat
+    switch; ``start_s``: the job's own start (0 for a running job); ``join_s``: a replacement
+    worker's start on this type, seconds (None: ``start_s``); ``notice``: revocations come with
+    a notice (no work lost); ``notice_s``: its length, seconds (the replacement starts within
+    it; > 0 implies ``notice``).  None when the speed is unknown or revocations would eat
     more than :data:`MAX_REVOCATION_SHARE` of the time."""
     thr = speed(n)
     if not thr or thr <= 0:
@@ -106,7 +112,8 @@ def predict(remaining: float, speed: Callable[[int], Optional[float]], n: int, o
     t = t0
     if lam > 0:
         short = speed(n - 1) if n > 1 else 0.0
-        loss = (0.0 if notice else commit_s) + switch_s + offer.startup_s * (
+        stall = max(0.0, offer.startup_s + (start_s if join_s is None else join_s) - notice_s)
+        loss = (0.0 if notice or notice_s > 0 else commit_s) + switch_s + stall * (
             1.0 - min(1.0, (short or 0.0) / thr))
         share = lam * loss / 3600.0
         if share >= MAX_REVOCATION_SHARE:
@@ -125,7 +132,8 @@ def choose(goal: Goal, remaining: float, speed: Callable[[str, int], Optional[fl
     [``min_np``, ``max_np``] and each offer's slots; ``speed(type, n)``: samples/s (None:
     unknown); ``now``: unix seconds (the deadline's clock); ``predict_kw``: :func:`predict`'s
     ``commit_s``, ``switch_s``, ``start_s`` (seconds, or a mapping type -> seconds with
-    ``"*"`` for the others), ``notice``.  None when no offer has a known speed
+    ``"*"`` for the others; also a replacement worker's start on that type unless ``join_s``
+    is given), ``notice``, ``notice_s``.  None when no offer has a known speed
     at a size that fits the bounds."""
     cands = []
     start = predict_kw.pop("start_s", 0.0)

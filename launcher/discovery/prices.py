@@ -13,11 +13,12 @@ on another scaled by the two types' TFLOPS, CM-DARE's first feature)::
     a100,2.93,0.88,19.5
 
 Revocation-risk table, CSV with a header, revocations per GPU-hour of a transient host (a
-blank zone: the type's rate anywhere not listed)::
+blank zone: the type's rate anywhere not listed), and optionally ``replacement_start_s``, the
+seconds a replacement host takes to start there (blank or absent: :data:`STARTUP_S`)::
 
-    type,zone,revocations_per_hour
-    k80,,0.0161
-    k80,us-central1-c,0.0716
+    type,zone,revocations_per_hour,replacement_start_s
+    k80,,0.0161,
+    k80,us-central1-c,0.0716,81
 
 The default (:data:`GCE_RATES`) is GCE's preemptible VMs as measured in February 2019 by
 transient-deep-learning (Li et al., ICAC 2019; ``../shared/traces/transient-cloud/``,
@@ -122,9 +123,21 @@ class RiskTable:
         default_per_h: the rate of a type the table lacks."""
 
     def __init__(self, rates: Optional[Mapping[Tuple[str, str], float]] = None,
-                 default_per_h: float = DEFAULT_RATE_PER_H):
+                 default_per_h: float = DEFAULT_RATE_PER_H,
+                 startup_s: Optional[Mapping[Tuple[str, str], float]] = None):
         self.rates = dict(GCE_RATES if rates is None else rates)
         self.default_per_h = default_per_h
+        self.startup = dict(startup_s or {})  # (type, zone) -> seconds; ("*", "") any type
+
+    def startup_s(self, gpu_type: Optional[str], zone: Optional[str] = None) -> Optional[float]:
+        """Seconds a replacement transient host of ``gpu_type`` in ``zone`` takes to start (the
+        table's ``replacement_start_s``: the zone's, else the type's, else the ``*`` row's);
+        None: not given (the caller's default, CM-DARE's VM start-up)."""
+        t, z = (gpu_type or ""), (zone or "")
+        for k in ((t, z), (t, ""), ("*", "")):
+            if k in self.startup:
+                return self.startup[k]
+        return None
 
     def rate_per_h(self, gpu_type: Optional[str], zone: Optional[str] = None) -> float:
         """Revocations per hour of one transient GPU host of ``gpu_type`` in ``zone``: the
@@ -144,6 +157,7 @@ class RiskTable:
             TableError: unreadable, a missing column, a bad type, a rate not a finite number
                 >= 0, or a (type, zone) listed twice."""
         rates: Dict[Tuple[str, str], float] = {}
+        startup: Dict[Tuple[str, str], float] = {}
         default = DEFAULT_RATE_PER_H
         for number, row in _rows(path, ("type", "zone", "revocations_per_hour")):
             where = f"{path} line {number}: "
@@ -154,8 +168,19 @@ class RiskTable:
             if not (math.isfinite(value) and value >= 0):
                 raise TableError(f"{where}revocations_per_hour needs a number >= 0, got "
                                  f"{row['revocations_per_hour']!r}")
+            start = (row.get("replacement_start_s") or "").strip()
+            if start:
+                try:
+                    start_s = float(start)
+                except ValueError:
+                    start_s = float("nan")
+                if not 0 <= start_s < 1e5:
+                    raise TableError(f"{where}replacement_start_s needs seconds >= 0, got "
+                                     f"{start!r}")
             if (row["type"] or "").strip() == "*":
                 default = value
+                if start:
+                    startup[("*", "")] = start_s
                 continue
             try:
                 key = (parse_gpu_type(row["type"] or "", where),
@@ -165,7 +190,9 @@ class RiskTable:
             if key in rates:
                 raise TableError(f"{where}{key[0]} {key[1] or '(any zone)'} is listed twice")
             rates[key] = value
-        return cls(rates, default)
+            if start:
+                startup[key] = start_s
+        return cls(rates, default, startup)
 
 
 @dataclass(frozen=True)
@@ -185,8 +212,9 @@ def host_terms(lines: Mapping[str, HostLine], prices: Optional[Mapping[str, Type
                startup_s: Optional[Mapping[str, float]] = None) -> Dict[str, HostTerms]:
     """host -> :class:`HostTerms` from the pool's host lines: a line's ``price=`` wins, else
     its type's spot or on-demand price from ``prices``; the risk of a ``spot`` line from
-    ``risk`` (default the GCE rates) by type and zone; start-up seconds from ``startup_s``
-    (keys ``spot``, ``on_demand``; default :data:`STARTUP_S`)."""
+    ``risk`` (default the GCE rates) by type and zone; a spot host's replacement start-up from
+    ``risk``'s ``replacement_start_s`` where given, else from ``startup_s`` (keys ``spot``,
+    ``on_demand``; default :data:`STARTUP_S`)."""
     risk = risk or RiskTable()
     startup = dict(STARTUP_S, **(startup_s or {}))
     out: Dict[str, HostTerms] = {}
@@ -196,7 +224,9 @@ def host_terms(lines: Mapping[str, HostLine], prices: Optional[Mapping[str, Type
         if price is None and tp is not None:
             price = (tp.spot if tp.spot is not None else tp.on_demand) if line.spot \
                 else (tp.on_demand if tp.on_demand is not None else tp.spot)
+        given = risk.startup_s(line.gpu_type, line.zone) if line.spot else None
         out[host] = HostTerms(line.gpu_type, price, line.spot,
                               risk.rate_per_h(line.gpu_type, line.zone) if line.spot else 0.0,
-                              startup["spot" if line.spot else "on_demand"])
+                              startup["spot" if line.spot else "on_demand"] if given is None
+                              else given)
     return out

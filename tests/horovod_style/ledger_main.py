@@ -15,11 +15,15 @@ life, unlike its rank):
 
 Run under ``HVD_EDL_AUDIT_DIR`` the elastic sampler keeps the audit ledger (exactly-once)."""
 import argparse
+import hashlib
 import json
 import os
+import queue
+import socket
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import torch
@@ -35,6 +39,11 @@ p.add_argument("--step-delay", type=float, default=0.0)
 p.add_argument("--busy-s", type=float, default=0.0,
                help="CPU seconds of work per step (a busy loop: under a CPU quota its wall time "
                     "stretches, as a slower GPU type's step does)")
+p.add_argument("--device-dir", default="",
+               help="run --busy-s in one thread of its own, the emulated GPU: it announces itself "
+                    "as DIR/<hostname>.<thread id> and waits (60 s) until its CPU cgroup changed "
+                    "(benchmarks/cluster/transient_real.py moves it under its type's CPU quota), so "
+                    "a type's quota slows the device's work, not the imports or the ring")
 p.add_argument("--done-log", required=True)
 p.add_argument("--post-s", default="", help="RANK:SECONDS,...: work after training, by rank")
 p.add_argument("--freeze-after", default="")
@@ -49,7 +58,56 @@ p.add_argument("--child-linger-s", type=float, default=0.0,
 args = p.parse_args()
 me = os.environ.get("HVD_EDL_WORKER_ID", "")
 
+
+def busy(seconds):
+    """``seconds`` of this thread's CPU time (hashing releases the GIL, so that a device thread
+    throttled by its quota does not hold the heartbeats back)."""
+    block = bytes(1 << 14)
+    until = time.thread_time() + seconds
+    while time.thread_time() < until:
+        hashlib.sha256(block).digest()
+
+
+class Device:
+    """The emulated GPU (``--device-dir``): one thread that does each step's busy work while the
+    step waits for it, as a step waits for its kernels."""
+
+    def __init__(self, folder):
+        self.work, self.done = queue.Queue(), queue.Queue()
+        self.folder, self.host = folder, socket.gethostname()
+        threading.Thread(target=self._serve, daemon=True, name="emulated-gpu").start()
+        ready = self.done.get(timeout=90)
+        if ready is not True:
+            raise RuntimeError(f"--device-dir: {ready}")
+
+    def _serve(self):
+        tid = threading.get_native_id()
+        where = f"/proc/self/task/{tid}/cgroup"
+        with open(where) as f:
+            before = f.read()
+        os.makedirs(self.folder, exist_ok=True)
+        with open(os.path.join(self.folder, f"{self.host}.{tid}"), "w") as f:
+            f.write(str(os.getpid()))
+        deadline = time.monotonic() + 60
+        while True:
+            with open(where) as f:
+                if f.read() != before:
+                    break
+            if time.monotonic() > deadline:
+                self.done.put(f"thread {tid} on {self.host} was not moved to a cgroup in 60 s")
+                return
+            time.sleep(0.05)
+        self.done.put(True)
+        while True:
+            busy(self.work.get())
+            self.done.put(None)
+
+    def run(self, seconds):
+        self.work.put(seconds)
+        self.done.get(timeout=600)
+
 hvd.init()
+device = Device(args.device_dir) if args.device_dir and args.busy_s else None
 if args.child_linger_s > 0:  # inherits this process's environment (its GPU, its run's marker)
     subprocess.Popen([sys.executable, "-c", "import os, sys, time\nparent = int(sys.argv[1])\n"
                       "while os.getppid() == parent: time.sleep(0.05)\n"
@@ -90,10 +148,10 @@ def train(state):
                 sys.exit(0)
             if args.step_delay:
                 time.sleep(args.step_delay)
-            if args.busy_s:
-                spin_until = time.thread_time() + args.busy_s
-                while time.thread_time() < spin_until:
-                    pass
+            if device is not None:
+                device.run(args.busy_s)
+            elif args.busy_s:
+                busy(args.busy_s)
             if batch_idx % args.commit_every == 0:
                 state.commit()
         state.epoch += 1

@@ -167,8 +167,12 @@ class TypedPolicy(Policy):
                 if (o.gpu_type, o.spot) == cur_k]
         if not mine:
             return
+        per_type = j.goal.get("start_s")  # a replacement worker's start on its type
+        join = per_type.get(cur_k[0], self._start_s) if isinstance(per_type, dict) \
+            else self._start_s
         cur = predict(remaining, lambda k: j.speed_of(cur_k[0], k), n, mine[0],
-                      self.commit_s, self._switch_s, 0.0, self.notice, j.spent_usd)
+                      self.commit_s, self._switch_s, 0.0, self.notice, j.spent_usd,
+                      join_s=join)
         best = self._choose(snap, j, self._offers(snap, free, klass, held), self._start_s)
         if cur is None or best is None:
             if best is not None:

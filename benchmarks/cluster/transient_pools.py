@@ -16,7 +16,19 @@ Prices: p3 3.06 / 0.91 $ per hour on demand / spot (Bamboo's simulator, prices.c
 ratio (an assumption, printed).  Bamboo reports 3.7x the throughput of checkpointing on p3 (its
 pipeline-redundancy system, a different job and restart): printed beside our ratio.
 
-Writes ``benchmarks/results/transient_pools.json``.
+GCE preemptible pools (:mod:`launcher.cluster.gce_lifetimes`): the measured 2019 lifetimes of
+1-GPU preemptible VMs per GPU type and zone (as many hosts as the zone had VMs: 10-19), a
+revoked or 24-hour-old VM replaced after CM-DARE's measured preemptible start-up for its type
+(K80 83 s, P100 91 s; V100, not measured, takes P100's), GCE's 30 s notice (no work lost either
+way: ours leaves at a commit, checkpoint-restart writes its checkpoint within it: CM-DARE
+measured 3-7 s).  The same ResNet-50 job; a K80's or P100's speed is the V100's scaled by
+CM-DARE's measured one-GPU speed of the type over the V100's (the mean over its four models,
+``cm-dare/speed_data_base``).  Prices: GCE's GPU list prices per GPU-hour in 2019 (K80 0.45 /
+0.135, P100 1.46 / 0.43, V100 2.48 / 0.74 on demand / preemptible; not in the traces, the VM's
+CPUs and memory not counted; the traces' own K80 VM rates, 0.723 / 0.256, have the same ratio
+within 15 %).  On-demand = the pool's time-weighted mean host count, never revoked.
+
+Writes ``benchmarks/results/transient_pools.json`` (``table``: Bamboo's pools, ``gce``: GCE's).
 """
 from __future__ import annotations
 
@@ -43,6 +55,10 @@ G4_SPOT = round(G4_OD * P3_SPOT / P3_OD, 4)
 POOLS = {"p3": ("p3-trace.csv", "-azure", P3_OD, P3_SPOT),
          "g4dn": ("g4dn-trace.csv", "-aws", G4_OD, G4_SPOT)}
 BAMBOO_P3_RATIO = 3.7
+GCE_PRICES = {"k80": (0.45, 0.135), "p100": (1.46, 0.43), "v100": (2.48, 0.74)}
+GCE_POOLS = [("k80", "us-central1-c"), ("k80", "us-east1-c"), ("p100", "us-west1-b"),
+             ("v100", "asia-east1-c")]
+GCE_HORIZON_S = 14 * 86400.0
 
 
 def throughput(folder: str, profile: str, n: int) -> float:
@@ -54,6 +70,62 @@ def throughput(folder: str, profile: str, n: int) -> float:
         folder, "-aws", LOCAL_BSZ, 1)
     return ratio * max((profile_throughput(folder, "-aws", LOCAL_BSZ, m) for m in range(1, n + 1)),
                        default=0.0)
+
+
+def cm_dare_speed_ratio(gpu: str) -> float:
+    """CM-DARE's one-GPU speed of ``gpu`` over the V100's: the mean over its four models
+    (``speed_data_base/<model><gpu>/data.csv``, mean of ``Value``, steps/s)."""
+    import csv
+    from statistics import mean
+    base = transient_dir() / "cm-dare" / "speed_data_base"
+    ratios = []
+    for model in ("res15", "res32", "shakesmall", "shakebig"):
+        speed = {}
+        for g in (gpu, "v100"):
+            with open(base / f"{model}{g}" / "data.csv", newline="") as f:
+                speed[g] = mean(float(r["Value"]) for r in csv.DictReader(f)
+                                if r["Value"] and float(r["Value"]) > 0)
+        ratios.append(speed[gpu] / speed["v100"])
+    return sum(ratios) / len(ratios)
+
+
+def gce_pools(folder: str, ours: ChangeCost, ckpt: ChangeCost) -> dict:
+    """The GCE preemptible pools (module docstring): per pool its hosts, revocations and the
+    rows on-demand / preemptible / mixed, ours against checkpoint-restart."""
+    from launcher.cluster import gce_lifetimes
+    tdl = transient_dir() / "transient-deep-learning" / "lifetime" / "lifetime_2019_tidy.csv"
+    startup = gce_lifetimes.preemptible_startup_s(transient_dir() / "cm-dare" / "startup_time")
+    out = {}
+    for gpu, zone in GCE_POOLS:
+        lives = gce_lifetimes.lifetimes_h(tdl, gpu, zone)
+        start_s = startup.get(gpu, startup["p100"])
+        avail = gce_lifetimes.availability(lives, start_s, GCE_HORIZON_S, seed=0)
+        ratio = 1.0 if gpu == "v100" else cm_dare_speed_ratio(gpu)
+        v100 = functools.partial(throughput, folder, "-azure")
+        thr = (lambda n, r=ratio, f=v100: r * f(n))
+        od, spot = GCE_PRICES[gpu]
+        fleet = max(1, round(mean_hosts(avail)))
+        drops = sum(1 for a, b in zip(avail, avail[1:]) if b[1] < a[1])
+        rows = {}
+        for mix, kw in (("on_demand", dict(use_spot=False, on_demand=fleet)),
+                        ("spot", dict(use_spot=True, on_demand=0)),
+                        ("mixed", dict(use_spot=True, on_demand=fleet // 2))):
+            for mode, cost in (("ours_stop_free", ours), ("checkpoint_restart", ckpt)):
+                o = run(avail, thr, WORK, cost, spot, od_price=od, limit_s=GCE_HORIZON_S, **kw)
+                rows[f"{mix}/{mode}"] = {"jct_s": round(o.jct_s, 1), "cost_usd":
+                                         round(o.cost_usd, 2), "changes": o.changes}
+                print(f"{gpu + '/' + zone:<20}{mix:<11}{o.changes:>8}{mode:>20}"
+                      f"{o.jct_s / 3600 if math.isfinite(o.jct_s) else math.inf:>8.2f}"
+                      f"{o.cost_usd:>9.2f}")
+        r = rows
+        out[f"{gpu}/{zone}"] = {
+            "hosts": len(lives), "revoked_before_24h_measured": sum(x < 23.9 for x in lives),
+            "replacement_start_s": round(start_s, 1), "speed_over_v100": round(ratio, 3),
+            "prices": {"on_demand": od, "preemptible": spot}, "fleet_on_demand": fleet,
+            "host_losses_in_14_days": drops, "rows": rows,
+            "spot_jct_ckpt_over_ours": round(r["spot/checkpoint_restart"]["jct_s"]
+                                             / r["spot/ours_stop_free"]["jct_s"], 3)}
+    return out
 
 
 def main() -> int:
@@ -91,6 +163,9 @@ def main() -> int:
               f"(Bamboo on p3: {BAMBOO_P3_RATIO}x over checkpointing); on-demand fleet = "
               f"{fleet} hosts (the trace's mean)")
     out["bamboo_p3_ratio_published"] = BAMBOO_P3_RATIO
+    print(f"\nGCE preemptible pools (2019 lifetimes; replacements after CM-DARE's start-up)")
+    print(f"{'pool':<20}{'hosts':<11}{'changes':>8}{'mode':>20}{'JCT h':>8}{'cost $':>9}")
+    out["gce"] = gce_pools(folder, ours, ckpt)
     res = ROOT / "benchmarks" / "results"
     (res / "transient_pools.json").write_text(json.dumps(out, indent=1) + "\n")
     return 0

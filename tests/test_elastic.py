@@ -22,7 +22,12 @@ def _assert_continuity(events):
     assert events[0]["kind"] == "start"
 
 
-def test_scale_out_is_stop_free_and_joiner_builds_first(tmp_path, job_factory):
+def test_scale_out_is_stop_free_and_joiner_builds_first_then_sigterm_makes_a_member_leave(
+        tmp_path, job_factory):
+    """A joiner builds its model (4 s) while the ring trains on, then joins stop-free (old
+    members keep ranks 0 and 1, nothing rolled back); then a member gets SIGTERM (e.g.
+    Kubernetes evicting the pod) and leaves gracefully: a scale-in that rolls back nothing and
+    blames nobody.  One job walks both (before: two jobs, 5 worker starts)."""
     job = job_factory(ELASTIC, long_digits(tmp_path, "--build-delay", "4"), hosts="localhost:2")
     job.wait_generation(1)
     job.set_hosts("localhost:3")
@@ -30,10 +35,15 @@ def test_scale_out_is_stop_free_and_joiner_builds_first(tmp_path, job_factory):
     assert ev["kind"] == "scale_out" and ev["world_size"] == 3
     assert _members(ev) == ["w1", "w2", "w3"]  # old members keep ranks 0 and 1
     assert ev["step"] > 0 and ev["rolled_back_steps"] == 0
+    job.kill_worker("w2", signal.SIGTERM)
+    ev = job.wait_generation(3)
+    assert ev["kind"] == "scale_in" and ev["rolled_back_steps"] == 0
+    assert _members(ev) == ["w1", "w3"]
     job.end_training()
     assert job.finish() == 0, job.output()[-3000:]
+    assert "w2@localhost:1 failed" not in job.output()  # it left, it did not fail
     _assert_continuity(job.events())
-    assert summary(tmp_path)["world_size"] == 3
+    assert summary(tmp_path)["world_size"] == 2  # the joiner trained to the end as a member
 
 
 # marker long (make test's 15 minutes): test_control.py's ctl scale and the cluster service's edl test assert a scale-in rolls back nothing
@@ -153,20 +163,6 @@ def test_host_added_while_first_workers_build_their_model(tmp_path, job_factory)
     assert _members(ev) == ["w1", "w2", "w3"]
     job.end_training()
     assert job.finish() == 0, job.output()[-3000:]
-    _assert_continuity(job.events())
-
-
-def test_sigterm_makes_a_member_leave_gracefully(tmp_path, job_factory):
-    job = job_factory(["-np", "3", "--min-np", "1", "--max-np", "3", "--discovery-interval", "0.2"],
-                      long_digits(tmp_path), hosts="localhost:3")
-    job.wait_generation(1)
-    job.kill_worker("w2", signal.SIGTERM)  # e.g. Kubernetes evicting the pod
-    ev = job.wait_generation(2)
-    assert ev["kind"] == "scale_in" and ev["rolled_back_steps"] == 0
-    assert "w2" not in _members(ev)
-    job.end_training()
-    assert job.finish() == 0, job.output()[-3000:]
-    assert "w2@localhost:1 failed" not in job.output()  # it left, it did not fail
     _assert_continuity(job.events())
 
 

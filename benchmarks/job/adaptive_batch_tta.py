@@ -75,9 +75,14 @@ def _trace_point(client, t0: float) -> dict:
     """World size, batch and noise scale now (the job's ``/ctl/telemetry``)."""
     tel = client.call("telemetry")
     plan, noise = tel.get("adaptive_batch") or {}, tel.get("gradient_noise") or {}
-    return {"s": round(time.time() - t0, 2), "world_size": tel["job"]["world_size"],
+    job = tel["job"]
+    step = None if job.get("compute_s") is None else job["compute_s"] + (job.get("wait_s") or 0)
+    return {"s": round(time.time() - t0, 2), "world_size": job["world_size"],
+            "generation": job.get("generation"),
             "batch": plan.get("batch") or 32,  # fixed: 32
-            "noise_scale": noise.get("noise_scale_samples")}
+            "step_s": step,  # mean optimizer step, the telemetry's 5 s window
+            "noise_scale": noise.get("noise_scale_samples"),
+            "sqr": noise.get("sqr"), "var": noise.get("var")}
 
 
 def _formed(events: Path) -> bool:
@@ -158,11 +163,24 @@ class _Cluster:
             raise RuntimeError(f"hvd-edl-cluster {' '.join(args[:2])}: {r.stderr.strip()}")
         return r.stdout
 
-    def jobs(self) -> dict:
+    def api(self, route: str, **args) -> dict:
+        """The service's API in this process, as ``hvd-edl-cluster`` calls it (a command's
+        Python start takes 5-25 s on the loaded cores: the operator's actions during the run
+        go this way, on time)."""
         from launcher.cluster import cluster_file
         from launcher.cluster.server import ClusterClient
-        status = ClusterClient(cluster_file.read(self.cluster)).call("status")
-        return {j["id"]: j for j in status["jobs"]}
+        return ClusterClient(cluster_file.read(self.cluster)).call(route, **args)
+
+    def submit_now(self, name: str, n: int, argv: list) -> str:
+        """``hvd-edl-cluster submit --name NAME --np N --min-np N --max-np N -- ARGV``."""
+        from launcher.cluster.exec_input import NAME
+        environ = {k: v for k, v in self.env.items() if NAME.fullmatch(k)}
+        return self.api("submit", argv=argv, cwd=str(ROOT), env={}, environ=environ,
+                        name=name, np=n, min_np=n, max_np=n, priority=0,
+                        checkpoint_dir=None)["id"]
+
+    def jobs(self) -> dict:
+        return {j["id"]: j for j in self.api("status")["jobs"]}
 
     def wait(self, what: str, pred, timeout_s: float):
         deadline = time.monotonic() + timeout_s
@@ -229,12 +247,10 @@ def run_service(model: str, schedule, folder: Path) -> dict:
             if steps and time.time() - formed >= steps[0][1]:
                 size = steps.pop(0)[0]
                 if size == 4:     # the holder departs: the service lends its slots
-                    c.cli("cancel", holder)
+                    c.api("cancel", job=holder)
                     changes.append({"s": round(time.time() - t0, 2), "cancel": "holder"})
                 else:             # a 2-slot job arrives: the service takes 2 back
-                    arrival = c.cli("submit", "--name", "arrival", "--np", "2", "--min-np",
-                                    "2", "--max-np", "2", "--", *filler
-                                    ).strip().splitlines()[-1]
+                    arrival = c.submit_now("arrival", 2, filler)
                     changes.append({"s": round(time.time() - t0, 2), "submit": "arrival"})
             try:
                 trace.append(_trace_point(client, t0))

@@ -168,8 +168,16 @@ class _Cluster:
         Python start takes 5-25 s on the loaded cores: the operator's actions during the run
         go this way, on time)."""
         from launcher.cluster import cluster_file
-        from launcher.cluster.server import ClusterClient
-        return ClusterClient(cluster_file.read(self.cluster)).call(route, **args)
+        from launcher.cluster.server import ClusterClient, ClusterRefused
+        from launcher.cluster.service import BUSY_NOT_DONE
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                return ClusterClient(cluster_file.read(self.cluster)).call(route, **args)
+            except ClusterRefused as e:   # withdrawn while the loop was busy: safe to retry
+                if str(e) != BUSY_NOT_DONE or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
 
     def submit_now(self, name: str, n: int, argv: list) -> str:
         """``hvd-edl-cluster submit --name NAME --np N --min-np N --max-np N -- ARGV``."""

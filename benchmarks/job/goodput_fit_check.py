@@ -120,7 +120,7 @@ def compare(points: list) -> dict:
     batch there: :func:`launcher.apps.batch_goodput.one_batch_prior`), and from every point
     (all sizes and batches, as the adapter's fit ends up)."""
     from launcher.apps.batch_goodput import GoodputModel, StepPoint, fit, one_batch_prior
-    from launcher.cluster.goodput import gain
+    from hvd_edl.gradient_noise import gain   # clamped to [1, B/B0] (|G|^2 <= 0: unknown)
     sp = [StepPoint(p["world_size"], 1, p["local_batch"], p["accumulation"], p["compute_s"],
                     p["wait_s"]) for p in points]
     first = {}
@@ -131,8 +131,7 @@ def compare(points: list) -> dict:
     rows = []
     for p, s in zip(points, sp):
         b0 = p["base_batch"]
-        var0 = (p["var"] or 0.0) / b0
-        r = gain(p["sqr"] or 0.0, var0, p["batch"] / b0)
+        r = gain(p["sqr"] or 0.0, p["var"] or 0.0, p["batch"], b0)
         row = {"world_size": p["world_size"], "batch": p["batch"],
                "measured_step_s": round(p["step_s"], 4),
                "measured_samples_per_s": round(p["batch"] / p["step_s"], 1),

@@ -149,19 +149,11 @@ def run(model: str, way: str, schedule, folder: Path) -> dict:
 
 
 class _Cluster:
-    """``hvd-edl-cluster`` commands against one service (the public CLI)."""
+    """One service's public API, as ``hvd-edl-cluster`` calls it."""
 
     def __init__(self, folder: Path):
         self.folder, self.cluster = folder, folder / "cluster.json"
         self.env = dict(os.environ, PYTHONPATH=str(ROOT))
-
-    def cli(self, *args: str) -> str:
-        r = subprocess.run([sys.executable, "-m", "launcher.cluster.cli", "--cluster",
-                            str(self.cluster), *args], capture_output=True, text=True,
-                           timeout=120, env=self.env, cwd=str(ROOT))
-        if r.returncode != 0:
-            raise RuntimeError(f"hvd-edl-cluster {' '.join(args[:2])}: {r.stderr.strip()}")
-        return r.stdout
 
     def api(self, route: str, **args) -> dict:
         """The service's API in this process, as ``hvd-edl-cluster`` calls it (a command's
@@ -179,12 +171,13 @@ class _Cluster:
                     raise
             time.sleep(0.5)
 
-    def submit_now(self, name: str, n: int, argv: list) -> str:
-        """``hvd-edl-cluster submit --name NAME --np N --min-np N --max-np N -- ARGV``."""
+    def submit_now(self, name: str, n: int, argv: list, lo=None, hi=None) -> str:
+        """``hvd-edl-cluster submit --name NAME --np N --min-np LO --max-np HI -- ARGV``
+        (LO and HI: N when not given)."""
         from launcher.cluster.exec_input import NAME
         environ = {k: v for k, v in self.env.items() if NAME.fullmatch(k)}
         return self.api("submit", argv=argv, cwd=str(ROOT), env={}, environ=environ,
-                        name=name, np=n, min_np=n, max_np=n, priority=0,
+                        name=name, np=n, min_np=lo or n, max_np=hi or n, priority=0,
                         checkpoint_dir=None)["id"]
 
     def jobs(self) -> dict:
@@ -225,13 +218,11 @@ def run_service(model: str, schedule, folder: Path) -> dict:
             if serve.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("serve did not start: " + (folder / "serve.log").read_text())
             time.sleep(0.2)
-        holder = c.cli("submit", "--name", "holder", "--np", "3", "--min-np", "3", "--max-np",
-                       "3", "--", *filler).strip().splitlines()[-1]
+        holder = c.submit_now("holder", 3, filler)
         c.wait("the 3-slot job running", lambda j: j[holder]["allocated"] == 3, 120)
         GO.set()
         t0 = time.time()
-        job = c.cli("submit", "--name", f"{model}-adaptive", "--min-np", "1", "--max-np", "4",
-                    "--", *_script(model, "service", log)).strip().splitlines()[-1]
+        job = c.submit_now(f"{model}-adaptive", 1, _script(model, "service", log), 1, 4)
         files = JobFiles(state, job)
         events = files.run_file(1, "events.jsonl")
         client, steps, arrival = None, list(schedule[1:]), None
@@ -273,7 +264,7 @@ def run_service(model: str, schedule, folder: Path) -> dict:
             e["s"] = round(e["at"] - t0, 2) if isinstance(e.get("at"), (int, float)) else None
         for other in (holder, arrival):
             if other and c.jobs()[other]["state"] not in ("done", "failed", "cancelled"):
-                c.cli("cancel", other)
+                c.api("cancel", job=other)
     finally:
         serve.terminate()
         try:

@@ -63,3 +63,32 @@ def test_pack_partial_on_one_node_whole_nodes_above():
     pol = hetero_goodput_policy(Costs("restart"))
     out = pol(0.0, _jobs(2), _Prof({"fast": 3.0, "slow": 1.5}))
     assert {k: v.gpu_type for k, v in out.items()}["fast"] == "a100"
+
+
+def test_sia_objective_also_gives_the_a100_to_the_larger_gain():
+    prof = _Prof({"fast": 3.0, "slow": 1.5})
+    want = choose(_jobs(16), prof, Costs("stop_free", 5.0, 0.5, 5.0), objective="sia")
+    assert want["fast"] == ("a100", 1) and len(want) == 17
+    assert sum(1 for v in want.values() if v[0] == "a100") == 16
+
+
+def test_fairness_weight_predicts_ftf_and_favours_the_job_behind():
+    from launcher.cluster.policies.hetero_goodput import predicted_ftf
+    prof = _Prof({"a": 1.0, "b": 1.0})
+    late = SimJobState("late", "a", 0.0, 1, 64)             # waited 1000 s, nothing done
+    new = SimJobState("new", "b", 1000.0, 1, 64, progress=500.0)
+    # isolated rate 1 per s on every type: (1000 s * 1 + 1000 left) / 1000 total = 2
+    assert abs(predicted_ftf(late, prof, 1000.0, 2) - 2.0) < 1e-9
+    assert abs(predicted_ftf(new, prof, 1000.0, 2) - 0.5) < 1e-9
+    jobs = [late, new] + [SimJobState(f"f{i}", "b", 1000.0, 1, 64, progress=500.0)
+                          for i in range(63)]                # 65 jobs, 64 one-GPU slots
+    c = Costs("stop_free", 5.0, 0.5, 5.0)
+    assert "late" not in choose(jobs, prof, c, now=1000.0)   # SRPT: the longest left waits
+    assert "late" in choose(jobs, prof, c, now=1000.0, ftf_weight=2.0)
+
+
+def test_bad_policy_options_are_one_line_errors():
+    import pytest
+    for kw in ({"objective": "fastest"}, {"ftf_weight": -1.0}, {"p": 0.5}):
+        with pytest.raises(ValueError):
+            hetero_goodput_policy(Costs("restart"), **kw)

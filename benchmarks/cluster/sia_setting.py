@@ -15,9 +15,13 @@ per-type profiles and calibration slowdowns, Pollux's progress model, its three 
   the slowest measured fresh launch to first step, change = the largest measured switch stall,
   read by scheduler_sim.measured_switch_costs from benchmarks/results/, never tuned), 60 s rounds;
 * ``ours_sia_restart_s``: the same policy paying Sia's restart per application at every change;
-* p99 JCT, makespan, GPU-hours per job, finish-time fairness (JCT over the job's time alone on
-  its share of the cluster, 64 / its mean contention GPUs, best type and batch; worst and median),
-  beside Sia / Pollux / Gavel published (Table 3; Sia's worst FTF 1.2 on Helios).
+* p99 JCT, makespan, GPU-hours per job, finish-time fairness (JCT over the job's time alone,
+  :mod:`launcher.cluster.hetero_fairness`; worst and median over all jobs of the workloads run):
+  ``ftf_sia_*`` as Sia measures it (alone on 64 / its mean contention GPUs of each type, the
+  types weighted by their GPUs), ``ftf_*`` against the best type alone (stricter), beside Sia /
+  Pollux / Gavel published (Table 3; Sia's worst FTF 1.2 on Helios);
+* variants (``--policies``): ``ours_ftf<k>`` (the fairness weight k of hetero_goodput),
+  ``sia_objective`` (Sia's own objective in our program), each also ``..._sia_restart``.
 
 Writes ``benchmarks/results/scheduler_sim_sia.json`` (``table[trace]``, merged per trace under a
 file lock so traces may run as separate processes).
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import json
+import pickle
 import statistics
 import sys
 import time
@@ -36,8 +41,8 @@ from filelock import FileLock
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from launcher.cluster.hetero_sim import (CLUSTER, Costs, Profiles, gavel_policy,  # noqa: E402
-                                         simulate, sizes)
+from launcher.cluster.hetero_sim import Costs, Profiles, gavel_policy, simulate  # noqa: E402
+from launcher.cluster.hetero_fairness import finish_time_fairness           # noqa: E402
 from launcher.cluster.policies.hetero_goodput import hetero_goodput_policy  # noqa: E402
 from launcher.cluster.type_profiles import sia_dir                          # noqa: E402
 from launcher.cluster.workload import TraceJob                              # noqa: E402
@@ -64,44 +69,73 @@ def load(trace: str, i: int):
                          int(r["batch_size"])) for r in csv.DictReader(f)]
 
 
-def ftf(res, prof) -> list:
-    """Finish-time fairness per finished job: JCT over its time alone on 64 / (its mean
-    contention) GPUs (the best type, size and batch in each epoch)."""
-    total = sum(n * g for n, g in CLUSTER.values())
-    out = []
-    for j in res.jobs:
-        if j.finished is None or not j.contention:
-            continue
-        share = max(1, int(total / statistics.mean(j.contention)))
-        pm = prof.progress[j.app]
-        alone = 0.0
-        for e in range(len(pm.bounds) - 1):
-            r = max(prof.best(j.app, t, n, e)[0] for t in CLUSTER for n in sizes(t) if n <= share)
-            alone += (pm.bounds[e + 1] - pm.bounds[e]) / r
-        out.append((j.finished - j.submitted) / alone)
-    return out
-
-
-def run_policy(name: str, trace, prof, sw: dict):
-    """One policy on one workload: the Result."""
+def policy_costs(name: str, sw: dict):
+    """(policy, Costs, round seconds) of a policy name: ``gavel``; ``ours`` (k = 0),
+    ``ours_ftf<k>`` (the fairness weight k), ``sia_objective`` (Sia's objective in our program),
+    each with our measured costs, or with Sia's restart costs when suffixed ``_sia_restart``.
+    ValueError (one line) for another name."""
     if name == "gavel":
-        return simulate(trace, gavel_policy(), prof, Costs("restart"), round_s=360.0)
-    if name == "ours":
+        return gavel_policy(), Costs("restart"), 360.0
+    core = name[:-len("_sia_restart")] if name.endswith("_sia_restart") else name
+    if core == name:
         c = Costs("stop_free", sw["join_s"], sw["change_cost_s"], sw["join_s"])
     else:
         c = Costs("restart")
-    return simulate(trace, hetero_goodput_policy(c), prof, c, round_s=60.0)
+    if core == "ours":
+        return hetero_goodput_policy(c), c, 60.0
+    if core.startswith("ours_ftf"):
+        try:
+            k = float(core[len("ours_ftf"):])
+        except ValueError:
+            k = -1.0
+        if k >= 0:
+            return hetero_goodput_policy(c, ftf_weight=k), c, 60.0
+    if core == "sia_objective":
+        return hetero_goodput_policy(c, objective="sia"), c, 60.0
+    raise ValueError(f"unknown policy {name!r} (gavel, ours, ours_ftf<k>, sia_objective; "
+                     "suffix _sia_restart for Sia's restart costs)")
 
 
-def summarise(results: list, prof) -> dict:
-    """Mean figures over workloads (seconds; GPU-hours per job; FTF worst / median)."""
-    f = [x for r in results for x in ftf(r, prof)]
+def run_policy(name: str, trace, prof, sw: dict):
+    """One policy (:func:`policy_costs`) on one workload: the Result."""
+    pol, c, round_s = policy_costs(name, sw)
+    return simulate(trace, pol, prof, c, round_s=round_s)
+
+
+def run_cached(name: str, trace: str, i: int, prof, sw: dict, cache):
+    """:func:`run_policy` on workload ``i`` of ``trace``; the Result pickled in folder ``cache``
+    (keyed by policy, trace, workload and the measured costs) and reused when there."""
+    path = None
+    if cache:
+        tag = f"{sw['join_s']}-{sw['change_cost_s']}"
+        path = Path(cache) / f"{name}-{trace}-{i}-{tag}.pkl"
+        if path.exists():
+            return pickle.loads(path.read_bytes())
+    res = run_policy(name, load(trace, i), prof, sw)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(pickle.dumps(res))
+        tmp.replace(path)
+    return res
+
+
+def summarise(results: list, prof, costs=None, round_s: float = 60.0) -> dict:
+    """Mean figures over workloads (seconds; GPU-hours per job; FTF worst / median: ``ftf_*``
+    against the best type, ``ftf_sia_*`` as Sia measures it, with the run's ``costs`` and
+    ``round_s``)."""
+    f = [x for r in results for x in finish_time_fairness(r, prof, Costs("restart"),
+                                                          definition="best_type")]
+    fs = [x for r in results for x in finish_time_fairness(r, prof, costs, round_s)] \
+        if costs is not None else []
     return {"avg_jct_s": round(statistics.mean(r.avg_jct_s for r in results), 1),
             "p99_jct_s": round(statistics.mean(r.p99_jct_s for r in results), 1),
             "makespan_s": round(statistics.mean(r.makespan_s for r in results), 1),
             "gpu_h_per_job": round(statistics.mean(r.gpu_h_per_job for r in results), 3),
             "ftf_worst": round(max(f), 2) if f else None,
             "ftf_median": round(statistics.median(f), 3) if f else None,
+            "ftf_sia_worst": round(max(fs), 2) if fs else None,
+            "ftf_sia_median": round(statistics.median(fs), 3) if fs else None,
             "unfinished": sum(r.unfinished for r in results),
             "per_workload_avg_jct_s": [round(r.avg_jct_s, 1) for r in results]}
 
@@ -125,12 +159,21 @@ def main(argv=None) -> int:
                     help="per trace, e.g. 'philly=1-8;saturn=1,3' (default: every workload)")
     ap.add_argument("--policies", default="ours,ours_sia_restart,gavel")
     ap.add_argument("--out", default=str(OUT), help="results file (merged per trace)")
+    ap.add_argument("--cache", metavar="DIR",
+                    help="keep each simulated workload's result in DIR and reuse it (runs may be "
+                         "split across processes, then one run over all writes the results)")
     a = ap.parse_args(argv)
     globals()["OUT"] = Path(a.out)
     spec = dict(p.split("=", 1) for p in a.workloads.split(";") if "=" in p) if a.workloads else {}
     sw = measured_switch_costs()
     prof = Profiles()
     pub = published()
+    for pol in a.policies.split(","):
+        try:
+            policy_costs(pol, sw)
+        except ValueError as e:
+            print(f"scheduler_sim: {e}", file=sys.stderr)
+            return 2
     for trace in a.traces.split(","):
         if trace not in COUNTS:
             print(f"unknown trace {trace!r} (philly, saturn, newtrace)", file=sys.stderr)
@@ -139,8 +182,9 @@ def main(argv=None) -> int:
         row = {"workloads": idx}
         for pol in a.policies.split(","):
             t0 = time.process_time()
-            rs = [run_policy(pol, load(trace, i), prof, sw) for i in idx]
-            row[pol] = summarise(rs, prof)
+            rs = [run_cached(pol, trace, i, prof, sw, a.cache) for i in idx]
+            _, c, round_s = policy_costs(pol, sw)
+            row[pol] = summarise(rs, prof, c, round_s)
             row[pol]["cpu_s"] = round(time.process_time() - t0, 1)
             print(f"{trace} {pol}: {row[pol]}", flush=True)
             _write(trace, row, pub, sw)

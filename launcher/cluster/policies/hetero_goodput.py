@@ -19,6 +19,21 @@ in units of ``1/T``), growth where it cuts remaining time most, and a move only 
 saves pays its stall (stop-free moves are nearly free, so they happen when they help).
 Mixed types within one job are not used: Sia's profiles measure no mixed placement and its
 setting forbids them.
+
+Fairness (``ftf_weight`` k, default 0): each job's term is multiplied by ``max(1, rho_j) ** k``,
+``rho_j`` its predicted finish-time fairness if it ran from now at its isolated rate (Themis'
+ratio as Sia measures it, :mod:`launcher.cluster.hetero_fairness`: alone on ``G / N`` GPUs of
+each type, the types weighted by their GPUs; the current epoch's rates): ``(elapsed * r_iso +
+remaining) / total``.  A job falling behind its fair finish gains weight, as the response ratio
+of highest-response-ratio-next scheduling (Brinch Hansen 1971) grows with waiting; k = 0 is the
+SRPT-like objective above.
+
+``objective="sia"``: Sia's own objective instead (``sia-simulator/sia.py`` of siasosp23/artifacts,
+read, our code): each job's goodput per configuration normalised by its least over all
+configurations, raised to ``p`` (-0.5), the configurations other than the current one scaled
+by Sia's re-allocation factor ``(age - changes * stall) / (age + stall)`` (1 while the job is
+younger than a stall), clipped at 3000; the program minimises the sum of the chosen terms plus
+``lambda_n`` (1.1) per job left without GPUs.
 """
 from __future__ import annotations
 
@@ -32,12 +47,26 @@ TYPE_ORDER = ("a100", "rtx", "t4")
 """Types tried for a job the packing could not place, fastest first."""
 
 
-def hetero_goodput_policy(costs: Costs) -> Callable:
+SIA_P = -0.5
+SIA_LAMBDA_N = 1.1
+SIA_CLIP = 3000.0
+"""Sia's defaults (``simulator_config.py``: p, lambda_n, the clip of a powered goodput)."""
+
+
+def hetero_goodput_policy(costs: Costs, ftf_weight: float = 0.0, objective: str = "remaining",
+                          p: float = SIA_P, lambda_n: float = SIA_LAMBDA_N) -> Callable:
     """The policy (the module's docstring) for :func:`launcher.cluster.hetero_sim.simulate`;
-    ``costs`` are the change costs it weighs moves against."""
+    ``costs`` are the change costs it weighs moves against; ``ftf_weight`` the fairness exponent
+    k (>= 0); ``objective`` ``"remaining"`` (ours) or ``"sia"`` (Sia's, with ``p`` < 0 and
+    ``lambda_n``).  ValueError (one line) for a bad objective, a negative k or p >= 0."""
+    if objective not in ("remaining", "sia"):
+        raise ValueError(f"unknown objective {objective!r} (remaining, sia)")
+    if ftf_weight < 0 or p >= 0:
+        raise ValueError(f"ftf_weight must be >= 0 and p < 0 (got {ftf_weight}, {p})")
 
     def policy(now: float, jobs: List[SimJobState], prof) -> Dict[str, Alloc]:
-        want = choose(jobs, prof, costs)
+        want = choose(jobs, prof, costs, now=now, ftf_weight=ftf_weight, objective=objective,
+                      p=p, lambda_n=lambda_n)
         return place(want)
     return policy
 
@@ -47,27 +76,86 @@ def configs() -> List[Tuple[str, int]]:
     return [(t, n) for t in CLUSTER for n in sizes(t)]
 
 
-def choose(jobs: List[SimJobState], prof, costs: Costs) -> Dict[str, Tuple[str, int]]:
-    """The round's program (the module's docstring): job name -> (type, GPUs) for the jobs that
-    run."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    cfg = configs()
-    cap = {t: CLUSTER[t][0] * CLUSTER[t][1] for t in CLUSTER}
+def predicted_ftf(j: SimJobState, prof, now: float, contention: int) -> float:
+    """``rho_j`` of the fairness weight (the module's docstring): the job's predicted finish-time
+    fairness if it ran from ``now`` at its isolated rate with ``contention`` jobs in the system."""
+    pm = prof.progress[j.app]
+    e = pm.epoch(j.progress)
+    total = sum(CLUSTER[t][0] * CLUSTER[t][1] for t in CLUSTER)
+    share = total / max(1, contention)
+    inv = wsum = 0.0
+    for t, (nodes, per) in CLUSTER.items():
+        ok = [n for n in sizes(t) if n <= max(1.0, share)]
+        r = max((prof.best(j.app, t, n, e)[0] for n in ok), default=0.0)
+        if r > 0:
+            inv += nodes * per / r
+            wsum += nodes * per
+    if not wsum:
+        return 1.0
+    r_iso = wsum / inv
+    return ((now - j.submitted) * r_iso + pm.end - j.progress) / pm.end
+
+
+def _remaining_values(jobs, prof, costs, cfg, now, ftf_weight):
     val = np.zeros((len(jobs), len(cfg)))
     for i, j in enumerate(jobs):
         pm = prof.progress[j.app]
         e = pm.epoch(j.progress)
         rem = pm.end - j.progress
         cur = None if j.alloc is None else (j.alloc.gpu_type, j.alloc.n)
+        w = max(1.0, predicted_ftf(j, prof, now, len(jobs))) ** ftf_weight if ftf_weight else 1.0
         for k, (t, n) in enumerate(cfg):
             r = prof.best(j.app, t, n, e)[0]
             if r <= 0:
                 continue
             stall = 0.0 if cur == (t, n) else costs.stall(j.app, first=cur is None)
-            val[i, k] = 1.0 / (rem / r + stall)
+            val[i, k] = w / (rem / r + stall)
+    return val, val > 0
+
+
+def _sia_values(jobs, prof, costs, cfg, now, p, lambda_n):
+    """``lambda_n - A_jc`` (maximised: Sia's minimisation of ``sum A + lambda_n * unallocated``)
+    and the mask of configurations with goodput."""
+    val = np.zeros((len(jobs), len(cfg)))
+    ok = np.zeros(val.shape, bool)
+    for i, j in enumerate(jobs):
+        e = prof.progress[j.app].epoch(j.progress)
+        g = np.array([prof.best(j.app, t, n, e)[0] for t, n in cfg])
+        ok[i] = g > 0
+        if not ok[i].any():
+            continue
+        g = g / g[ok[i]].min()
+        cur = None if j.alloc is None else (j.alloc.gpu_type, j.alloc.n)
+        if cur is not None:
+            stall = costs.stall(j.app, first=False)
+            age = now - (j.started if j.started is not None else now)
+            f = 1.0 if age < stall else max(age - j.changes * stall, 0.0) / (age + stall)
+            keep = [k for k, c in enumerate(cfg) if c == cur]
+            g_cur = g[keep].copy()
+            g = g * f
+            g[keep] = g_cur
+        a = np.full(len(cfg), SIA_CLIP)
+        pos = ok[i] & (g > 0)
+        a[pos] = np.minimum(np.round(np.power(g[pos], p), 2), SIA_CLIP)
+        val[i] = lambda_n - a
+    return val, ok
+
+
+def choose(jobs: List[SimJobState], prof, costs: Costs, now: float = 0.0,
+           ftf_weight: float = 0.0, objective: str = "remaining", p: float = SIA_P,
+           lambda_n: float = SIA_LAMBDA_N) -> Dict[str, Tuple[str, int]]:
+    """The round's program (the module's docstring) at time ``now`` (s): job name -> (type,
+    GPUs) for the jobs that run."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+    cfg = configs()
+    cap = {t: CLUSTER[t][0] * CLUSTER[t][1] for t in CLUSTER}
     if not len(jobs):
         return {}
-    scale = val.max() or 1.0
+    if objective == "sia":
+        val, mask = _sia_values(jobs, prof, costs, cfg, now, p, lambda_n)
+    else:
+        val, mask = _remaining_values(jobs, prof, costs, cfg, now, ftf_weight)
+    scale = np.abs(val).max() or 1.0
     c = -(val / scale).flatten()
     rows, lo, hi = [], [], []
     for i in range(len(jobs)):
@@ -85,7 +173,7 @@ def choose(jobs: List[SimJobState], prof, costs: Costs) -> Dict[str, Tuple[str, 
         rows.append(row)
         lo.append(0)
         hi.append(cap[t])
-    ub = (val.flatten() > 0).astype(float)
+    ub = mask.flatten().astype(float)
     res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi),
                integrality=np.ones(val.size), bounds=Bounds(np.zeros(val.size), ub),
                options={"time_limit": 5.0, "mip_rel_gap": 1e-3})

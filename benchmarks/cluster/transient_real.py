@@ -3,34 +3,43 @@ the ``typed`` policy chooses for each job's objective, its predicted vs measured
 exactly-once audits through every move and revocation, the same stream under the type-blind
 ``edl`` policy, and the notice-to-leave times.
 
-    sudo .venv/bin/python benchmarks/cluster/transient_real.py [--jobs 8]   # ~10-15 min, 2 cores
+    sudo .venv/bin/python benchmarks/cluster/transient_real.py [--jobs 8]   # ~20-30 min, 2 cores
 
 The pool: 4 namespace hosts of the test cluster (tests/cluster.py), one slot each, reached over
 ssh.  h1, h2 are type ``fast`` (on-demand, $3.06 per GPU-hour: Bamboo's p3 on-demand price);
-h3, h4 type ``slow`` and ``spot`` ($0.91: Bamboo's spot price).  A GPU type is emulated by a
-cgroup v1 CPU quota on every process of the host (its sshd and all it starts, one group per
-host: ``/sys/fs/cgroup/cpu/hvdedl-t42-<host>/cpu.cfs_quota_us``): fast 25000 us per 100000 us
-(0.25 CPU per host), slow 12500 (0.125 CPU), so a worker's step (tests/horovod_style/
-ledger_main.py ``--busy-s``: a busy loop, plus the step's own Python and Gloo work) takes twice
-as long on slow.  On a machine loaded by other work a quota only caps: each host's group also
-gets ``cpu.shares`` 4096 (4x a process's default weight), so that the quota, not the load, is
-what binds (the four groups can take at most 0.75 of the 2 cores).  Price table: fast 3.06 on demand, slow 0.91 spot,
-TFLOPS 2 and 1.
+h3, h4 type ``slow`` and ``spot`` ($0.91: Bamboo's spot price).
 
-Calibration: one job per (type, size) (all four at once would skew the speeds, so two at a
-time) gives the job's speed per type and size (the service's telemetry points) and its start
-per type (measured time minus samples / speed: the workers' imports run under the quota too);
-the stream's jobs are submitted with that speed profile (``start_s`` per type) and the service
-with the mean as ``--start-cost``.
+The GPU: a GPU type changes how fast the device computes, not how fast the host imports torch
+or runs Python and Gloo.  Each worker (tests/horovod_style/ledger_main.py ``--device-dir``)
+does its step's ``--busy-s`` CPU seconds in one thread, its emulated GPU, which this script
+moves (its thread id, cgroup v1 ``tasks``) into its host's group
+``/sys/fs/cgroup/cpu/hvdedl-t42-gpu-<host>``: period 20,000 us, quota fast 5,000 us, slow 2,500
+(0.25 and 0.125 CPU: a step's device work takes 4x / 8x its CPU time).  The hosts' other
+processes (sshd and all it starts: imports, the ring) and the head's (service, launchers) share
+one group without a quota (``hvdedl-t42-machines``).  The last design put whole hosts under
+the quota, so a worker's imports (2.2 CPU-s of torch) took 9-18 s and a start 22-39 s.  On a
+machine loaded by other work every group gets ``cpu.shares`` 16384 (16 processes' weight), so
+that the quotas, not the load, bind.  Price table: fast 3.06 on demand, slow 0.91 spot, TFLOPS
+2 and 1.
 
-The stream: ``--jobs`` jobs, one every ``--gap`` seconds, alternating ``--objective time`` with
-a budget and ``--objective cost`` with a deadline (budgets and deadlines drawn so that both
-types get chosen), ``--min-np 1 --max-np 2``.  During the stream a script revokes h4 with a
-notice (``ends=now+30`` on its pool line, the line removed and the host cut off the bridge at
-the deadline, back 20 s later) and then another without one (cut off and its line removed at
-once, back 20 s later); each time the spot host whose running job started first.  The same stream and revocations then run under ``edl`` (type-blind).
+Calibration, in the same run (the machine is shared): one job per (type, size), two at a time
+(fast and slow at one size), gives the job's speed per type and size (samples over its first to
+last batch, from the step log) and its start per type (the rest of its run: to the first batch,
+after the last); the stream's jobs are submitted with that speed profile, the service with the
+mean start as ``--start-cost``.  The revocation risk the service is told
+(``--revocation-risk``) is the stream's own: two revocations of the two spot hosts in about
+``--window`` seconds, a replacement host back after 20 s.
 
-Written to benchmarks/results/transient_real.json and printed.
+The stream: ``--jobs`` jobs, one every ``--gap`` seconds, each with an objective and a limit
+that make the typed policy's choice on a free pool (the same ``choose``, the same costs) one of
+2 x fast, 1 x slow, 2 x slow, 1 x fast in turn (:func:`stream`), ``--min-np 1 --max-np 2``.
+During the stream a script revokes a spot host with a notice (``ends=now+30`` on its pool line,
+the line removed and the host cut off the bridge at the deadline, back 20 s later) and then
+another without one (cut off and its line removed at once, back 20 s later); each time the spot
+host whose running job started first.  The same stream and revocations then run under ``edl``
+(type-blind).
+
+Written to benchmarks/results/transient_real.json (``--out``) and printed.
 """
 from __future__ import annotations
 
@@ -54,13 +63,15 @@ LEDGER = str(ROOT / "tests" / "horovod_style" / "ledger_main.py")
 CLI = [sys.executable, "-m", "launcher.cluster.cli"]
 RESULTS = ROOT / "benchmarks" / "results"
 CGROUP = Path("/sys/fs/cgroup/cpu")
-PERIOD_US = 100_000
-QUOTA_US = {"fast": 25_000, "slow": 12_500}
-SHARES = 4096
+PERIOD_US = 20_000
+QUOTA_US = {"fast": 5_000, "slow": 2_500}   # 0.25 and 0.125 CPU per emulated GPU
+SHARES = 16384          # each GPU group against the machine's other work (quota binds, not load)
 PRICES = {"fast": (3.06, None, 2.0), "slow": (None, 0.91, 1.0)}  # on demand, spot, tflops
 TYPES = {"h1": "fast", "h2": "fast", "h3": "slow", "h4": "slow"}
-BUSY_S = 0.008          # CPU seconds per step of busy work (plus the step's own)
+BUSY_S = 0.03           # CPU seconds of the emulated GPU's work per step
 DATASET, BATCH = 256, 8
+CAL_SAMPLES = DATASET * 8
+BACK_S = 20.0           # a revoked host is back (a fresh VM) this long after it went
 
 
 # ---- outside: the cluster and the cgroups --------------------------------------------------------
@@ -68,7 +79,9 @@ DATASET, BATCH = 256, 8
 def outer(a) -> int:
     sys.path.insert(0, str(ROOT / "tests"))
     from cluster import Cluster
-    groups = {h: CGROUP / f"hvdedl-t42-{h}" for h in TYPES}
+    groups = {h: CGROUP / f"hvdedl-t42-gpu-{h}" for h in TYPES}
+    machines = CGROUP / "hvdedl-t42-machines"
+    devices = Path(tempfile.mkdtemp(prefix="t42-devices-"))
     try:
         with Cluster(hosts=4) as c:
             for h, g in groups.items():
@@ -76,26 +89,30 @@ def outer(a) -> int:
                 (g / "cpu.cfs_period_us").write_text(str(PERIOD_US))
                 (g / "cpu.cfs_quota_us").write_text(str(QUOTA_US[TYPES[h]]))
                 (g / "cpu.shares").write_text(str(SHARES))
+            machines.mkdir(exist_ok=True)  # the emulated machines' CPUs (no quota)
+            (machines / "cpu.shares").write_text(str(SHARES))
             for name in c.hosts:
                 for pid in c.pids(name):  # its sshd: everything the host starts inherits it
-                    (groups[name] / "cgroup.procs").write_text(str(pid))
+                    (machines / "cgroup.procs").write_text(str(pid))
             inner = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--inner",
                      json.dumps({"ssh": ["-i", c.identity_file, "--network-interface", c.nic],
-                                 "registry": str(Path(tempfile.gettempdir()) /
-                                                 f"t42-{os.getpid()}.json")})]
-            ctl = Control(c)
+                                 "devices": str(devices)})]
+            ctl = Control(c, devices, groups)
             ctl.start()
             try:
-                return subprocess.run(c.exec_argv("launcher", inner), cwd=str(ROOT),
-                                      env=dict(os.environ, T42_CONTROL=ctl.path)).returncode
+                return subprocess.run(  # the head machine's processes: the same group
+                    c.exec_argv("launcher", inner), cwd=str(ROOT),
+                    env=dict(os.environ, T42_CONTROL=ctl.path),
+                    preexec_fn=lambda: (machines / "cgroup.procs").write_text(
+                        str(os.getpid()))).returncode
             finally:
                 ctl.stop()
     finally:
-        for g in groups.values():
+        for g in [*groups.values(), machines]:
             if g.exists():
-                for pid in (g / "cgroup.procs").read_text().split():
+                for tid in (g / "tasks").read_text().split():
                     try:
-                        (CGROUP / "cgroup.procs").write_text(pid)
+                        (CGROUP / "tasks").write_text(tid)
                     except OSError:
                         pass
                 try:
@@ -106,10 +123,14 @@ def outer(a) -> int:
 
 class Control:
     """The inner benchmark (in the launcher namespace) asks the outer one, which owns the
-    cluster, to cut / reconnect a host: one command a line in a FIFO-like file, polled."""
+    cluster, to cut / reconnect a host: one command a line in a FIFO-like file, polled.  It
+    also moves each emulated GPU (a worker's device thread, ledger_main ``--device-dir``: it
+    names itself ``<host>.<thread id>`` in ``devices``) into its host's quota group: the
+    namespace hosts see no cgroup file system (``ip netns exec`` mounts a sysfs of their own)."""
 
-    def __init__(self, c):
-        self.c = c
+    def __init__(self, c, devices: Path, groups: dict):
+        self.c, self.devices, self.groups = c, devices, groups
+        self.moved: set = set()
         self.path = str(Path(tempfile.mkdtemp(prefix="t42-ctl-")) / "commands")
         Path(self.path).write_text("")
         self.done = threading.Event()
@@ -122,9 +143,22 @@ class Control:
         self.done.set()
         self.thread.join(5)
 
+    def move_devices(self):
+        for f in self.devices.iterdir():
+            if f.name in self.moved:
+                continue
+            self.moved.add(f.name)
+            host, _, tid = f.name.rpartition(".")
+            if host in self.groups:
+                try:
+                    (self.groups[host] / "tasks").write_text(tid)
+                except OSError:
+                    pass  # the thread is gone already
+
     def loop(self):
         seen = 0
         while not self.done.is_set():
+            self.move_devices()
             lines = Path(self.path).read_text().splitlines()
             for line in lines[seen:]:
                 verb, host = line.split()
@@ -141,7 +175,7 @@ class Control:
                     self.c.reconnect(host)
                 Path(self.path + ".ack").write_text(str(len(lines)))
             seen = len(lines)
-            time.sleep(0.1)
+            time.sleep(0.05)
 
 
 def ask(verb: str, host: str) -> None:
@@ -177,15 +211,18 @@ class Pool:
 
 
 class Service:
-    def __init__(self, tmp: Path, policy: str, ssh, prices: Path, start_cost: float):
+    def __init__(self, tmp: Path, policy: str, ssh, prices: Path, start_cost: float,
+                 risk: Path, devices: str):
         self.tmp, self.state, self.cluster = tmp, tmp / "state", tmp / "cluster.json"
+        self.devices = devices
         tmp.mkdir(parents=True, exist_ok=True)
         self.pool = Pool(tmp / "pool")
         self.proc = subprocess.Popen(
             CLI + ["serve", "--host-discovery-script", f"cat {self.pool.path}",
                    "--discovery-interval", "0.3", *ssh, "--state-dir", str(self.state),
                    "--cluster-file", str(self.cluster), "--policy", policy, "--prices",
-                   str(prices), "--start-cost", f"{start_cost:.2f}", "--round", "2",
+                   str(prices), "--revocation-risk", str(risk),
+                   "--start-cost", f"{start_cost:.2f}", "--round", "2",
                    "--assume-gpus"]  # emulated GPUs: one a slot (no nvidia-smi probe by ssh)
             + (["--hold", "5"] if policy == "edl" else []),
             stdout=open(tmp / "serve.log", "w"), stderr=subprocess.STDOUT, cwd=str(ROOT))
@@ -216,7 +253,9 @@ class Service:
                                   "--env", f"{audit.ENV_AUDIT_DIR}={adir}", *args, "--",
                                   sys.executable, LEDGER, "--dataset-size", str(DATASET),
                                   "--batch-size", str(BATCH), "--epochs", str(epochs),
-                                  "--busy-s", str(BUSY_S), "--commit-every", "4",
+                                  "--busy-s", str(BUSY_S), "--device-dir", self.devices,
+                                  "--commit-every", "4",
+                                  "--step-log", str(self.tmp / f"{name}.steps"),
                                   "--done-log", str(self.tmp / f"{name}.done")],
                            capture_output=True, text=True, timeout=60, cwd=str(ROOT))
 
@@ -246,33 +285,51 @@ class Service:
             self.proc.wait(30)
 
 
-def calibrate(tmp: Path, ssh, prices: Path, samples: int) -> tuple:
-    """The job's samples/s per (type, size) and its start cost, from four real runs."""
-    svc = Service(tmp / "calibration", "typed", ssh, prices, 10.0)
-    profile, starts = {}, []
+def steps(path: Path) -> list:
+    """The unix times of a job's batches (every process's, ledger_main ``--step-log``)."""
+    return sorted(float(x) for x in path.read_text().split()) if path.exists() else []
+
+
+def calibrate(tmp: Path, ssh, prices: Path, risk: Path, devices: str, samples: int) -> tuple:
+    """The job's samples/s per (type, size) and its start per type, from four real runs (two
+    at a time: fast and slow at one size).  Speed: the samples over the time from the job's
+    first batch to its last (its step log: joins and commits included, as a job lives them);
+    start: the rest of the run (from the run's start to the first batch: the launcher, ssh,
+    the workers' imports, the first ring; after the last batch: the workers' and launcher's
+    exit), which is what the choice adds to samples / speed."""
+    svc = Service(tmp / "calibration", "typed", ssh, prices, 10.0, risk, devices)
+    profile, runs = {}, []
     try:
         for n in (2, 1):
             ids = {svc.submit(f"cal-{t}-{n}", samples, "--objective", "time", "--samples",
                               str(samples), "--types", t, "--min-np", str(n), "--max-np",
                               str(n)): (t, n) for t in ("fast", "slow")}
-            jobs = {j["id"]: j for j in svc.wait_all(600)}
+            jobs = {j["id"]: j for j in svc.wait_all(900)}
             sp = svc.speed()
             for jid, (t, n_) in ids.items():
-                pts = [p for p in sp[jid].values() if p.get("type") == t
-                       and p["world_size"] == n_]
-                if not pts:
-                    raise RuntimeError(f"calibration {t} x {n_}: no speed point ({sp[jid]})")
-                thr = max(pts, key=lambda p: p["at"])["samples_per_s"]
-                profile.setdefault(t, {})[str(n_)] = round(thr, 2)
                 j = jobs[jid]
-                starts.append((t, j["finished_at"] - j["started_at"] - samples / thr))
+                st = steps(svc.tmp / f"cal-{t}-{n_}.steps")
+                if len(st) < 2 or j["state"] != "done":
+                    raise RuntimeError(f"calibration {t} x {n_}: {j['state']}, {len(st)} steps")
+                thr = samples / (st[-1] - st[0])
+                tel = [p for p in sp[jid].values() if p.get("type") == t
+                       and p["world_size"] == n_]
+                profile.setdefault(t, {})[str(n_)] = round(thr, 2)
+                runs.append({"type": t, "n": n_, "samples_per_s": round(thr, 2),
+                             "telemetry_samples_per_s": round(max(
+                                 tel, key=lambda p: p["at"])["samples_per_s"], 2) if tel else None,
+                             "queue_s": round(j["started_at"] - j["submitted_at"], 2),
+                             "to_first_batch_s": round(st[0] - j["started_at"], 2),
+                             "training_s": round(st[-1] - st[0], 2),
+                             "after_last_batch_s": round(j["finished_at"] - st[-1], 2),
+                             "time_s": round(j["finished_at"] - j["started_at"], 2)})
     finally:
         svc.stop()
         stop_jobs(svc)
-    for t in profile:  # the job's start on each type (its workers' imports run under the quota)
-        mine = [s for tt, s in starts if tt == t]
+    for t in profile:  # the job's start on each type: the mean of its two runs' overheads
+        mine = [r["to_first_batch_s"] + r["after_last_batch_s"] for r in runs if r["type"] == t]
         profile[t]["start_s"] = round(sum(mine) / len(mine), 2)
-    return profile, sum(s for _, s in starts) / len(starts), [s for _, s in starts]
+    return profile, sum(profile[t]["start_s"] for t in profile) / len(profile), runs
 
 
 def stop_jobs(svc: Service) -> None:
@@ -282,25 +339,67 @@ def stop_jobs(svc: Service) -> None:
         run.stop(signal.SIGTERM)
 
 
-def stream(n_jobs: int, profile: dict, seed: int = 42) -> list:
-    """[(name, samples, submit args)]: alternating time-with-budget and cost-with-deadline
-    jobs whose limits fall between the types' predictions (so both get chosen)."""
+TARGETS = [("time", "fast", 2), ("cost", "slow", 1), ("cost", "slow", 2),
+           ("time", "fast", 1), ("time", "slow", 2), ("cost", "fast", 1)]
+
+
+def offers(rate_per_h: float) -> list:
+    """The pool as the typed policy sees it when it is free (launcher.cluster.choice.Offer)."""
+    from launcher.cluster.choice import Offer
+    return [Offer("fast", 2, PRICES["fast"][0], 0.0, 72.0, False),
+            Offer("slow", 2, PRICES["slow"][1], rate_per_h, BACK_S, True)]
+
+
+def stream(n_jobs: int, profile: dict, rate_per_h: float, seed: int = 42) -> list:
+    """[(name, samples, submit args, target)]: jobs whose objective and limit make the typed
+    policy's choice on a free pool (the same :func:`launcher.cluster.choice.choose`, the same
+    costs: commit 2 s, switch 0.5 s, the calibrated starts, the risk table) each of
+    :data:`TARGETS` in turn: type and number.  A limit is the middle (geometric) of the widest
+    range of limits that choose the target (30 % above its lower edge when it has no upper
+    one); a target no limit chooses for that job is skipped for the next."""
     import random
+    from launcher.cluster.choice import Goal, choose
     rng = random.Random(seed)
-    out = []
+    start = {t: profile[t]["start_s"] for t in profile}
+
+    def speed(t, n):
+        v = profile.get(t, {}).get(str(n))
+        return v if n >= 1 else 0.0
+
+    def pick(objective, samples, limit):
+        g = Goal(objective, samples, deadline_at=1e9 + limit if objective == "cost" else None,
+                 budget_usd=limit if objective == "time" else None)
+        p = choose(g, samples, speed, offers(rate_per_h), 1e9, 1, 2, commit_s=2.0,
+                   switch_s=0.5, start_s=dict(start))
+        return (objective, p.gpu_type, p.n) if p and p.fits else None
+
+    out, k = [], 0
     for i in range(n_jobs):
-        samples = DATASET * rng.choice((10, 14, 18))
-        fast2 = profile["fast"]["start_s"] + samples / profile["fast"]["2"]
-        slow2 = profile["slow"]["start_s"] + samples / profile["slow"]["2"]
-        if i % 2 == 0:   # time within a budget: between slow x 2's and fast x 2's cost
-            lo = 0.91 * 2 * slow2 / 3600
-            hi = 3.06 * 2 * fast2 / 3600
-            budget = lo + (hi - lo) * rng.choice((0.3, 1.1))
-            out.append((f"t{i}", samples, ["--objective", "time", "--budget", f"{budget:.6f}"]))
-        else:            # cost within a deadline: between fast x 2's and slow x 2's time
-            deadline = fast2 + (slow2 - fast2) * rng.choice((0.5, 1.5)) + 30
-            out.append((f"c{i}", samples, ["--objective", "cost", "--deadline",
-                                            f"{deadline:.0f}"]))
+        samples = DATASET * rng.choice((12, 16, 20))
+        for _ in range(len(TARGETS)):
+            target = TARGETS[k % len(TARGETS)]
+            k += 1
+            objective = target[0]
+            # limits: times 10 s .. 2000 s, budgets $0.0005 .. $0.5, on a geometric grid
+            lo, hi = (10.0, 2000.0) if objective == "cost" else (0.0005, 0.5)
+            grid = [lo * (hi / lo) ** (x / 599) for x in range(600)]
+            hits = [pick(objective, samples, x) == target for x in grid]
+            best, run_from = None, None
+            for x, hit in enumerate(hits + [False]):
+                if hit and run_from is None:
+                    run_from = x
+                elif not hit and run_from is not None:
+                    if best is None or x - run_from > best[1] - best[0]:
+                        best = (run_from, x)
+                    run_from = None
+            if best is None:
+                continue
+            limit = (grid[best[0]] * 1.3 if best[1] == len(grid)  # no upper edge: 30 % over
+                     else (grid[best[0]] * grid[best[1] - 1]) ** 0.5)
+            args = (["--objective", "time", "--budget", f"{limit:.6f}"] if objective == "time"
+                    else ["--objective", "cost", "--deadline", f"{limit:.0f}"])
+            out.append((f"{objective[0]}{i}", samples, args, f"{target[2]} x {target[1]}"))
+            break
     return out
 
 
@@ -343,7 +442,7 @@ def revocations(svc: Service, t0: float, at_notice: float, at_cut: float, log: l
     svc.pool.write()
     ask("cut", h)
     log[-1]["revoked_at_s"] = round(time.time() - t0, 2)
-    at(ends - t0 + 20)
+    at(ends - t0 + BACK_S)
     ask("back", h)
     svc.pool.lines[h] = line
     svc.pool.write()
@@ -354,7 +453,7 @@ def revocations(svc: Service, t0: float, at_notice: float, at_cut: float, log: l
     del svc.pool.lines[h2]
     svc.pool.write()
     log.append({"host": h2, "notice": False, "revoked_at_s": round(time.time() - t0, 2)})
-    at(time.time() - t0 + 20)
+    at(time.time() - t0 + BACK_S)
     ask("back", h2)
     svc.pool.lines[h2] = line2
     svc.pool.write()
@@ -380,9 +479,10 @@ def switches(folder: Path) -> dict:
             "leave_lines": left}
 
 
-def run_stream(policy: str, tmp: Path, ssh, prices: Path, start_s: float, jobs, profile_path,
-               gap_s: float, notice_at: float, cut_at: float) -> dict:
-    svc = Service(tmp / policy, policy, ssh, prices, start_s)
+def run_stream(policy: str, tmp: Path, ssh, prices: Path, risk: Path, devices: str,
+               start_s: float, jobs, profile_path, gap_s: float, notice_at: float,
+               cut_at: float) -> dict:
+    svc = Service(tmp / policy, policy, ssh, prices, start_s, risk, devices)
     t0 = time.time()
     revs: list = []
     rev = threading.Thread(target=revocations, args=(svc, t0, notice_at, cut_at, revs),
@@ -390,13 +490,13 @@ def run_stream(policy: str, tmp: Path, ssh, prices: Path, start_s: float, jobs, 
     rev.start()
     ids = {}
     try:
-        for i, (name, samples, args) in enumerate(jobs):
+        for i, (name, samples, args, target) in enumerate(jobs):
             wait = t0 + i * gap_s - time.time()
             if wait > 0:
                 time.sleep(wait)
             ids[svc.submit(name, samples, *args, "--samples", str(samples), "--speed-profile",
                            str(profile_path), "--min-np", "1", "--max-np", "2",
-                           "--np", "2")] = (name, samples)
+                           "--np", "2")] = (name, samples, target)
         final = {j["id"]: j for j in svc.wait_all(1500)}
         rev.join(120)
         events = svc.events()
@@ -404,7 +504,7 @@ def run_stream(policy: str, tmp: Path, ssh, prices: Path, start_s: float, jobs, 
         svc.stop()
         stop_jobs(svc)
     rows = []
-    for jid, (name, samples) in ids.items():
+    for jid, (name, samples, target) in ids.items():
         j = final[jid]
         g = j.get("goal") or {}
         c = g.get("first_choice") or {}
@@ -416,7 +516,7 @@ def run_stream(policy: str, tmp: Path, ssh, prices: Path, start_s: float, jobs, 
             "limit": (f"budget ${g['budget_usd']:.4f}" if g.get("budget_usd") is not None else
                       f"deadline {g['deadline_at'] - j['submitted_at']:.0f} s"),
             "samples": samples, "state": j["state"],
-            "chosen": f"{c['n']} x {c['type']}" if c else None,
+            "target": target, "chosen": f"{c['n']} x {c['type']}" if c else None,
             "hosts_used": hosts, "pred_time_s": c.get("time_s"),
             "time_s": round(j["finished_at"] - j["started_at"], 2),
             "jct_s": round(j["finished_at"] - j["submitted_at"], 2),
@@ -448,29 +548,44 @@ def inner(a) -> int:
     prices.write_text("type,on_demand,spot,tflops\n" + "".join(
         f"{t},{'' if od is None else od},{'' if sp is None else sp},{tf}\n"
         for t, (od, sp, tf) in PRICES.items()))
+    # the risk the stream runs: two revocations of the two spot hosts within about
+    # --window seconds, each host back BACK_S after it went (the replacement's start-up)
+    rate = 3600.0 * 2 / (2 * a.window)
+    risk = tmp / "risk.csv"
+    risk.write_text("type,zone,revocations_per_hour,replacement_start_s\n"
+                    f"slow,,{rate:.4f},{BACK_S:g}\n")
     t_cal = time.time()
-    profile, start_s, starts = calibrate(tmp, ctx["ssh"], prices, DATASET * 10)
-    print(f"calibration ({time.time() - t_cal:.0f} s): samples/s {profile}; start cost "
-          f"{start_s:.1f} s (each: {', '.join(f'{s:.1f}' for s in starts)})", flush=True)
+    profile, start_s, cal = calibrate(tmp, ctx["ssh"], prices, risk, ctx["devices"],
+                                      CAL_SAMPLES)
+    print(f"calibration ({time.time() - t_cal:.0f} s): samples/s and start {profile}", flush=True)
+    for r in cal:
+        print(f"  {r}", flush=True)
     profile_path = tmp / "profile.json"
     profile_path.write_text(json.dumps(profile))
-    jobs = stream(a.jobs, profile)
+    jobs = stream(a.jobs, profile, rate)
+    for j in jobs:
+        print(f"  stream: {j}", flush=True)
     out = {"command": "sudo .venv/bin/python benchmarks/cluster/transient_real.py "
                       + " ".join(sys.argv[1:sys.argv.index("--inner")]),
-           "machine": "2 cores shared with other sessions' work (loaded)",
+           "machine": "2 cores shared with six other sessions' work (loaded); calibrated in "
+                      "the same run",
+           "emulated_gpu": "a worker thread doing --busy-s CPU seconds per step under its "
+                           "host's cgroup v1 CPU quota; imports, Python and Gloo unthrottled",
            "quotas_us": {"period": PERIOD_US, **QUOTA_US}, "cpu_shares": SHARES,
-           "prices": PRICES,
+           "prices": PRICES, "revocations_per_h_slow": round(rate, 3),
+           "replacement_start_s": BACK_S,
            "busy_s_per_step": BUSY_S, "dataset": DATASET, "batch": BATCH,
-           "calibration": {"samples_per_s": profile, "start_cost_s": round(start_s, 2),
-                           "starts_s": [round(s, 2) for s in starts]},
-           "stream": [{"name": n, "samples": s, "args": x} for n, s, x in jobs], "runs": {}}
+           "calibration": {"profile": profile, "start_cost_s": round(start_s, 2), "runs": cal,
+                           "samples": CAL_SAMPLES},
+           "stream": [{"name": n, "samples": s, "args": x, "target": t}
+                      for n, s, x, t in jobs], "runs": {}}
     for policy in ("typed", "edl"):
-        r = run_stream(policy, tmp, ctx["ssh"], prices, start_s, jobs, profile_path, a.gap,
-                       a.notice_at, a.cut_at)
+        r = run_stream(policy, tmp, ctx["ssh"], prices, risk, ctx["devices"], start_s, jobs,
+                       profile_path, a.gap, a.notice_at, a.cut_at)
         out["runs"][policy] = r
         print_run(r)
-    RESULTS.mkdir(exist_ok=True)
-    Path(a.out).write_text(json.dumps(out, indent=1))
+        RESULTS.mkdir(exist_ok=True)
+        Path(a.out).write_text(json.dumps(out, indent=1))
     print(f"written to {a.out}")
     return 0
 
@@ -478,12 +593,13 @@ def inner(a) -> int:
 def print_run(r: dict) -> None:
     print(f"\n== {r['policy']}: mean JCT {r['mean_jct_s']:.1f} s, makespan {r['makespan_s']:.1f} "
           f"s, cost ${r['total_cost_usd']:.4f}, limits met {r['limits_met']}/{len(r['jobs'])}")
-    print(f"{'job':<4}{'name':<5}{'objective':<10}{'limit':<18}{'chosen':<10}{'hosts':<12}"
+    print(f"{'job':<4}{'name':<5}{'objective':<10}{'limit':<18}{'target':<10}{'chosen':<10}"
+          f"{'hosts':<12}"
           f"{'pred s':>7}{'meas s':>7}{'err':>6}{'pred $':>9}{'meas $':>9}{'err':>6}"
           f"{'met':>5}{'rep/miss':>9}")
     for x in r["jobs"]:
         print(f"{x['job']:<4}{x['name']:<5}{x['objective']:<10}{x['limit']:<18}"
-              f"{x['chosen'] or '-':<10}{','.join(x['hosts_used']):<12}"
+              f"{x['target'] or '-':<10}{x['chosen'] or '-':<10}{','.join(x['hosts_used']):<12}"
               f"{x['pred_time_s'] or 0:>7.1f}{x['time_s']:>7.1f}"
               f"{(x['time_error'] or 0) * 100:>5.0f}%{x['pred_cost_usd'] or 0:>9.5f}"
               f"{x['cost_usd']:>9.5f}{(x['cost_error'] or 0) * 100:>5.0f}%"
@@ -494,11 +610,14 @@ def print_run(r: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=8)
-    ap.add_argument("--gap", type=float, default=12.0, help="seconds between submissions")
+    ap.add_argument("--gap", type=float, default=25.0, help="seconds between submissions")
     ap.add_argument("--notice-at", type=float, default=70.0,
                     help="seconds into a stream when h4 gets its 30 s notice")
-    ap.add_argument("--cut-at", type=float, default=125.0,
+    ap.add_argument("--cut-at", type=float, default=140.0,
                     help="seconds into a stream when h3 is revoked without notice")
+    ap.add_argument("--window", type=float, default=400.0,
+                    help="seconds a stream is expected to last: the revocation rate the "
+                         "service is told is two revocations of two spot hosts in it")
     ap.add_argument("--out", default=str(RESULTS / "transient_real.json"))
     ap.add_argument("--inner", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()

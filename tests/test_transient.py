@@ -145,6 +145,23 @@ def test_choice_for_a_deadline_is_the_cheapest_that_meets_it():
     slow_start = choose(Goal("cost", work, deadline_at=now + 1500), work, _speed, OFFERS, now,
                         1, 4, start_s={"slow": 2000.0, "*": 0.0})
     assert slow_start.gpu_type == "fast" and slow_start.time_s <= 1500
+    # ... and per size (two workers' imports share the hosts' CPUs): 1 x fast starts in 10 s,
+    # 2 x fast in 400 s; a size not given takes the nearest's
+    from launcher.cluster import speed as speed_
+    from launcher.cluster.choice import start_of
+    per_size = {"fast": {"start_s": {"1": 10, "2": 400}, "1": 100}}
+    assert speed_.profile_points(per_size) and speed_.start_costs(per_size) == \
+        {"fast": {"1": 10.0, "2": 400.0}}
+    start = dict(speed_.start_costs(per_size), **{"*": 0.0})
+    assert [start_of(start, "fast", n) for n in (1, 2, 3)] == [10.0, 400.0, 400.0]
+    assert start_of(start, "slow", 2) == 0.0 and start_of(7, "x", 3) == 7.0
+    fast_only = [OFFERS[0]]
+    two = choose(Goal("time", work, budget_usd=None), work, _speed, fast_only, now, 2, 2,
+                 start_s=start)
+    assert math.isclose(two.time_s, work / 190 + 400)
+    for bad in ({"1": -1}, {"0": 5}, {}, "soon"):
+        with pytest.raises(ValueError, match="start_s"):
+            speed_.profile_points({"fast": {"1": 100, "start_s": bad}})
     late = choose(Goal("cost", work, deadline_at=now + 100), work, _speed, OFFERS, now, 1, 4)
     assert not late.fits and late.gpu_type == "fast" and late.n == 4  # the soonest
 

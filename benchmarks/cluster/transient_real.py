@@ -24,8 +24,8 @@ that the quotas, not the load, bind.  Price table: fast 3.06 on demand, slow 0.9
 
 Calibration, in the same run (the machine is shared): one job per (type, size), two at a time
 (fast and slow at one size), gives the job's speed per type and size (samples over its first to
-last batch, from the step log) and its start per type (the rest of its run: to the first batch,
-after the last); the stream's jobs are submitted with that speed profile, the service with the
+last batch, from the step log) and its start per type and size (the rest of its run: to the
+first batch, after the last; two workers start slower than one, their imports sharing the CPUs); the stream's jobs are submitted with that speed profile, the service with the
 mean start as ``--start-cost``.  The revocation risk the service is told
 (``--revocation-risk``) is the stream's own: two revocations of the two spot hosts in about
 ``--window`` seconds, a replacement host back after 20 s.
@@ -291,8 +291,8 @@ def steps(path: Path) -> list:
 
 
 def calibrate(tmp: Path, ssh, prices: Path, risk: Path, devices: str, samples: int) -> tuple:
-    """The job's samples/s per (type, size) and its start per type, from four real runs (two
-    at a time: fast and slow at one size).  Speed: the samples over the time from the job's
+    """The job's samples/s per (type, size) and its start per type and size, from four real
+    runs (two at a time: fast and slow at one size).  Speed: the samples over the time from the job's
     first batch to its last (its step log: joins and commits included, as a job lives them);
     start: the rest of the run (from the run's start to the first batch: the launcher, ssh,
     the workers' imports, the first ring; after the last batch: the workers' and launcher's
@@ -326,10 +326,11 @@ def calibrate(tmp: Path, ssh, prices: Path, risk: Path, devices: str, samples: i
     finally:
         svc.stop()
         stop_jobs(svc)
-    for t in profile:  # the job's start on each type: the mean of its two runs' overheads
-        mine = [r["to_first_batch_s"] + r["after_last_batch_s"] for r in runs if r["type"] == t]
-        profile[t]["start_s"] = round(sum(mine) / len(mine), 2)
-    return profile, sum(profile[t]["start_s"] for t in profile) / len(profile), runs
+    for r in runs:  # the job's start per type and size (two workers' imports share the CPUs)
+        profile[r["type"]].setdefault("start_s", {})[str(r["n"])] = round(
+            r["to_first_batch_s"] + r["after_last_batch_s"], 2)
+    every = [v for t in profile for v in profile[t]["start_s"].values()]
+    return profile, sum(every) / len(every), runs
 
 
 def stop_jobs(svc: Service) -> None:

@@ -125,26 +125,42 @@ def predict(remaining: float, speed: Callable[[int], Optional[float]], n: int, o
     return Prediction(offer.gpu_type, n, t, cost, revs, spot=offer.spot)
 
 
+def start_of(start, gpu_type: str, n: int) -> float:
+    """A job's start in seconds on ``n`` GPUs of ``gpu_type``: ``start`` is seconds, or a
+    mapping type -> seconds or type -> {size: seconds} (JSON: sizes as strings; a size not
+    given takes the nearest given one's, the smaller on a tie) with ``"*"`` for the others."""
+    if not isinstance(start, dict):
+        return float(start)
+    s = start.get(gpu_type, start.get("*", 0.0))
+    if not isinstance(s, dict):
+        return float(s)
+    if not s:
+        return float(start.get("*", 0.0))
+    sizes = sorted(int(k) for k in s)
+    near = min(sizes, key=lambda k: (abs(k - n), k))
+    return float(s[str(near)] if str(near) in s else s[near])
+
+
 def choose(goal: Goal, remaining: float, speed: Callable[[str, int], Optional[float]],
            offers: Iterable[Offer], now: float, min_np: int, max_np: int,
            spent_usd: float = 0.0, **predict_kw) -> Optional[Prediction]:
     """The type and number for ``goal`` (module docstring) among ``offers``, sizes in
     [``min_np``, ``max_np``] and each offer's slots; ``speed(type, n)``: samples/s (None:
     unknown); ``now``: unix seconds (the deadline's clock); ``predict_kw``: :func:`predict`'s
-    ``commit_s``, ``switch_s``, ``start_s`` (seconds, or a mapping type -> seconds with
-    ``"*"`` for the others; also a replacement worker's start on that type unless ``join_s``
-    is given), ``notice``, ``notice_s``.  None when no offer has a known speed
+    ``commit_s``, ``switch_s``, ``start_s`` (seconds, or per type, or per type and size:
+    :func:`start_of`; one worker's start on a type is also a replacement's there unless
+    ``join_s`` is given), ``notice``, ``notice_s``.  None when no offer has a known speed
     at a size that fits the bounds."""
     cands = []
     start = predict_kw.pop("start_s", 0.0)
     for offer in offers:
         if goal.types and offer.gpu_type not in goal.types:
             continue
-        s = start.get(offer.gpu_type, start.get("*", 0.0)) if isinstance(start, dict) \
-            else start
+        kw = dict(predict_kw)
+        kw.setdefault("join_s", start_of(start, offer.gpu_type, 1))
         for n in range(max(1, min_np), min(max_np, offer.slots) + 1):
             p = predict(remaining, lambda k, t=offer.gpu_type: speed(t, k), n, offer,
-                        spent_usd=spent_usd, start_s=s, **predict_kw)
+                        spent_usd=spent_usd, start_s=start_of(start, offer.gpu_type, n), **kw)
             if p is not None:
                 cands.append(p)
     if not cands:

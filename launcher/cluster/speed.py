@@ -50,8 +50,8 @@ def key(p: dict) -> str:
 
 def profile_points(profile: Mapping[str, Mapping[str, float]]) -> Dict[str, dict]:
     """A ``--speed-profile`` (``{"t4": {"1": 50.0, "2": 96.0, "start_s": 12}}``, samples/s by
-    size; ``start_s``, optional: the job's start on that type, :func:`start_costs`) as speed
-    points (``at`` 0: any measured point is newer).
+    size; ``start_s``, optional: the job's start on that type, seconds or ``{"1": 8, "2": 16}``
+    by size, :func:`start_costs`) as speed points (``at`` 0: any measured point is newer).
 
     Raises:
         ValueError: not that shape, a size not a positive integer or a speed not positive."""
@@ -63,13 +63,7 @@ def profile_points(profile: Mapping[str, Mapping[str, float]]) -> Dict[str, dict
             raise ValueError(f"speed profile of type {t!r}: needs {{size: samples/s}}")
         for n, thr in sizes.items():
             if n == "start_s":
-                try:
-                    ok = 0 <= float(thr) < 1e5
-                except (TypeError, ValueError):
-                    ok = False
-                if not ok:
-                    raise ValueError(f"speed profile of type {t!r}: start_s {thr!r} is not a "
-                                     f"number of seconds")
+                _check_start(t, thr)
                 continue
             try:
                 k, v = int(n), float(thr)
@@ -83,11 +77,31 @@ def profile_points(profile: Mapping[str, Mapping[str, float]]) -> Dict[str, dict
     return out
 
 
-def start_costs(profile: Mapping[str, Mapping[str, float]]) -> Dict[str, float]:
-    """type -> the job's start in seconds on it (launcher, workers' imports, first ring), from a
-    checked ``--speed-profile``'s ``start_s`` entries."""
-    return {str(t): float(sizes["start_s"]) for t, sizes in profile.items()
-            if isinstance(sizes, Mapping) and "start_s" in sizes}
+def _check_start(t, start) -> None:
+    """ValueError unless ``start`` is seconds (0 <= s < 1e5) or {size: seconds}."""
+    values = list(start.items()) if isinstance(start, Mapping) else [("1", start)]
+    for n, v in values or [("0", None)]:
+        try:
+            ok = int(n) >= 1 and 0 <= float(v) < 1e5
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"speed profile of type {t!r}: start_s {start!r} is not a number "
+                             f"of seconds nor {{size: seconds}}")
+
+
+def start_costs(profile: Mapping[str, Mapping[str, float]]) -> Dict[str, object]:
+    """type -> the job's start on it (launcher, workers' imports, first ring): seconds, or
+    {size: seconds} where the profile gives it per size (starting more workers at once can take
+    longer: their imports share the hosts' CPUs), from a checked ``--speed-profile``'s
+    ``start_s`` entries (:func:`launcher.cluster.choice.start_of` reads either)."""
+    out: Dict[str, object] = {}
+    for t, sizes in profile.items():
+        if isinstance(sizes, Mapping) and "start_s" in sizes:
+            v = sizes["start_s"]
+            out[str(t)] = ({str(int(n)): float(x) for n, x in v.items()}
+                           if isinstance(v, Mapping) else float(v))
+    return out
 
 
 def _size_model(points) -> Optional[Callable[[int], float]]:

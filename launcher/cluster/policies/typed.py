@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
-from launcher.cluster.choice import Goal, Offer, Prediction, better, choose, predict
+from launcher.cluster.choice import (Goal, Offer, Prediction, better, choose, predict,
+                                     start_of)
 from launcher.cluster.policy import Allocation, JobView, Policy, Snapshot, fill_hosts
 
 Klass = Tuple[str, bool]  # (GPU type, spot)
@@ -168,8 +169,8 @@ class TypedPolicy(Policy):
         if not mine:
             return
         per_type = j.goal.get("start_s")  # a replacement worker's start on its type
-        join = per_type.get(cur_k[0], self._start_s) if isinstance(per_type, dict) \
-            else self._start_s
+        join = start_of(dict(per_type, **{"*": self._start_s}) if isinstance(per_type, dict)
+                        else self._start_s, cur_k[0], 1)
         cur = predict(remaining, lambda k: j.speed_of(cur_k[0], k), n, mine[0],
                       self.commit_s, self._switch_s, 0.0, self.notice, j.spent_usd,
                       join_s=join)

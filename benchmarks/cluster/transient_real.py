@@ -460,6 +460,23 @@ def revocations(svc: Service, t0: float, at_notice: float, at_cut: float, log: l
     svc.pool.write()
 
 
+def watch_choices(svc: Service, seen: dict, done: threading.Event) -> None:
+    """Every second, each job's current choice (``status``'s ``goal.choice``); kept in
+    ``seen[job]`` as ``(unix s, choice)`` whenever its type or number changes (a move)."""
+    while not done.wait(1.0):
+        try:
+            jobs = svc.call("status")["jobs"]
+        except Exception:  # noqa: BLE001 - a busy service: ask again next second
+            continue
+        for j in jobs:
+            c = (j.get("goal") or {}).get("choice")
+            if j["state"] != "running" or not c:
+                continue
+            last = seen.get(j["id"], [])
+            if not last or (last[-1][1]["type"], last[-1][1]["n"]) != (c["type"], c["n"]):
+                seen.setdefault(j["id"], []).append((time.time(), c))
+
+
 def switches(folder: Path) -> dict:
     """A job's generation changes over its runs: how many, steps rolled back, the longest
     stall, and the lines where workers left (what a revocation cost it)."""
@@ -490,6 +507,10 @@ def run_stream(policy: str, tmp: Path, ssh, prices: Path, risk: Path, devices: s
                            daemon=True)
     rev.start()
     ids = {}
+    seen: dict = {}  # job -> [(unix s, choice)] each time its chosen type or number changed
+    watching = threading.Event()
+    watch = threading.Thread(target=watch_choices, args=(svc, seen, watching), daemon=True)
+    watch.start()
     try:
         for i, (name, samples, args, target) in enumerate(jobs):
             wait = t0 + i * gap_s - time.time()
@@ -502,6 +523,8 @@ def run_stream(policy: str, tmp: Path, ssh, prices: Path, risk: Path, devices: s
         rev.join(120)
         events = svc.events()
     finally:
+        watching.set()
+        watch.join(10)
         svc.stop()
         stop_jobs(svc)
     rows = []
@@ -512,8 +535,13 @@ def run_stream(policy: str, tmp: Path, ssh, prices: Path, risk: Path, devices: s
         rep = audit.check(svc.tmp / "audit" / name, DATASET)
         hosts = sorted({h for e in events if e.get("job") == jid and e.get("hosts")
                         for h in e["hosts"]})
+        changes = seen.get(jid, [])[1:]  # the first seen is its first choice
+        then = changes[-1] if changes else None  # its last move: what ran to the end
         rows.append({
             "job": jid, "name": name, "objective": g.get("objective"),
+            "moved_to": f"{then[1]['n']} x {then[1]['type']}" if then else None,
+            "pred_time_after_move_s": round(then[0] - j["started_at"] + then[1]["time_s"], 2)
+            if then else None,
             "limit": (f"budget ${g['budget_usd']:.4f}" if g.get("budget_usd") is not None else
                       f"deadline {g['deadline_at'] - j['submitted_at']:.0f} s"),
             "samples": samples, "state": j["state"],
@@ -523,8 +551,9 @@ def run_stream(policy: str, tmp: Path, ssh, prices: Path, risk: Path, devices: s
             "jct_s": round(j["finished_at"] - j["submitted_at"], 2),
             "pred_cost_usd": c.get("cost_usd"), "cost_usd": j["cost_usd"],
             "fits_pred": c.get("fits"),
-            "met": (j["cost_usd"] <= g["budget_usd"]) if g.get("budget_usd") is not None else
-                   (j["finished_at"] <= g["deadline_at"]),
+            "met": j["state"] == "done" and (
+                (j["cost_usd"] <= g["budget_usd"]) if g.get("budget_usd") is not None else
+                (j["finished_at"] <= g["deadline_at"])),
             "repeated": rep.repeated, "missing": rep.missing, "audit_ok": rep.ok,
             "runs": j["runs"], **switches(svc.state / "jobs" / jid)})
         for k in ("time", "cost"):
@@ -594,14 +623,17 @@ def inner(a) -> int:
 def print_run(r: dict) -> None:
     print(f"\n== {r['policy']}: mean JCT {r['mean_jct_s']:.1f} s, makespan {r['makespan_s']:.1f} "
           f"s, cost ${r['total_cost_usd']:.4f}, limits met {r['limits_met']}/{len(r['jobs'])}")
-    print(f"{'job':<4}{'name':<5}{'objective':<10}{'limit':<18}{'target':<10}{'chosen':<10}"
-          f"{'hosts':<12}"
-          f"{'pred s':>7}{'meas s':>7}{'err':>6}{'pred $':>9}{'meas $':>9}{'err':>6}"
+    print(f"{'job':<4}{'name':<5}{'state':<7}{'objective':<10}{'limit':<18}{'target':<10}"
+          f"{'chosen':<10}{'moved to':<10}{'hosts':<12}"
+          f"{'pred s':>7}{'meas s':>7}{'err':>6}{'pred $':>9}{'meas $':>9}"
+          f"{'err':>6}"
           f"{'met':>5}{'rep/miss':>9}")
     for x in r["jobs"]:
-        print(f"{x['job']:<4}{x['name']:<5}{x['objective']:<10}{x['limit']:<18}"
-              f"{x['target'] or '-':<10}{x['chosen'] or '-':<10}{','.join(x['hosts_used']):<12}"
-              f"{x['pred_time_s'] or 0:>7.1f}{x['time_s']:>7.1f}"
+        print(f"{x['job']:<4}{x['name']:<5}{x['state']:<7}{x['objective']:<10}{x['limit']:<18}"
+              f"{x['target'] or '-':<10}{x['chosen'] or '-':<10}{x['moved_to'] or '-':<10}"
+              f"{','.join(x['hosts_used']):<12}{x['pred_time_s'] or 0:>7.1f}"
+              + (f"({x['pred_time_after_move_s']:.0f})" if x["pred_time_after_move_s"] else "")
+              + f"{x['time_s']:>7.1f}"
               f"{(x['time_error'] or 0) * 100:>5.0f}%{x['pred_cost_usd'] or 0:>9.5f}"
               f"{x['cost_usd']:>9.5f}{(x['cost_error'] or 0) * 100:>5.0f}%"
               f"{'yes' if x['met'] else 'no':>5}{x['repeated']:>5}/{x['missing']}")

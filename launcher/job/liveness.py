@@ -48,7 +48,9 @@ from typing import Dict, Iterable, List, Optional
 
 from hvd_edl import messages
 from hvd_edl.messages import BEAT_S
+from launcher.discovery.hosts import is_local
 from launcher.job.registry import WorkerRecord, WorkerState
+from launcher.spawn.process import SSH_FAILED
 
 SILENT_AFTER_S = float(os.environ.get("HVD_EDL_SILENT_AFTER_S", "1.5"))
 STARVED_S = 1.0  # no beat from anyone this long: the launcher was starved, restart the clocks
@@ -244,7 +246,9 @@ class MemberLiveness:
         holds the committed state, and a new ring would start the script over from its
         initial state, only to fail the same way (Horovod's expectation for "all ranks
         failing" is a failed job; issue 13).  Members killed by signals (a revoked VM, an OOM
-        kill) do not end the job here; see ``STATE_LOST_LIMIT``."""
+        kill) do not end the job here, nor a remote member whose ssh session was lost (ssh's
+        exit status 255: its host revoked or cut off, the script's own status unknown); see
+        ``STATE_LOST_LIMIT``."""
         g = self.current
         if g is None or not self.elastic or rec.worker_id not in g.members:
             return
@@ -256,6 +260,8 @@ class MemberLiveness:
         culprit = self.workers.get(self.first_loss or "")
         if culprit is None or culprit.fenced or (culprit.exit_code or 0) <= 0:
             return
+        if culprit.exit_code == SSH_FAILED and not is_local(culprit.host):
+            return  # ssh's own status: its session was lost (a host revoked or cut off)
         self.failed_worker = culprit.worker_id
         self.failure = (f"every worker of generation {g.number} failed, the first with exit "
                         f"code {culprit.exit_code} (rank {culprit.rank} on host {culprit.host}, "

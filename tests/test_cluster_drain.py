@@ -1,15 +1,16 @@
-"""Draining a pool host under the cluster service (``hvd-edl-cluster drain HOST --deadline S``,
-and a pool line that announces its end, ``host ends=T``): the jobs there leave it stop-free
-before the deadline (a scale-in, nothing rolled back, never a failure), the pool places nothing
-there meanwhile, the events say how long it took and what was left to spare; ``--undo`` gives
-the host back."""
+"""A pool host leaving under the cluster service: gone from the discovery script's answer, drained
+(``hvd-edl-cluster drain HOST --deadline S``), or announcing its end in a pool line
+(``host ends=T``).  The jobs there leave it stop-free (before the deadline: a scale-in, nothing
+rolled back, never a failure), the pool places nothing there meanwhile, the events say how long
+it took and what was left to spare; ``--undo`` gives the host back."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
-from test_cluster_service import CLI, ROOT, assert_exactly_once, ledger, service, wait_for  # noqa: F401,E501
+from test_cluster_service import CLI, ROOT, assert_exactly_once, ended_once, ledger, service, wait_for  # noqa: F401,E501
 
 
 def _status(svc) -> dict:
@@ -24,9 +25,19 @@ def _ring(svc, job):
         if path.exists() else []
 
 
-def test_drain_with_a_deadline_and_an_announced_end_move_jobs_off_stop_free(service, tmp_path):
+def _set_pool(pool, text: str) -> None:
+    new = pool.with_suffix(".new")
+    new.write_text(text)
+    os.replace(new, pool)  # atomic: discovery never reads half a file
+
+
+def test_a_host_leaving_a_drain_and_an_announced_end_move_jobs_off_stop_free(service, tmp_path):
+    """One job on one slot of each of two hosts (4 worker starts in all): 127.0.0.1 leaves the
+    pool (the discovery script stops naming it) and comes back; is drained with a deadline and
+    given back (``--undo``); announces its end.  Each time the job leaves it by a stop-free
+    scale-in (nothing rolled back, one run in all) and is lent it again when it is back."""
     pool = tmp_path / "pool"
-    pool.write_text("localhost:1\n127.0.0.1:1\n")  # one slot a host: 3 worker starts in all
+    _set_pool(pool, "localhost:1\n127.0.0.1:1\n")
     svc = service("--policy", "edl", "--hold", "1", "--host-discovery-script", f"cat {pool}",
                   "--discovery-interval", "0.2")
     a1 = tmp_path / "a1"
@@ -35,6 +46,18 @@ def test_drain_with_a_deadline_and_an_announced_end_move_jobs_off_stop_free(serv
                     str(tmp_path / "stop1"), audit_dir=a1)
     wait_for("j1's ring of 2", lambda: (_ring(svc, j1) or [{}])[-1].get("world_size") == 2,
              90, svc.job_logs)
+    # a host leaving the pool takes its slot from the job that used it: a graceful scale-in
+    _set_pool(pool, "localhost:1\n")
+    wait_for("j1 off 127.0.0.1", lambda: _ring(svc, j1)[-1]["world_size"] == 1, 90,
+             svc.job_logs)
+    assert any("127.0.0.1 left" in e["reason"] for e in svc.events(kind="pool")), \
+        svc.events(kind="pool")
+    after = [e for e in svc.events(j1) if e["kind"] in ("shrink", "move")]
+    assert after and "127.0.0.1" not in after[-1]["hosts"], svc.events(j1)
+    gens = _ring(svc, j1)
+    assert gens[-1]["kind"] == "scale_in" and gens[-1]["rolled_back_steps"] == 0, gens[-1]
+    _set_pool(pool, "localhost:1\n127.0.0.1:1\n")  # back: lent again
+    wait_for("j1 back on 2", lambda: _ring(svc, j1)[-1]["world_size"] == 2, 90, svc.job_logs)
     r = svc.cli("drain", "127.0.0.1", "--deadline", "30")
     assert r.returncode == 0 and "drained, deadline in 30 s; leaving it: " + j1 in r.stdout, \
         r.stdout + r.stderr
@@ -50,14 +73,15 @@ def test_drain_with_a_deadline_and_an_announced_end_move_jobs_off_stop_free(serv
     assert svc.cli("drain", "127.0.0.1", "--undo").returncode == 0
     wait_for("j1 back on 2", lambda: _ring(svc, j1)[-1]["world_size"] == 2, 90, svc.job_logs)
     # a pool line announcing 127.0.0.1's end (a spot notice): the same, with that deadline
-    pool.write_text(f"localhost:1\n127.0.0.1:1 ends={time.time() + 30:.1f}\n")
+    _set_pool(pool, f"localhost:1\n127.0.0.1:1 ends={time.time() + 30:.1f}\n")
     wait_for("the announced end drained", lambda: len([e for e in svc.events()
                                                       if e["kind"] == "drained"]) == 2, 60,
              svc.output)
     assert _ring(svc, j1)[-1]["world_size"] == 1 and _ring(svc, j1)[-1]["rolled_back_steps"] == 0
     (tmp_path / "stop1").touch()
     jobs = svc.wait_jobs(lambda j: j[j1]["state"] == "done", "j1 done")
-    assert jobs[j1]["runs"] == 1, jobs            # shrunk twice, never restarted nor failed
+    assert jobs[j1]["runs"] == 1, jobs            # shrunk 3 times, never restarted nor failed
+    ended_once(svc, j1)
     r = svc.cli("drain", "nosuchhost")
     assert r.returncode == 2 and "unknown host 'nosuchhost'" in r.stderr, r.stderr
     assert_exactly_once(a1, 256)

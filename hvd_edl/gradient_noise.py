@@ -16,8 +16,18 @@ where ``G`` is the true gradient and ``Sigma`` the covariance of *one sample's* 
     var = (local_sqr - total_sqr) * B / (count - 1)               (tr(Sigma), per sample)
 
 and the noise scale ``B_simple = tr(Sigma) / |G|^2`` (in samples) does not depend on the batch
-or on the number of ranks it was measured with.  Both are smoothed by a bias-corrected
-exponential average (each step weighs ``1 - theta``, ``theta = smoothing ** (B / B0)``: a step
+or on the number of ranks it was measured with.
+
+Those expectations hold for samples drawn *with* replacement.  Horovod's samplers (and ours) draw
+an epoch's samples without replacement from a finite training set of ``N``: then
+``E|g_i|^2 = |G|^2 + tr(Sigma) (1/b - 1/N)`` (the finite-population correction, with ``Sigma``
+the set's sample covariance, divisor ``N - 1``), so ``var`` above stays unbiased while ``sqr``
+is biased down by exactly ``tr(Sigma) / N``; ``sqr + var / N`` is unbiased again.  Late in
+training, when ``|G|^2`` is small beside the noise, that term matters (digits, ``N`` 1,347:
+``tr(Sigma) / N`` was 15 % of ``|G|^2`` at epoch 10).  McCandlish's and AdaptDL's estimators
+assume replacement; the samplers tell the meter ``N`` (:func:`unbiased`'s ``population``).
+
+Both are smoothed by a bias-corrected exponential average (each step weighs ``1 - theta``, ``theta = smoothing ** (B / B0)``: a step
 of a batch S times larger counts as S steps), and the ratio is taken of the averages (a ratio of
 noisy single-step estimates is biased).  One rank alone pairs consecutive steps instead
 (``count`` 2 over ``2B`` samples; the parameters moved by one step between them, which biases
@@ -66,7 +76,7 @@ class NoiseEstimate:
                 "step": float(self.step)}
 
 
-def unbiased(local_sqr: float, total_sqr: float, count: int, batch: int):
+def unbiased(local_sqr: float, total_sqr: float, count: int, batch: int, population: int = 0):
     """One step's unbiased ``(sqr, var)`` (see the module docstring).
 
     Args:
@@ -74,6 +84,9 @@ def unbiased(local_sqr: float, total_sqr: float, count: int, batch: int):
         total_sqr: squared norm of their mean.
         count: gradients averaged, >= 2.
         batch: samples behind the mean, >= count.
+        population: the training set's size ``N`` when the step's samples were drawn from it
+            without replacement (adds the finite-population term ``var / N`` to ``sqr``); 0
+            (or less than ``batch``) for samples drawn with replacement: no correction.
 
     Raises:
         ValueError: count < 2 or batch < count.
@@ -82,6 +95,8 @@ def unbiased(local_sqr: float, total_sqr: float, count: int, batch: int):
         raise ValueError(f"need count >= 2 and batch >= count, got count {count}, batch {batch}")
     sqr = (count * total_sqr - local_sqr) / (count - 1)
     var = (local_sqr - total_sqr) * batch / (count - 1)
+    if population >= batch:
+        sqr += var / population
     return sqr, var
 
 
@@ -134,16 +149,21 @@ class NoiseScale:
         self.latest: Optional[NoiseEstimate] = None
 
     def update(self, local_sqr: float, total_sqr: float, count: int, batch: int,
-               step_batch: Optional[int] = None) -> None:
-        """Add one step's norms (see :func:`unbiased`); a step with a non-finite norm (an
-        overflow) is skipped.  ``step_batch``: the step's global batch when ``batch`` covers
-        more (one rank pairing two steps: ``batch`` is both steps'); reported as ``batch``."""
+               step_batch: Optional[int] = None, population: int = 0, period: int = 1) -> None:
+        """Add one step's norms (see :func:`unbiased`, also for ``population``); a step with a
+        non-finite norm (an overflow, a rank that had nothing to send) is skipped.
+        ``step_batch``: the step's global batch when ``batch`` covers more (one rank pairing
+        two steps: ``batch`` is both steps'); reported as ``batch``.  ``period``: this
+        measurement stands for that many optimizer steps (the meter measures every k-th): it
+        weighs as ``period`` steps in the average (``theta ** period``), so the average's memory
+        stays the same number of steps; sampling steps by their number, not by their values,
+        keeps it unbiased."""
         if not (math.isfinite(local_sqr) and math.isfinite(total_sqr)):
             return
-        sqr, var = unbiased(local_sqr, total_sqr, count, batch)
+        sqr, var = unbiased(local_sqr, total_sqr, count, batch, population)
         if self.base_batch is None:
             self.base_batch = batch
-        theta = self.smoothing ** (batch / self.base_batch)
+        theta = self.smoothing ** (max(int(period), 1) * batch / self.base_batch)
         for avg, value in ((self._sqr, sqr), (self._var, var)):
             avg[0] = theta * avg[0] + (1.0 - theta) * value
             avg[1] = theta * avg[1] + (1.0 - theta)

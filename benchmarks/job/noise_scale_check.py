@@ -37,7 +37,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
 
-def run_job(model: str, epochs: int, folder: Path, *extra: str, smoothing=None) -> dict:
+def run_job(model: str, epochs: int, folder: Path, *extra: str, smoothing=None,
+            every=None) -> dict:
     """One 2-worker digits job logging every epoch; returns its accuracy log's lines."""
     log = folder / "accuracy.jsonl"
     cmd = [str(Path(sys.executable).parent / "hvd-edl-run"), "-np", "2",
@@ -46,6 +47,9 @@ def run_job(model: str, epochs: int, folder: Path, *extra: str, smoothing=None) 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     if smoothing is not None:
         env["HVD_EDL_NOISE_SMOOTHING"] = str(smoothing)
+    env.pop("HVD_EDL_GRADIENT_NOISE_EVERY", None)
+    if every:
+        env["HVD_EDL_GRADIENT_NOISE_EVERY"] = str(every)
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     if r.returncode != 0:
         raise RuntimeError(f"job failed ({r.returncode}): {r.stdout[-2000:]}{r.stderr[-2000:]}")
@@ -91,6 +95,9 @@ def main(argv=None) -> int:
     p.add_argument("--probe-smoothing", type=float, default=0.998,
                    help="the estimator's theta in the lr-0 jobs (HVD_EDL_NOISE_SMOOTHING; "
                         "training uses the default 0.99)")
+    p.add_argument("--probe-every", type=int, default=1,
+                   help="the lr-0 jobs measure every k-th step (HVD_EDL_GRADIENT_NOISE_EVERY); "
+                        "0: the default, k chosen from the cost (fewer samples per probe)")
     p.add_argument("--models", default="small,large")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
                                         "noise_scale_check.json"))
@@ -102,7 +109,9 @@ def main(argv=None) -> int:
     out = {"what": "online noise scale (2-worker job, EMA) vs per-sample offline estimate at "
                    "checkpoints (lr-0 jobs from their parameters)",
            "command": "benchmarks/job/noise_scale_check.py " + " ".join(argv or sys.argv[1:]),
-           "probe_smoothing": a.probe_smoothing, "probe_epochs": a.probe_epochs, "machine": "2 shared CPU cores, loaded", "models": {}}
+           "probe_smoothing": a.probe_smoothing, "probe_epochs": a.probe_epochs,
+           "probe_every": a.probe_every or "default (chosen from the cost)",
+           "train_size": len(train_ds), "machine": "2 shared CPU cores, loaded", "models": {}}
     for model in a.models.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.time()
@@ -115,22 +124,33 @@ def main(argv=None) -> int:
                 probe = Path(tmp) / f"probe-{k}"
                 probe.mkdir()
                 lines = run_job(model, a.probe_epochs, probe, "--init-params", str(ck),
-                                "--lr", "0", smoothing=a.probe_smoothing)["lines"]
+                                "--lr", "0", smoothing=a.probe_smoothing,
+                                every=a.probe_every)["lines"]
                 on = lines[-1]["noise"] or {}
                 ns_on = on.get("noise_scale_samples")
+                # the same average without the finite-population term (sqr - var / N: both
+                # averages have the same weights): what the estimator gave before it
+                raw_sqr = on["sqr"] - on["var"] / len(train_ds) if on else None
                 checks.append({"epoch": k, "accuracy": off["line"]["accuracy"],
                                "probe_steps": lines[-1]["step"],
                                "online": {x: on.get(x) for x in ("sqr", "var",
                                                                  "noise_scale_samples")},
                                "offline": {x: off[x] for x in ("sqr", "var",
                                                                "noise_scale_samples")},
-                               "ratio": ns_on / off["noise_scale_samples"] if ns_on else None})
+                               "ratio": ns_on / off["noise_scale_samples"] if ns_on else None,
+                               "without_population_term": {
+                                   "sqr": raw_sqr,
+                                   "ratio": on["var"] / raw_sqr / off["noise_scale_samples"]
+                                   if raw_sqr and raw_sqr > 0 else None}})
                 print(f"{model} checkpoint epoch {k}: online B_simple at fixed parameters "
                       f"({lines[-1]['step']} steps) {ns_on or float('nan'):.1f}, offline "
                       f"{off['noise_scale_samples']:.1f}: ratio "
                       f"{checks[-1]['ratio'] or float('nan'):.2f}  (sqr "
                       f"{on.get('sqr', float('nan')):.4g} vs {off['sqr']:.4g}, var "
-                      f"{on.get('var', float('nan')):.4g} vs {off['var']:.4g})", flush=True)
+                      f"{on.get('var', float('nan')):.4g} vs {off['var']:.4g}; without the "
+                      f"population term: sqr {raw_sqr or float('nan'):.4g}, ratio "
+                      f"{checks[-1]['without_population_term']['ratio'] or float('nan'):.2f})",
+                      flush=True)
             for line in job["lines"]:
                 ck = Path(tmp) / "ckpt" / f"epoch-{line['epoch']}.pt"
                 off = offline(model, ck, train_ds)

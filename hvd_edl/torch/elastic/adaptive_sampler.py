@@ -84,7 +84,7 @@ class AdaptiveBatchSampler(ElasticBatchSampler):
         self.resets += 1
         super().repartition(rank, world_size)
         adaptive_batch.publish(self.plan, self.bounds)
-        note_batch(self.global_batch_size)
+        note_batch(self.global_batch_size, self._population())
 
     def set_batch(self, batch: int) -> None:
         """Use global batch ``batch`` (clamped to the bounds) from the next reset on (for a
@@ -131,7 +131,7 @@ class AdaptiveBatchSampler(ElasticBatchSampler):
     def __iter__(self) -> Iterator[List[int]]:
         a = self.plan.accumulation
         for step, idx, _ in self._shares():
-            note_batch(self.step_length(step))
+            note_batch(self.step_length(step), self._population())
             k = 0
             for n in _split(len(idx), a):
                 # an epoch's short last step may leave a micro-batch empty: it repeats the

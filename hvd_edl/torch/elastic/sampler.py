@@ -207,7 +207,7 @@ class ElasticSampler(torch.utils.data.Sampler):
         self.repeated = 0
         self.skipped = self.num_samples_total - self._end()
         if self._block:  # the global batch of the steps to come (the gradient noise's unit)
-            note_batch(self._block)
+            note_batch(self._block, self._population())
 
     # ---- layout -------------------------------------------------------------------------------
 
@@ -383,8 +383,14 @@ class ElasticBatchSampler(ElasticSampler):
 
     def __iter__(self) -> Iterator[List[int]]:
         for step, idx, _ in self._shares():
-            note_batch(self.step_length(step))  # an epoch's short last step counts as short
+            # an epoch's short last step counts as short
+            note_batch(self.step_length(step), self._population())
             yield idx
+
+    def _population(self) -> int:
+        """The training set's size when a step's samples are a random draw without replacement
+        from it (shuffled: the gradient noise's finite-population term), else 0."""
+        return self.num_samples_total if self.shuffle else 0
 
     def step_length(self, step: int) -> int:
         """Samples of global step ``step`` (counted from the last reset) over all ranks: the

@@ -192,6 +192,11 @@ class ElasticSampler(torch.utils.data.Sampler):
             rank, world_size = 0, 1
         self.repartition(rank, world_size)
 
+    def _population(self) -> int:
+        """The training set's size when a step's samples are a random draw without replacement
+        from it (shuffled: the gradient noise's finite-population term), else 0."""
+        return self.num_samples_total if self.shuffle else 0
+
     def repartition(self, rank: int, world_size: int) -> None:
         """Lay the positions ``[consumed, N)`` out for ``rank`` of ``world_size`` (what
         :meth:`reset` does with Horovod's rank and size; also for simulating ranks in tests)."""
@@ -386,11 +391,6 @@ class ElasticBatchSampler(ElasticSampler):
             # an epoch's short last step counts as short
             note_batch(self.step_length(step), self._population())
             yield idx
-
-    def _population(self) -> int:
-        """The training set's size when a step's samples are a random draw without replacement
-        from it (shuffled: the gradient noise's finite-population term), else 0."""
-        return self.num_samples_total if self.shuffle else 0
 
     def step_length(self, step: int) -> int:
         """Samples of global step ``step`` (counted from the last reset) over all ranks: the

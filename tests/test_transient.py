@@ -128,6 +128,14 @@ def test_choice_for_a_budget_is_the_soonest_that_fits_it():
                       switch_s=0.5, start_s=30, join_s=10, notice_s=30)
     loss = 0.5 + (60 + 10 - 30) * (1 - 144 / 188)  # no work lost with a notice
     assert math.isclose(noticed.time_s, 30 + t0 / (1 - 0.5 * 4 * loss / 3600))
+    # one worker: a revocation without notice loses all its work (half on average), with one
+    # nothing
+    one = predict(work, lambda k: _speed("slow", k), 1, OFFERS[1], commit_s=2, switch_s=0.5)
+    t1 = work / 50
+    assert math.isclose(one.time_s, t1 / (1 - 0.5 * (t1 / 2 + 0.5 + 60) / 3600))
+    one_noticed = predict(work, lambda k: _speed("slow", k), 1, OFFERS[1], switch_s=0.5,
+                          notice=True)
+    assert math.isclose(one_noticed.time_s, t1 / (1 - 0.5 * (0.5 + 60) / 3600))
     tight = choose(Goal("time", work, budget_usd=0.01), work, _speed, OFFERS, now, 1, 4)
     assert not tight.fits and "no choice fits the $0.01 budget" in tight.why
 

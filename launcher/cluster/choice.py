@@ -12,7 +12,9 @@ and each size ``n`` in the job's bounds, :func:`predict` gives the time and cost
 * on transient (``spot``) hosts, revocations arrive at ``lambda = rate x n`` per hour
   (:mod:`launcher.discovery.prices`: the operator's table, GCE's lifetimes by default), each
   costing ``loss = lost work + switch + stall x (1 - speed(n-1)/speed(n))``: the work since
-  the last commit (none with a notice: the workers leave at a commit), a stop-free switch, and
+  the last commit (none with a notice: the workers leave at a commit; on one GPU, where the one
+  worker held the committed state in its memory, all the work so far: ``T0 / 2`` on average,
+  as Horovod's in-memory commits survive only in a surviving worker), a stop-free switch, and
   the replacement's stall, during which the job trains one host short: the replacement host's
   start-up (a VM's boot: CM-DARE 69-92 s; the offer's ``startup_s``) plus the job's own worker
   start on it (its imports and joining the ring: the job's start on that type), less the
@@ -113,8 +115,13 @@ def predict(remaining: float, speed: Callable[[int], Optional[float]], n: int, o
     if lam > 0:
         short = speed(n - 1) if n > 1 else 0.0
         stall = max(0.0, offer.startup_s + (start_s if join_s is None else join_s) - notice_s)
-        loss = (0.0 if notice or notice_s > 0 else commit_s) + switch_s + stall * (
-            1.0 - min(1.0, (short or 0.0) / thr))
+        if notice or notice_s > 0:
+            lost = 0.0
+        elif n == 1:  # its one worker held the committed state: all its work, half on average
+            lost = t0 / 2.0
+        else:
+            lost = commit_s
+        loss = lost + switch_s + stall * (1.0 - min(1.0, (short or 0.0) / thr))
         share = lam * loss / 3600.0
         if share >= MAX_REVOCATION_SHARE:
             return None

@@ -188,8 +188,21 @@ def pytest_collection_modifyitems(config, items):
 # process plus the children it waited for (getrusage RUSAGE_SELF + RUSAGE_CHILDREN deltas over
 # set-up, call and tear-down; a daemon nobody waits for is not counted).  CPU seconds move less
 # with the machine's load than wall seconds do, so they compare runs on a shared machine.
-# Summed per file by benchmarks/common/test_costs.py.
+# A job that outlives its waiter (the cluster service's runs, sshd's sessions, orphans) is not in
+# RUSAGE_CHILDREN: with HVD_EDL_TEST_COSTS_CGROUP=DIR (a cgroup v1 cpuacct folder this process
+# and every descendant sit in, as benchmarks/suite/test_costs.py sets up), ``tree_cpu_s`` is that
+# cgroup's CPU seconds over the test, every process it started included.
+# Summed per file by benchmarks/suite/test_costs.py.
 TEST_COSTS_ENV = "HVD_EDL_TEST_COSTS"
+TEST_COSTS_CGROUP_ENV = "HVD_EDL_TEST_COSTS_CGROUP"
+
+
+def _tree_cpu_s() -> Optional[float]:
+    folder = os.environ.get(TEST_COSTS_CGROUP_ENV)
+    if not folder:
+        return None
+    with open(os.path.join(folder, "cpuacct.usage")) as f:
+        return int(f.read()) / 1e9
 
 
 def _cpu_s() -> float:
@@ -205,10 +218,13 @@ def pytest_runtest_protocol(item, nextitem):
     if not path:
         yield
         return
-    wall0, cpu0 = time.monotonic(), _cpu_s()
+    wall0, cpu0, tree0 = time.monotonic(), _cpu_s(), _tree_cpu_s()
     yield
-    line = json.dumps({"test": item.nodeid, "wall_s": round(time.monotonic() - wall0, 3),
-                       "cpu_s": round(_cpu_s() - cpu0, 3),
-                       "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")})
+    row = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall0, 3),
+           "cpu_s": round(_cpu_s() - cpu0, 3),
+           "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+    if tree0 is not None:
+        row["tree_cpu_s"] = round(_tree_cpu_s() - tree0, 3)
+    line = json.dumps(row)
     with open(path, "a") as out:  # one short line per write: appends from xdist workers interleave whole
         out.write(line + "\n")

@@ -216,6 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="every line starts with the local time: the workers' (as "
                         "--prefix-output-with-timestamp, horovodrun's flag, which stamps only "
                         "those) and hvd-edl-run's own (switches, stragglers, failures)")
+    p.add_argument("--zygote", action=argparse.BooleanOptionalAction, default=None,
+                   help="start Python workers by forking them from a server that imported "
+                        "hvd_edl.torch once (docs/zygote.md: a joiner is ready sooner); "
+                        "--no-zygote: exec every worker (default: HVD_EDL_ZYGOTE=0|1, else on)")
     p.add_argument("--verbose", action="store_true",
                    help="horovodrun's meaning: extra messages (here: the coordinator's and the "
                         "rendezvous' requests, host set changes)")
@@ -423,7 +427,7 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                    horovod_env=horovodrun_flags.horovod_env(a), engine=engine,
                    failure_blacklist=a.failure_blacklist,
                    prefix_output_with_timestamp=a.prefix_output_with_timestamp,
-                   timestamps=a.timestamps)
+                   timestamps=a.timestamps, zygote=a.zygote)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

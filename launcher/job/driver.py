@@ -92,6 +92,7 @@ class JobSpec:
     failure_blacklist: str = "slot"          # --failure-blacklist: "slot" (ours) or "host"
     prefix_output_with_timestamp: bool = False  # workers' lines start with the time
     timestamps: bool = False                 # --timestamps: the launcher's lines too
+    zygote: Optional[bool] = None            # --zygote / --no-zygote (None: HVD_EDL_ZYGOTE)
     engine: Optional[object] = None          # --ray: a launcher.ray.engine.RayEngine (its
                                              # nodes are the hosts, it starts the workers)
 
@@ -241,7 +242,7 @@ class Driver:
                                       ssh_identity_file=self.spec.ssh_identity_file,
                                       engine=self.spec.engine,
                                       timestamps=self.spec.prefix_output_with_timestamp
-                                      or self.spec.timestamps)
+                                      or self.spec.timestamps, zygote=self.spec.zygote)
         if self.spec.elastic:
             threading.Thread(target=self._discovery_loop, daemon=True).start()
         self._initial_np = initial

@@ -35,6 +35,7 @@ class WorkerSpec:
     ssh_identity_file: Optional[str] = None
     engine: Optional[object] = None
     timestamps: bool = False  # --prefix-output-with-timestamp: lines start with the local time
+    zygote: Optional[bool] = None  # --zygote / --no-zygote; None: HVD_EDL_ZYGOTE, default yes
 
 
 class WorkerProcess:

@@ -1,0 +1,445 @@
+"""The worker fork server ("zygote", as Android's zygote and Python's ``multiprocessing``
+forkserver): one process of the worker's own Python interpreter that has imported
+``hvd_edl.torch`` (and with it torch and ``horovod.torch``, about 1.8 CPU-s) once, and forks a
+worker per request, so a worker starts in milliseconds instead of paying that import again.
+
+It initialises nothing that cannot cross a fork: no CUDA, no Horovod, no thread pool of its own
+(OpenBLAS's one pool thread, started by numpy, quiesces itself at fork: its ``pthread_atfork``
+handler).  Started as ``PYTHON -c "import sys; del sys.path[0]; import hvd_edl.zygote as z;
+z.main()" SOCKET IDLE_S|- PARENT_FD|-`` with the job's environment (``launcher/spawn/zygote_client.py``
+starts it and keys it by interpreter and the variables read at import); it binds ``SOCKET``
+only once the import is done (a ``SOCKET.failed`` file says why it never will).
+
+Protocol, one Unix stream connection per worker, from its stub (``zygote_client.py``):
+
+* stub -> zygote: one byte carrying the stub's stdin/stdout/stderr (``SCM_RIGHTS``), then one
+  JSON line ``{"command", "env", "cwd", "kill_group_on_exit"}``; later lines ``signal N``.
+* zygote -> stub: ``started PID`` or ``refused REASON`` (the stub then runs the command itself,
+  the exec path), and ``exit CODE`` when the worker ends (``subprocess``'s convention: -N for
+  a death by signal N).
+* The stub's connection closing before the worker's exit (the stub died, even of SIGKILL) kills
+  the worker's process group; the zygote's death kills every worker (``PR_SET_PDEATHSIG``).
+
+The child becomes what ``exec`` of the command would have made: the environment (the C
+``environ`` too), ``sys.argv``, ``sys.path[0]``, the working directory, standard streams built
+from the handed fds as the interpreter builds them, signal dispositions and mask, fresh
+``random``/numpy seeds, and ``/proc/PID/environ`` and ``/proc/PID/cmdline`` showing its own
+(``prctl(PR_SET_MM_MAP)``, unprivileged; a kernel without it makes the zygote refuse to start,
+so the launcher uses the exec path).  What stays different is in ``docs/zygote.md``.
+"""
+from __future__ import annotations
+
+import atexit
+import ctypes
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import time
+import zipfile
+from importlib.util import MAGIC_NUMBER
+from typing import Dict, List, Optional
+
+MAX_REQUEST_BYTES = 4 << 20
+REQUEST_TIMEOUT_S = 10.0
+_PR_SET_PDEATHSIG = 1
+_PR_SET_MM = 35
+_PR_SET_MM_MAP = 14
+_KEEP = []   # the buffers /proc/self/environ and cmdline point at: alive as long as the process
+
+
+class _MmMap(ctypes.Structure):
+    """``struct prctl_mm_map`` (linux/prctl.h)."""
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "start_code", "end_code", "start_data", "end_data", "start_brk", "brk", "start_stack",
+        "arg_start", "arg_end", "env_start", "env_end", "auxv")] + \
+        [("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
+
+
+def show_in_proc(argv: List[str], env: Dict[str, str]) -> None:
+    """Make ``/proc/self/cmdline`` and ``/proc/self/environ`` (what ``ps``, psutil and our own
+    tools read from outside) show ``argv`` and ``env``, as after an ``exec``: Linux's
+    ``prctl(PR_SET_MM, PR_SET_MM_MAP)`` (CRIU's unprivileged call, ``CONFIG_CHECKPOINT_RESTORE``).
+
+    Raises:
+        OSError: the kernel refused (no such call, or a seccomp filter).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+
+    def field(n: int) -> int:  # proc(5) numbering; fields[0] is field 3
+        return int(fields[n - 3])
+    args = b"".join(os.fsencode(a) + b"\0" for a in argv)
+    envs = b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in env.items())
+    abuf = ctypes.create_string_buffer(args, len(args) or 1)
+    ebuf = ctypes.create_string_buffer(envs, len(envs) or 1)
+    libc.sbrk.restype = ctypes.c_void_p
+    m = _MmMap(start_code=field(26), end_code=field(27), start_stack=field(28),
+               start_data=field(45), end_data=field(46), start_brk=field(47),
+               brk=libc.sbrk(0), arg_start=ctypes.addressof(abuf),
+               arg_end=ctypes.addressof(abuf) + len(args), env_start=ctypes.addressof(ebuf),
+               env_end=ctypes.addressof(ebuf) + len(envs), exe_fd=0xFFFFFFFF)
+    if libc.prctl(_PR_SET_MM, _PR_SET_MM_MAP, ctypes.byref(m), ctypes.sizeof(m), 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_MM_MAP): {os.strerror(err)}")
+    _KEEP[:] = [abuf, ebuf]
+
+
+def refusal(request: dict) -> Optional[str]:
+    """Why this zygote leaves ``request`` to the exec path (None: it can run it): only
+    ``PYTHON [-u] SCRIPT ARGS`` with a source file, or ``PYTHON [-u] -m MODULE ARGS``, in an
+    existing directory, by the interpreter this zygote runs."""
+    command, cwd = request.get("command"), request.get("cwd")
+    if not isinstance(command, list) or len(command) < 2 or \
+            not all(isinstance(a, str) for a in command) or not isinstance(cwd, str):
+        return "malformed request"
+    if not os.path.isdir(cwd):
+        return "no such directory"
+    rest = command[1:]
+    while rest and rest[0] == "-u":
+        rest = rest[1:]
+    if len(rest) >= 2 and rest[0] == "-m":
+        return None
+    if not rest or rest[0].startswith("-"):
+        return "not a script"
+    script = os.path.join(cwd, rest[0])
+    try:
+        with open(script, "rb") as f:
+            head = f.read(4)
+        if head == MAGIC_NUMBER or zipfile.is_zipfile(script):
+            return "compiled or zipped script"
+    except OSError:
+        return "script not readable"
+    return None
+
+
+def _std_stream(fd: int, write: bool, unbuffered: bool, encoding: str, errors: str):
+    """A standard stream over ``fd`` built the way CPython's ``create_stdio`` builds one."""
+    raw = io.FileIO(fd, "wb" if write else "rb", closefd=False)
+    if write and unbuffered:
+        buf = raw
+    else:
+        buf = io.BufferedWriter(raw) if write else io.BufferedReader(raw)
+    line = write and not unbuffered and (raw.isatty() or fd == 2)
+    return io.TextIOWrapper(buf, encoding=encoding, errors=errors, newline="\n",
+                            line_buffering=line, write_through=write and unbuffered)
+
+
+def _become(request: dict) -> dict:
+    """In the forked child: turn this process into what ``exec`` of the request's command would
+    have made (see the module doc).  Returns the main module's namespace and what to run."""
+    env: Dict[str, str] = request["env"]
+    command: List[str] = request["command"]
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(request["cwd"])
+    rest = command[1:]
+    unbuffered = bool(env.get("PYTHONUNBUFFERED"))
+    while rest[0] == "-u":
+        unbuffered, rest = True, rest[1:]
+    enc, errs = sys.__stdout__.encoding, sys.__stdout__.errors
+    sys.stdin = sys.__stdin__ = _std_stream(0, False, unbuffered, enc, "strict")
+    sys.stdout = sys.__stdout__ = _std_stream(1, True, unbuffered, enc, errs)
+    sys.stderr = sys.__stderr__ = _std_stream(2, True, unbuffered, enc, "backslashreplace")
+    sys.orig_argv = list(command)
+    if rest[0] == "-m":
+        sys.argv = ["-m"] + rest[2:]   # runpy puts the module's file in argv[0]
+        sys.path.insert(0, os.getcwd())
+        what = ("module", rest[1])
+    else:
+        sys.argv = list(rest)
+        sys.path.insert(0, os.path.dirname(os.path.abspath(rest[0])))
+        what = ("script", os.path.abspath(rest[0]))   # CPython 3.9+: __main__.__file__ absolute
+    show_in_proc(command, env)
+    import random
+    random.seed()
+    if "numpy.random" in sys.modules:  # an exec'd worker seeds numpy's global state afresh
+        sys.modules["numpy.random"].seed()
+    return {"what": what}
+
+
+_unhandled_interrupt = []
+
+
+def _die_of_sigint() -> None:
+    """Registered before the script runs, so it runs last at exit: CPython ends a program that
+    an uncaught KeyboardInterrupt stopped by SIGINT on itself (exit status -2)."""
+    if _unhandled_interrupt:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+def _run(what) -> None:
+    """Run the script (compiled into ``__main__``'s own namespace, as ``python FILE`` does) or
+    the module (``runpy``, as ``python -m`` does); an uncaught exception is printed with the
+    script's frames only and ends the process with status 1 (KeyboardInterrupt: SIGINT)."""
+    kind, target = what
+    space = sys.modules["__main__"].__dict__
+    builtins = space["__builtins__"]
+    space.clear()   # the zygote's own ``-c`` globals: a script sees only its own names
+    space.update(__name__="__main__", __doc__=None, __package__=None, __spec__=None,
+                 __builtins__=builtins)
+    atexit.register(_die_of_sigint)
+    try:
+        if kind == "module":
+            import runpy
+            runpy._run_module_as_main(target, alter_argv=True)   # what ``python -m`` calls
+        else:
+            with open(target, "rb") as f:
+                source = f.read()
+            code = compile(source, target, "exec", dont_inherit=True)
+            from importlib.machinery import SourceFileLoader
+            space.update(__file__=target, __cached__=None,
+                         __loader__=SourceFileLoader("__main__", target))
+            exec(code, space)
+    except SystemExit:
+        raise
+    except BaseException as e:  # noqa: B902 - printed as the interpreter prints it
+        import runpy
+        ours = {__file__, runpy.__file__, "<string>"}
+        tb = e.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename in ours:
+            tb = tb.tb_next
+        sys.excepthook(type(e), e, tb)
+        if isinstance(e, KeyboardInterrupt):
+            _unhandled_interrupt.append(True)
+        raise SystemExit(1)
+    raise SystemExit(0)
+
+
+class _Worker:
+    def __init__(self, pid: int, conn: socket.socket, kill_group: bool):
+        self.pid, self.conn, self.kill_group = pid, conn, kill_group
+        self.exited = False
+
+
+def _read_request(conn: socket.socket):
+    """The stub's fds and JSON line; raises OSError / ValueError on anything else."""
+    conn.settimeout(REQUEST_TIMEOUT_S)
+    msg, fds, _flags, _addr = socket.recv_fds(conn, 1, 3)
+    if len(fds) != 3 or msg != b"\0":
+        for fd in fds:
+            os.close(fd)
+        raise ValueError("expected one byte and three fds")
+    data = b""
+    try:
+        while not data.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk or len(data) > MAX_REQUEST_BYTES:
+                raise ValueError("request cut short")
+            data += chunk
+        request = json.loads(data)
+        if not isinstance(request, dict) or not isinstance(request.get("env"), dict):
+            raise ValueError("malformed request")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    conn.settimeout(None)
+    return fds, request
+
+
+class Zygote:
+    """The fork server's loop: accept a stub, fork its worker, forward its signals, report the
+    worker's exit; exit itself after ``idle_s`` with no worker and no stub (None: never)."""
+
+    def __init__(self, listener: socket.socket, idle_s: Optional[float],
+                 parent_fd: Optional[int] = None):
+        self.listener = listener
+        self.idle_s = idle_s
+        self.parent_fd = parent_fd
+        self.sel = selectors.DefaultSelector()
+        self.workers: Dict[int, _Worker] = {}
+        self.by_conn: Dict[socket.socket, _Worker] = {}
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+
+    def serve(self) -> None:
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(self.wake_w)
+        self.sel.register(self.listener, selectors.EVENT_READ, "accept")
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "reap")
+        if self.parent_fd is not None:
+            self.sel.register(self.parent_fd, selectors.EVENT_READ, "parent")
+        idle_since = time.monotonic()
+        while True:
+            for key, _ in self.sel.select(timeout=1.0):
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "reap":
+                    self._reap()
+                elif key.data == "parent":   # the launcher is gone: so are its workers
+                    for w in self.workers.values():
+                        _killpg(w.pid, signal.SIGKILL)
+                    return
+                else:
+                    self._from_stub(key.fileobj)
+            self._reap()
+            if self.workers or self.by_conn:
+                idle_since = time.monotonic()
+            elif self.idle_s is not None and time.monotonic() - idle_since > self.idle_s:
+                return
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        try:
+            fds, request = _read_request(conn)
+        except (OSError, ValueError) as e:
+            _send(conn, f"refused {type(e).__name__}\n")
+            conn.close()
+            return
+        why = refusal(request)
+        if why is not None:
+            _send(conn, f"refused {why}\n")
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            self._child(fds, request, parent)   # never returns
+        for fd in fds:
+            os.close(fd)
+        w = _Worker(pid, conn, bool(request.get("kill_group_on_exit")))
+        self.workers[pid] = w
+        self.by_conn[conn] = w
+        self.sel.register(conn, selectors.EVENT_READ, "stub")
+        _send(conn, f"started {pid}\n")
+
+    def _child(self, fds: List[int], request: dict, parent: int) -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:   # the zygote died before the line above
+                os._exit(137)
+            os.setsid()
+            signal.set_wakeup_fd(-1)
+            for sig in signal.valid_signals():
+                if sig in (signal.SIGKILL, signal.SIGSTOP):
+                    continue
+                try:
+                    signal.signal(sig, signal.SIG_DFL)
+                except (OSError, ValueError):
+                    pass
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)   # as CPython sets them at start
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            for i, fd in enumerate(fds):
+                os.dup2(fd, i)
+            for fd in fds + [self.wake_r, self.wake_w] + \
+                    ([] if self.parent_fd is None else [self.parent_fd]):
+                if fd > 2:
+                    os.close(fd)
+            self.sel.close()
+            self.listener.close()
+            for conn in list(self.by_conn):
+                conn.close()
+            state = _become(request)
+        except BaseException as e:  # noqa: B902 - nothing of the zygote's may run on
+            try:
+                os.write(2, f"hvd_edl zygote: cannot start the worker: {e}\n".encode())
+            finally:
+                os._exit(127)
+        _run(state["what"])
+
+    def _from_stub(self, conn: socket.socket) -> None:
+        w = self.by_conn[conn]
+        try:
+            data = conn.recv(4096)
+        except OSError:
+            data = b""
+        if not data:   # the stub is gone: nothing it started may outlive it
+            if not w.exited:
+                _killpg(w.pid, signal.SIGKILL)
+            self._forget(w)
+            return
+        for line in data.decode(errors="replace").splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == "signal" and parts[1].isdigit() and not w.exited:
+                _killpg(w.pid, int(parts[1]))
+
+    def _reap(self) -> None:
+        try:
+            while os.read(self.wake_r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        while self.workers:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            w = self.workers.pop(pid, None)
+            if w is None:
+                continue
+            w.exited = True
+            if w.kill_group:
+                _killpg(pid, signal.SIGKILL)   # what the worker left behind in its group
+            code = os.waitstatus_to_exitcode(status)
+            _send(w.conn, f"exit {code}\n")
+            self._forget(w)
+
+    def _forget(self, w: _Worker) -> None:
+        if w.conn in self.by_conn:
+            del self.by_conn[w.conn]
+            self.sel.unregister(w.conn)
+            w.conn.close()
+
+
+def _killpg(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except OSError:
+        pass
+
+
+def _send(conn: socket.socket, text: str) -> None:
+    try:
+        conn.sendall(text.encode())
+    except OSError:
+        pass
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """``SOCKET IDLE_S|- PARENT_FD|-``: import ``hvd_edl.torch``, check that ``/proc`` can be made to show a
+    worker's own command line and environment, then serve on ``SOCKET`` (bound under a temporary
+    name and renamed into place, so a stub that finds it finds it ready).  On any failure before
+    that, ``SOCKET.failed`` holds the reason and the process exits 1: stubs then exec."""
+    argv = sys.argv[1:] if argv is None else argv
+    path = argv[0]
+    idle_s = float(argv[1]) if len(argv) > 1 and argv[1] != "-" else None
+    parent_fd = int(argv[2]) if len(argv) > 2 and argv[2] != "-" else None
+    try:
+        import hvd_edl.torch  # noqa: F401 - the import every worker would pay
+        show_in_proc(sys.orig_argv, dict(os.environ))  # the worker's /proc view must be possible
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        tmp = f"{path}.{os.getpid()}"
+        listener.bind(tmp)
+        listener.listen(64)
+        os.rename(tmp, path)
+    except BaseException as e:  # noqa: B902 - any failure means: use the exec path
+        try:
+            with open(f"{path}.failed", "w") as f:
+                f.write(f"{type(e).__name__}: {e}\n")
+        finally:
+            os._exit(1)
+    zygote_pid = os.getpid()
+    try:
+        Zygote(listener, idle_s, parent_fd).serve()   # a forked worker leaves it by SystemExit
+    finally:
+        if os.getpid() == zygote_pid:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass

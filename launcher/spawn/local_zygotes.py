@@ -1,0 +1,89 @@
+"""The launcher's own zygotes for local workers (``hvd_edl/zygote.py``): one per worker
+interpreter and import-time environment (:func:`launcher.spawn.zygote_client.zygote_key`),
+started on the first worker that needs it, in a private 0700 directory of this launcher, and
+gone with the launcher (its end of a pipe closes: the zygote kills its workers and exits)."""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from launcher.spawn import zygote_client
+
+log = logging.getLogger(__name__)
+
+STUB = str(Path(zygote_client.__file__).resolve())
+
+
+class LocalZygotes:
+    """Zygotes of one launcher, by key.  :meth:`stub_command` is what the launcher runs instead
+    of a worker's command (None: run the command itself)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._dir: Optional[str] = None
+        self._zygotes: Dict[str, Tuple[str, object, int]] = {}  # key -> socket, Popen, pipe fd
+
+    def stub_command(self, command: List[str], env: Dict[str, str],
+                     per_worker: Dict[str, str]) -> Optional[List[str]]:
+        """The stub's argv for a worker with ``command`` and full environment ``env`` (of which
+        ``per_worker`` are the worker's own variables, left out of the zygote's environment);
+        None when the command is not one a zygote runs or no zygote could be started."""
+        if not zygote_client.eligible(command, env):
+            return None
+        key = zygote_client.zygote_key(command[0], env)
+        with self._lock:
+            sock = self._running(key, command[0], {
+                k: v for k, v in env.items()
+                if k not in per_worker or zygote_client.IMPORT_ENV.fullmatch(k)})
+        if sock is None:
+            return None
+        return [sys.executable, "-I", "-S", STUB, sock, str(zygote_client.WAIT_S), "--",
+                *command]
+
+    def _running(self, key: str, python: str, env: Dict[str, str]) -> Optional[str]:
+        known = self._zygotes.get(key)
+        if known is not None and known[1].poll() is None:
+            return known[0]
+        try:
+            if self._dir is None:
+                self._dir = tempfile.mkdtemp(prefix="hvd-edl-zygote-")   # 0700
+                atexit.register(self.close)
+            sock = os.path.join(self._dir, f"{key}.{len(self._zygotes)}.sock")
+            read_fd, write_fd = os.pipe()   # the launcher holds the writer for its life
+            try:
+                popen = zygote_client.start_zygote(python, sock, env, parent_fd=read_fd)
+            finally:
+                os.close(read_fd)
+        except OSError as e:
+            log.info("no zygote for %s (%s): workers exec", python, e)
+            return None
+        self._zygotes[key] = (sock, popen, write_fd)
+        return sock
+
+    def close(self) -> None:
+        """End every zygote (closing its pipe: it kills its workers) and remove the directory."""
+        with self._lock:
+            for _sock, popen, write_fd in self._zygotes.values():
+                try:
+                    os.close(write_fd)
+                except OSError:
+                    pass
+            for _sock, popen, _fd in self._zygotes.values():
+                try:
+                    popen.wait(timeout=5)
+                except Exception:  # noqa: BLE001 - still running: it dies with us anyway
+                    popen.kill()
+            self._zygotes.clear()
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
+
+
+ZYGOTES = LocalZygotes()

@@ -1,0 +1,251 @@
+"""The launcher's side of the worker fork server (``hvd_edl/zygote.py``): which commands may use
+one, how a zygote is keyed, started and found, and the stub that stands for one worker.
+
+Standard library only, and no import of this package: the local stub runs this file by path
+(``python -I -S zygote_client.py SOCKET WAIT_S -- COMMAND...``, about 20 ms), and over ssh its
+source travels ahead of the remote supervisor's (``remote_worker.py``), which uses
+:class:`Session` the same way.
+
+The stub is the launcher's child for one worker, with the worker's environment, working
+directory and PR_SET_PDEATHSIG: it hands its stdin/stdout/stderr and the job to the zygote, which
+forks the worker; it forwards every signal it gets to the worker's process group and exits with
+the worker's exit code (dying of the same signal when the worker did, so ``Popen.returncode`` is
+-N as for an exec'd worker).  If it cannot reach a zygote within its bound, or the zygote
+refuses the command, it ``exec``s the command itself: the exec path, nothing visible to the user.
+"""
+import json
+import os
+import re
+import signal
+import socket
+import sys
+import time
+
+# variables that the worker's interpreter, its libraries (libgomp, OpenBLAS, MKL, torch) or
+# hvd_edl's own modules read while ``import hvd_edl.torch`` runs: two environments that differ
+# in one of them need two zygotes (tests/test_zygote.py checks hvd_edl's module-level reads)
+IMPORT_ENV = re.compile(r"PYTHON.*|LD_.*|OMP_.*|GOMP_.*|KMP_.*|MKL_.*|OPENBLAS_.*|TORCH_.*"
+                        r"|PYTORCH_.*|LANG|LANGUAGE|LC_.*|MALLOC_.*|HVD_EDL_IDLE_WAIT_MS"
+                        r"|HVD_EDL_STREAM_.*|HVD_EDL_SYNC_AGREE_.*")
+PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?")
+# the zygote's start: nothing from the working directory on sys.path (the worker's own path is
+# set per worker)
+ZYGOTE_BOOT = "import sys; del sys.path[0]; import hvd_edl.zygote as z; z.main()"
+WAIT_S = 120.0        # a stub waits this long for its zygote's import, then execs itself
+REMOTE_IDLE_S = 60.0  # a per-user zygote on a remote host exits after this long without workers
+SWITCH_ENV = "HVD_EDL_ZYGOTE"
+
+
+def wanted(flag=None, env=None) -> bool:
+    """Whether workers start through a zygote: ``flag`` (``--zygote`` / ``--no-zygote``) if
+    given, else ``HVD_EDL_ZYGOTE=0|1`` in ``env`` (the launcher's environment), else yes."""
+    if flag is not None:
+        return bool(flag)
+    value = (os.environ if env is None else env).get(SWITCH_ENV, "").strip()
+    return value not in ("0", "no", "false", "off")
+
+
+def eligible(command, env) -> bool:
+    """``PYTHON [-u] SCRIPT ...`` or ``PYTHON [-u] -m MODULE ...`` with a Python interpreter found
+    on the worker's ``PATH`` (anything else, a shell script or another interpreter, execs)."""
+    if len(command) < 2 or not PYTHON_NAME.fullmatch(os.path.basename(command[0])):
+        return False
+    rest = list(command[1:])
+    while rest and rest[0] == "-u":
+        rest = rest[1:]
+    if not rest or (rest[0].startswith("-") and not (rest[0] == "-m" and len(rest) >= 2)):
+        return False
+    if any(not p or not os.path.isabs(p) for p in env.get("PYTHONPATH", "").split(os.pathsep)
+           if env.get("PYTHONPATH")):
+        return False   # a relative entry is resolved against the zygote's cwd, not the worker's
+    return executable(command[0], env) is not None
+
+
+def executable(name, env):
+    """Where ``name`` is found as ``exec`` would find it with ``env``'s PATH (None: nowhere)."""
+    import shutil
+    return shutil.which(name, path=env.get("PATH", os.defpath)) if os.sep not in name else \
+        (name if os.access(name, os.X_OK) else None)
+
+
+def import_env(env) -> dict:
+    """The part of ``env`` that ``import hvd_edl.torch`` reads (:data:`IMPORT_ENV`)."""
+    return {k: v for k, v in env.items() if IMPORT_ENV.fullmatch(k)}
+
+
+def zygote_key(python, env) -> str:
+    """A zygote's name: the interpreter as the command names it (a venv's ``python`` and the base
+    interpreter differ), the import-time environment and the user; 16 hex digits."""
+    import hashlib
+    text = json.dumps([python, sorted(import_env(env).items()), os.getuid(),
+                       env.get("PATH", "")])
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def private_dir(path=None) -> str:
+    """A directory only this user can enter (0700, owned by the user, not a link): the given one
+    or ``$TMPDIR/hvd-edl-zygote-UID``.
+
+    Raises:
+        OSError: it exists but is someone else's, a link, or open to others.
+    """
+    import stat
+    import tempfile
+    path = path or os.path.join(tempfile.gettempdir(), f"hvd-edl-zygote-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise OSError(f"{path} is not a private directory of uid {os.getuid()}")
+    return path
+
+
+def start_zygote(python, sock_path, env, idle_s=None, parent_fd=None):
+    """Start a zygote for ``python`` serving on ``sock_path`` (it binds once its import is done);
+    its stderr goes to ``sock_path + '.log'``.  ``idle_s``: exit after that long without
+    workers; ``parent_fd``: the read end of a pipe whose writer is the launcher (EOF: the
+    launcher died, every worker is killed).  Returns the ``Popen``.
+
+    Raises:
+        OSError: the interpreter cannot be started.
+    """
+    import subprocess
+    argv = [python, "-c", ZYGOTE_BOOT, sock_path, "-" if idle_s is None else str(idle_s),
+            "-" if parent_fd is None else str(parent_fd)]
+    with open(sock_path + ".log", "ab") as log:
+        return subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=log, start_new_session=True,
+                                pass_fds=() if parent_fd is None else (parent_fd,))
+
+
+class Session:
+    """One worker run by a zygote, seen from its stub: :meth:`connect` (bounded wait for the
+    zygote to be ready), :meth:`start` (the worker runs: its pid; None: refused, exec instead),
+    :meth:`signal`, :meth:`wait` (its exit code, -N for a signal; -9 if the zygote vanished)."""
+
+    def __init__(self):
+        self.sock = None
+        self.pid = None
+        self._buf = b""
+
+    def connect(self, sock_path, wait_s) -> bool:
+        deadline = time.monotonic() + wait_s
+        while True:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                s.connect(sock_path)
+                self.sock = s
+                return True
+            except ConnectionRefusedError:   # a socket nobody serves: that zygote is gone
+                s.close()
+                return False
+            except OSError:
+                s.close()
+            if os.path.exists(sock_path + ".failed") or time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)   # the zygote is importing torch: poll its socket, bounded
+
+    def start(self, command, env, cwd, fds=(0, 1, 2), kill_group_on_exit=False):
+        try:
+            socket.send_fds(self.sock, [b"\0"], list(fds))
+            self.sock.sendall(json.dumps({"command": list(command), "env": dict(env),
+                                          "cwd": cwd, "kill_group_on_exit":
+                                          kill_group_on_exit}).encode() + b"\n")
+            line = self._line()
+        except OSError:
+            line = None
+        if line and line.startswith("started ") and line[8:].isdigit():
+            self.pid = int(line[8:])
+            return self.pid
+        self.sock.close()
+        return None
+
+    def signal(self, sig) -> None:
+        try:
+            self.sock.sendall(f"signal {int(sig)}\n".encode())
+        except OSError:
+            pass
+
+    def wait(self) -> int:
+        while True:
+            try:
+                line = self._line()
+            except OSError:
+                line = None
+            if line is None:
+                return -signal.SIGKILL   # the zygote is gone, and its workers with it
+            if line.startswith("exit ") and re.fullmatch(r"-?\d+", line[5:]):
+                self.sock.close()
+                return int(line[5:])
+
+    def _line(self):
+        while b"\n" not in self._buf:
+            chunk = self.sock.recv(4096)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode(errors="replace")
+
+
+def exit_like(code) -> None:
+    """End this process as the worker ended: its exit status, or death by the same signal
+    (no core file)."""
+    if code >= 0:
+        os._exit(code)
+    sig = -code
+    try:
+        import resource
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
+        os.kill(os.getpid(), sig)
+    except (OSError, ValueError):
+        pass
+    os._exit(128 + sig)
+
+
+def stub_main(argv) -> None:
+    """The local stub: ``SOCKET WAIT_S -- COMMAND...`` (environment and cwd: the worker's).
+    Never returns: exits as the worker did, or becomes the command (exec path)."""
+    sock_path, wait_s, command = argv[0], float(argv[1]), argv[3:]
+    pending = []
+    session = Session()
+
+    def forward(sig, _frame):
+        if session.pid is None:
+            pending.append(sig)
+        else:
+            session.signal(sig)
+    catchable = [s for s in signal.valid_signals()
+                 if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD)]
+    for sig in catchable:
+        try:
+            signal.signal(sig, forward)
+        except (OSError, ValueError):
+            pass
+    if session.connect(sock_path, wait_s) and \
+            session.start(command, os.environ, os.getcwd()) is not None:
+        for sig in pending:
+            session.signal(sig)
+        pending = None
+        exit_like(session.wait())
+    for sig in catchable:   # the exec path: the command becomes this process
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    for sig in pending or ():
+        os.kill(os.getpid(), sig)
+    try:
+        os.execvp(command[0], command)
+    except OSError as e:
+        sys.stderr.write(f"hvd-edl-run: cannot start {command[0]!r}: {e}\n")
+        os._exit(127)
+
+
+if __name__ == "__main__":
+    stub_main(sys.argv[1:])

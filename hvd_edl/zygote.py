@@ -203,7 +203,7 @@ def _run(what) -> None:
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename in ours:
             tb = tb.tb_next
-        sys.excepthook(type(e), e, tb)
+        sys.excepthook(type(e), e.with_traceback(tb), tb)   # the printer reads __traceback__
         if isinstance(e, KeyboardInterrupt):
             _unhandled_interrupt.append(True)
         raise SystemExit(1)
@@ -443,3 +443,4 @@ def main(argv: Optional[List[str]] = None) -> None:
                 os.unlink(path)
             except OSError:
                 pass
+            os._exit(0)   # nothing to flush; finalising torch's modules takes seconds

@@ -8,6 +8,7 @@ import atexit
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -78,8 +79,9 @@ class LocalZygotes:
             for _sock, popen, _fd in self._zygotes.values():
                 try:
                     popen.wait(timeout=5)
-                except Exception:  # noqa: BLE001 - still running: it dies with us anyway
+                except subprocess.TimeoutExpired:
                     popen.kill()
+                    popen.wait()
             self._zygotes.clear()
             if self._dir is not None:
                 shutil.rmtree(self._dir, ignore_errors=True)

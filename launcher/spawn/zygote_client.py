@@ -26,7 +26,7 @@ import time
 # in one of them need two zygotes (tests/test_zygote.py checks hvd_edl's module-level reads)
 IMPORT_ENV = re.compile(r"PYTHON.*|LD_.*|OMP_.*|GOMP_.*|KMP_.*|MKL_.*|OPENBLAS_.*|TORCH_.*"
                         r"|PYTORCH_.*|LANG|LANGUAGE|LC_.*|MALLOC_.*|HVD_EDL_IDLE_WAIT_MS"
-                        r"|HVD_EDL_STREAM_.*|HVD_EDL_SYNC_AGREE_.*")
+                        r"|HVD_EDL_STREAM_.*|HVD_EDL_SYNC_.*")
 PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?")
 # the zygote's start: nothing from the working directory on sys.path (the worker's own path is
 # set per worker)
@@ -196,14 +196,15 @@ def exit_like(code) -> None:
     if code >= 0:
         os._exit(code)
     sig = -code
-    try:
-        import resource
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        signal.signal(sig, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig])
-        os.kill(os.getpid(), sig)
-    except (OSError, ValueError):
-        pass
+    import resource
+    for step in (lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)),
+                 lambda: signal.signal(sig, signal.SIG_DFL),   # not for SIGKILL: it needs none
+                 lambda: signal.pthread_sigmask(signal.SIG_UNBLOCK, [sig]),
+                 lambda: os.kill(os.getpid(), sig)):
+        try:
+            step()
+        except (OSError, ValueError):
+            pass
     os._exit(128 + sig)
 
 

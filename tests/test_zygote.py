@@ -1,0 +1,232 @@
+"""The worker fork server keeps Horovod's contract (issue 38, ``docs/zygote.md``): a worker forked
+by a zygote sees what an exec'd one sees (environment with the ``HOROVOD_*`` variables, argv,
+working directory, ``sys.path[0]``, ``__file__``, its own ``/proc/PID/environ`` and ``cmdline``,
+standard streams), ends with the same exit codes (a death by signal included), gets the signals
+its stub gets, dies with its stub (even a SIGKILLed one), and a kill -9 of it reaches the
+launcher as -9; commands a zygote does not run take the exec path.  Real processes: one zygote
+for the module (it imports ``hvd_edl.torch`` once), stubs run as the launcher runs them, and
+two ``hvd-edl-run`` jobs for the switch."""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import LAUNCHER, ROOT, wait_for
+from launcher.spawn import zygote_client
+from launcher.spawn.local_zygotes import LocalZygotes
+
+PROBE = '''
+import json, os, sys, signal, time
+mode = sys.argv[1] if len(sys.argv) > 1 else ""
+def proc(name):
+    return open(f"/proc/{os.getpid()}/{name}", "rb").read().split(b"\\0")[:-1]
+if mode == "term":
+    def on_term(sig, frame):
+        print("got", sig, flush=True)
+        sys.exit(3)
+    signal.signal(signal.SIGTERM, on_term)
+out = {"argv": sys.argv, "orig_argv": sys.orig_argv, "path0": sys.path[0], "cwd": os.getcwd(),
+       "file": globals().get("__file__"), "name": __name__, "spec": __spec__ and __spec__.name,
+       "env": {k: v for k, v in os.environ.items() if k.startswith(("HOROVOD_", "PROBE_"))},
+       "c_env": os.getenv("PROBE_C") and __import__("ctypes").CDLL(None).getenv is not None,
+       "proc_cmdline": [a.decode() for a in proc("cmdline")],
+       "proc_env": sorted(a.decode() for a in proc("environ") if a.startswith((b"HOROVOD_", b"PROBE_"))),
+       "line_buffering": sys.stdout.line_buffering, "write_through": sys.stdout.write_through,
+       "stdin": sys.stdin.read(), "main_names": sorted(k for k in globals() if not k.startswith("__"))[:3],
+       "pgid_is_pid": os.getpgid(0) == os.getpid()}
+print(json.dumps(out), flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+if mode == "exit":
+    sys.exit(7)
+if mode == "raise":
+    raise ValueError("boom")
+if mode == "signal":
+    os.kill(os.getpid(), signal.SIGTERM)
+if mode == "interrupt":
+    raise KeyboardInterrupt
+if mode in ("term", "wait"):
+    open(sys.argv[2], "w").write(str(os.getpid()))
+    time.sleep(120)
+'''
+
+
+@pytest.fixture(scope="module")
+def zygotes():
+    z = LocalZygotes()
+    yield z
+    z.close()
+
+
+@pytest.fixture
+def probe(tmp_path):
+    path = tmp_path / "probe.py"
+    path.write_text(PROBE)
+    (tmp_path / "probe_mod.py").write_text(PROBE)
+    return path
+
+
+def _env(**extra):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HOROVOD_RANK="1", HOROVOD_SIZE="2",
+               HOROVOD_LOCAL_RANK="1", HOROVOD_HOSTNAME="localhost", PROBE_X="x y=z")
+    env.pop("PYTHONUNBUFFERED", None)
+    env.update(extra)
+    return env
+
+
+def _start(zygotes, command, cwd, env, **kw):
+    """Start ``command`` as the launcher does: through a stub when ``zygotes`` is given."""
+    argv = zygotes.stub_command(command, env, {"HOROVOD_RANK": "1"}) if zygotes else command
+    if zygotes:
+        assert argv is not None and argv[-len(command):] == command
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, **kw)
+
+
+def _run(zygotes, command, cwd, env):
+    p = _start(zygotes, command, cwd, env)
+    out, err = p.communicate(timeout=120)
+    return p.returncode, out.decode(), err.decode()
+
+
+def _seen(out):
+    return json.loads(out.splitlines()[0])
+
+
+def test_a_forked_worker_sees_what_an_execd_one_sees(zygotes, probe, tmp_path):
+    env = _env()
+    for command in ([sys.executable, "probe.py", "a", "b c"],
+                    [sys.executable, "-u", "probe.py"],
+                    [sys.executable, "-m", "probe_mod", "x"]):
+        execd = _run(None, command, str(tmp_path), env)
+        forked = _run(zygotes, command, str(tmp_path), env)
+        assert execd[0] == forked[0] == 0, (execd, forked)
+        assert _seen(forked[1]) == _seen(execd[1]), (command, forked[1], execd[1])
+        assert forked[1] == execd[1] and forked[2] == execd[2] == "to stderr\n"
+    seen = _seen(forked[1])
+    assert seen["env"]["HOROVOD_RANK"] == "1" and "HOROVOD_RANK=1" in seen["proc_env"]
+    assert seen["proc_cmdline"] == [sys.executable, "-m", "probe_mod", "x"]
+
+
+def test_exit_codes_and_output_match_the_exec_path(zygotes, probe, tmp_path):
+    env = _env()
+    for mode, code in (("exit", 7), ("raise", 1), ("signal", -signal.SIGTERM),
+                       ("interrupt", -signal.SIGINT)):
+        command = [sys.executable, "probe.py", mode]
+        execd = _run(None, command, str(tmp_path), env)
+        forked = _run(zygotes, command, str(tmp_path), env)
+        assert execd[0] == forked[0] == code, (mode, execd, forked)
+        assert forked[2] == execd[2], (mode, forked[2], execd[2])   # the same traceback
+
+
+def test_signals_reach_the_worker_and_it_dies_with_its_stub(zygotes, probe, tmp_path):
+    env = _env()
+    pid_file = tmp_path / "pid"
+    stub = _start(zygotes, [sys.executable, "probe.py", "term", str(pid_file)], str(tmp_path),
+                  env)
+    pid = int(wait_for("the worker's pid", lambda: pid_file.exists() and pid_file.read_text(),
+                       60))
+    assert pid != stub.pid and psutil.Process(pid).environ()["PROBE_X"] == "x y=z"
+    stub.send_signal(signal.SIGTERM)   # the launcher's terminate_all: forwarded to the worker
+    out, _ = stub.communicate(timeout=60)
+    assert stub.returncode == 3 and b"got 15" in out
+
+    pid_file.unlink()
+    stub = _start(zygotes, [sys.executable, "probe.py", "wait", str(pid_file)], str(tmp_path),
+                  env)
+    pid = int(wait_for("the worker's pid", lambda: pid_file.exists() and pid_file.read_text(),
+                       60))
+    worker = psutil.Process(pid)
+    stub.kill()   # a stub killed -9: its worker must not outlive it
+    stub.wait(timeout=30)
+    psutil.wait_procs([worker], timeout=30)
+    assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE
+
+    pid_file.unlink()
+    stub = _start(zygotes, [sys.executable, "probe.py", "wait", str(pid_file)], str(tmp_path),
+                  env)
+    pid = int(wait_for("the worker's pid", lambda: pid_file.exists() and pid_file.read_text(),
+                       60))
+    os.kill(pid, signal.SIGKILL)   # kill -9 of the worker: the launcher sees -9
+    assert stub.wait(timeout=60) == -signal.SIGKILL
+
+
+def test_commands_a_zygote_does_not_run_take_the_exec_path(zygotes, probe, tmp_path):
+    env = _env()
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/sh\necho shell $HOROVOD_RANK\n")
+    script.chmod(0o755)
+    assert not zygote_client.eligible([str(script)], env)
+    assert not zygote_client.eligible([sys.executable, "-c", "print(1)"], env)
+    assert not zygote_client.eligible(["perl", "x.pl"], env)
+    assert not zygote_client.eligible([sys.executable, "probe.py"], dict(env, PYTHONPATH="rel"))
+    assert zygote_client.eligible([sys.executable, "-u", "-m", "probe_mod"], env)
+    assert zygotes.stub_command([str(script)], env, {}) is None
+    # the zygote refuses what it cannot run as exec would (no such script): the stub execs
+    stub = [sys.executable, "-I", "-S", zygote_client.__file__]
+    missing = subprocess.run([*zygotes.stub_command([sys.executable, "probe.py"], env, {})[:-2],
+                              sys.executable, "missing.py"], cwd=str(tmp_path), env=env,
+                             capture_output=True, text=True, timeout=120)
+    execd = subprocess.run([sys.executable, "missing.py"], cwd=str(tmp_path), env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert missing.returncode == execd.returncode == 2 and missing.stderr == execd.stderr
+    # no zygote at all (it failed to start): the stub execs at once
+    dead = tmp_path / "dead.sock"
+    (tmp_path / "dead.sock.failed").write_text("ImportError: no hvd_edl\n")
+    t0 = time.monotonic()
+    fell_back = subprocess.run(stub + [str(dead), "60", "--", sys.executable, "probe.py"],
+                               cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                               timeout=60)
+    assert time.monotonic() - t0 < 30 and fell_back.returncode == 0
+    assert _seen(fell_back.stdout)["proc_cmdline"] == [sys.executable, "probe.py"]
+
+
+def test_the_import_time_environment_keys_the_zygote():
+    env = _env()
+    key = zygote_client.zygote_key(sys.executable, env)
+    assert zygote_client.zygote_key(sys.executable, dict(env, HOROVOD_RANK="5")) == key
+    assert zygote_client.zygote_key(sys.executable, dict(env, OMP_NUM_THREADS="3")) != key
+    assert zygote_client.zygote_key("/usr/bin/python3", env) != key
+    # every variable hvd_edl reads at import time (module level) is part of the key
+    read = set()
+    for path in (ROOT / "hvd_edl").rglob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            for call in ast.walk(node):
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
+                    break
+                if isinstance(call, ast.Call) and ast.unparse(call.func) in (
+                        "os.environ.get", "os.getenv") and call.args and \
+                        isinstance(call.args[0], ast.Constant):
+                    read.add(call.args[0].value)
+    assert read and all(zygote_client.IMPORT_ENV.fullmatch(name) for name in read), read
+
+
+def _launch(tmp_path, flag, probe):
+    out = subprocess.run([LAUNCHER, flag, "-np", "2", sys.executable, str(probe)],
+                         capture_output=True, text=True, timeout=240, cwd=str(tmp_path),
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return [json.loads(line.split(">:", 1)[1]) for line in out.stdout.splitlines()
+            if "<stdout>:{" in line]
+
+
+def test_the_launcher_forks_workers_from_a_zygote_unless_told_not_to(tmp_path):
+    probe = tmp_path / "who.py"
+    probe.write_text("import json, os, psutil\n"
+                     "p = psutil.Process(os.getppid())\n"
+                     "print(json.dumps({'rank': os.environ['HOROVOD_RANK'],"
+                     " 'parent': p.cmdline()[:3]}))\n")
+    forked = _launch(tmp_path, "--zygote", probe)
+    execd = _launch(tmp_path, "--no-zygote", probe)
+    assert sorted(w["rank"] for w in forked) == sorted(w["rank"] for w in execd) == ["0", "1"]
+    assert all(zygote_client.ZYGOTE_BOOT in w["parent"] for w in forked), forked
+    assert all("hvd-edl-run" in " ".join(w["parent"]) for w in execd), execd

@@ -40,9 +40,7 @@ class LocalZygotes:
             return None
         key = zygote_client.zygote_key(command[0], env)
         with self._lock:
-            sock = self._running(key, command[0], {
-                k: v for k, v in env.items()
-                if k not in per_worker or zygote_client.IMPORT_ENV.fullmatch(k)})
+            sock = self._running(key, command[0], zygote_client.zygote_env(env, per_worker))
         if sock is None:
             return None
         return [sys.executable, "-I", "-S", STUB, sock, str(zygote_client.WAIT_S), "--",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from hvd_edl.messages import ENV_SECRET, ENV_WORKER_ID
+from launcher.spawn import zygote_client
 from launcher.spawn.process import WorkerProcess, WorkerSpec, _NotStarted, die_with_parent, say
 
 # the launcher's environment carried to remote workers, less these (horovodrun's list and what
@@ -25,7 +26,13 @@ NOT_CARRIED = re.compile(r"BASH_FUNC_.*|OLDPWD|PWD|_|SHLVL|HOSTNAME|SSH_.*|.*CUD
 # the remote command line: read the supervisor's source from stdin and run it (nothing secret)
 BOOTSTRAP = "import json,sys;exec(json.loads(sys.stdin.readline()))"
 REMOTE_PYTHON = "python3"
-SUPERVISOR_SOURCE = (Path(__file__).with_name("remote_worker.py")).read_text()
+# the zygote client travels ahead of the supervisor, as a module object named zygote_client
+SUPERVISOR_SOURCE = (
+    "import types as _types\n"
+    "zygote_client = _types.ModuleType('zygote_client')\n"
+    f"exec({(Path(__file__).with_name('zygote_client.py')).read_text()!r}, "
+    "zygote_client.__dict__)\n"
+    + (Path(__file__).with_name("remote_worker.py")).read_text())
 
 
 def ssh_command(host: str, port: Optional[int] = None,
@@ -71,6 +78,7 @@ def start_ssh(spec: WorkerSpec, host: str, extra_env: Dict[str, str], label: Cal
     proc = WorkerProcess(popen, label, on_exit, files=files, host=host,
                          timestamps=spec.timestamps)
     job = {"cwd": spec.cwd, "env": remote_environment(spec, extra_env),
-           "command": list(spec.command), "label": f"{extra_env.get(ENV_WORKER_ID)}@{host}"}
+           "command": list(spec.command), "label": f"{extra_env.get(ENV_WORKER_ID)}@{host}",
+           "zygote": zygote_client.wanted(spec.zygote), "per_worker": sorted(extra_env)}
     proc.send(json.dumps(SUPERVISOR_SOURCE) + "\n" + json.dumps(job) + "\n")
     return proc

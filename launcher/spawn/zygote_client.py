@@ -75,11 +75,61 @@ def import_env(env) -> dict:
 
 def zygote_key(python, env) -> str:
     """A zygote's name: the interpreter as the command names it (a venv's ``python`` and the base
-    interpreter differ), the import-time environment and the user; 16 hex digits."""
+    interpreter differ), the import-time environment, the user and the host (its name and
+    network namespace: namespace hosts share one /tmp); 16 hex digits."""
     import hashlib
     text = json.dumps([python, sorted(import_env(env).items()), os.getuid(),
-                       env.get("PATH", "")])
+                       env.get("PATH", ""), host_identity()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def host_identity() -> str:
+    """This host as a worker sees it: host name and network namespace."""
+    import socket as _socket
+    try:
+        netns = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        netns = 0
+    return f"{_socket.gethostname()}:{netns}"
+
+
+def zygote_env(env, per_worker) -> dict:
+    """What a zygote is started with: ``env`` less the worker's own variables (``per_worker``
+    names), but with every import-time one (the key's)."""
+    return {k: v for k, v in env.items() if k not in per_worker or IMPORT_ENV.fullmatch(k)}
+
+
+def remote_session(command, env, cwd, per_worker, fds):
+    """On a remote host (the ssh supervisor): run the worker through this user's zygote for
+    its key, starting that zygote on first use (one starter at a time: a lock file; stubs wait
+    at most :data:`WAIT_S` for its import); idle for :data:`REMOTE_IDLE_S` it exits.  Returns a
+    started :class:`Session`, or None: exec the command instead."""
+    if not eligible(command, env):
+        return None
+    import fcntl
+    key = zygote_key(command[0], env)
+    folder = private_dir()
+    sock = os.path.join(folder, f"{key}.sock")
+    session = Session()
+    if not session.connect(sock, 0):
+        with open(os.path.join(folder, f"{key}.lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not session.connect(sock, 0):
+                failed = sock + ".failed"
+                if os.path.exists(failed) and time.time() - os.path.getmtime(failed) < 600:
+                    return None   # it failed lately: do not pay for the import again
+                for stale in (sock, failed):
+                    try:
+                        os.unlink(stale)
+                    except FileNotFoundError:
+                        pass
+                start_zygote(command[0], sock, zygote_env(env, per_worker),
+                             idle_s=REMOTE_IDLE_S)
+        if session.sock is None and not session.connect(sock, WAIT_S):
+            return None
+    if session.start(command, env, cwd, fds=fds, kill_group_on_exit=True) is None:
+        return None
+    return session
 
 
 def private_dir(path=None) -> str:

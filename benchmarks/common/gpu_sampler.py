@@ -22,6 +22,18 @@ def environ(pid: int) -> Optional[Dict[str, str]]:
     return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
 
 
+def _launcher_of(parent: int) -> int:
+    """The launcher of a worker whose parent is ``parent``: the parent itself, or for a worker
+    forked by a launcher's zygote (docs/zygote.md) the zygote's parent."""
+    try:
+        cmd = psutil.Process(parent).cmdline()
+        if len(cmd) > 2 and cmd[1] == "-c" and "hvd_edl.zygote" in cmd[2]:
+            return psutil.Process(parent).ppid()
+    except psutil.Error:
+        pass
+    return parent
+
+
 class GpuSampler:
     """Samples, every ``period_s``, every worker process whose environment carries
     ``HVD_EDL_TEST_MARKER=marker`` (and a ``CUDA_VISIBLE_DEVICES``).
@@ -72,6 +84,9 @@ class GpuSampler:
                 if cmd and os.path.basename(cmd[0]) == "ssh":
                     continue  # the launcher's ssh client of a remote worker: its environment,
                     # no GPU (the worker on the remote host is sampled itself)
+                if any(a.endswith("zygote_client.py") for a in cmd[:4]):
+                    continue  # a worker's stub (docs/zygote.md): the worker is sampled itself
+                launcher = _launcher_of(launcher)
                 key = (launcher, env["HVD_EDL_WORKER_ID"])
                 sample[pid] = (launcher, key[1], gpu)
                 self.hosts[pid] = env.get("HOROVOD_HOSTNAME", "")

@@ -230,3 +230,21 @@ def test_the_launcher_forks_workers_from_a_zygote_unless_told_not_to(tmp_path):
     assert sorted(w["rank"] for w in forked) == sorted(w["rank"] for w in execd) == ["0", "1"]
     assert all(zygote_client.ZYGOTE_BOOT in w["parent"] for w in forked), forked
     assert all("hvd-edl-run" in " ".join(w["parent"]) for w in execd), execd
+
+
+def test_an_interpreter_whose_zygote_fails_runs_its_workers_by_exec(tmp_path, probe):
+    """A zygote that cannot start (here: an interpreter without torch) leaves its workers to the
+    exec path, visible to nobody, and is not started again for the next worker."""
+    python = "/usr/bin/python3"
+    if not os.path.exists(python) or subprocess.run(
+            [python, "-c", "import torch"], capture_output=True).returncode == 0:
+        pytest.skip("needs a Python without torch")
+    zygotes = LocalZygotes()
+    try:
+        env = _env()
+        code, out, err = _run(zygotes, [python, "probe.py"], str(tmp_path), env)
+        assert code == 0 and err == "to stderr\n", (out, err)
+        assert _seen(out)["proc_cmdline"] == [python, "probe.py"]
+        assert zygotes.stub_command([python, "probe.py"], env, {}) is None
+    finally:
+        zygotes.close()

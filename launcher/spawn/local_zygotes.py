@@ -48,8 +48,8 @@ class LocalZygotes:
 
     def _running(self, key: str, python: str, env: Dict[str, str]) -> Optional[str]:
         known = self._zygotes.get(key)
-        if known is not None and known[1].poll() is None:
-            return known[0]
+        if known is not None:   # running, or failed / gone: then exec, never another import
+            return known[0] if known[1].poll() is None else None
         try:
             if self._dir is None:
                 self._dir = tempfile.mkdtemp(prefix="hvd-edl-zygote-")   # 0700

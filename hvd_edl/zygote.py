@@ -305,6 +305,7 @@ class Zygote:
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:
+            conn.close()   # the worker holds no fd of the zygote's (an exec'd one has none)
             self._child(fds, request, parent)   # never returns
         for fd in fds:
             os.close(fd)

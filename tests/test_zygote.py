@@ -42,7 +42,8 @@ out = {"argv": sys.argv, "orig_argv": sys.orig_argv, "path0": sys.path[0], "cwd"
        "proc_env": sorted(a.decode() for a in proc("environ") if a.startswith((b"HOROVOD_", b"PROBE_"))),
        "line_buffering": sys.stdout.line_buffering, "write_through": sys.stdout.write_through,
        "stdin": sys.stdin.read(), "main_names": sorted(k for k in globals() if not k.startswith("__"))[:3],
-       "pgid_is_pid": os.getpgid(0) == os.getpid()}
+       "pgid_is_pid": os.getpgid(0) == os.getpid(),
+       "fds": sorted(int(f) for f in os.listdir("/proc/self/fd"))}
 print(json.dumps(out), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 if mode == "exit":

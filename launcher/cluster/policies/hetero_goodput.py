@@ -6,7 +6,8 @@ Ideas from Sia (Jayaram Subramanya et al., SOSP 2023: goodput per GPU type, one 
 and Pollux (Qiao et al., OSDI 2021: the batch that maximises goodput at each size); the
 allocation rule is ours:
 
-One mixed-integer program per round (scipy's HiGHS ``milp``), Sia's shape with our objective:
+One mixed-integer program per round (:mod:`launcher.cluster.round_program`, shared with the live
+``typed`` policy; scipy's HiGHS ``milp``), Sia's shape with our objective:
 each active job takes at most one configuration ``c = (type, GPUs)`` (sizes Sia allows: one node
 up to its GPUs, whole nodes above), the GPUs of each type bounded by the cluster's, and the sum
 over jobs of ``1 / T_jc`` is maximised, ``T_jc`` the job's estimated remaining time at ``c``:
@@ -42,6 +43,7 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 
 from launcher.cluster.hetero_sim import CLUSTER, Alloc, Costs, SimJobState, pack, sizes
+from launcher.cluster.round_program import solve
 
 TYPE_ORDER = ("a100", "rtx", "t4")
 """Types tried for a job the packing could not place, fastest first."""
@@ -145,8 +147,8 @@ def choose(jobs: List[SimJobState], prof, costs: Costs, now: float = 0.0,
            ftf_weight: float = 0.0, objective: str = "remaining", p: float = SIA_P,
            lambda_n: float = SIA_LAMBDA_N) -> Dict[str, Tuple[str, int]]:
     """The round's program (the module's docstring) at time ``now`` (s): job name -> (type,
-    GPUs) for the jobs that run."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    GPUs) for the jobs that run; solved by :func:`launcher.cluster.round_program.solve`, the code
+    the live ``typed`` policy runs too."""
     cfg = configs()
     cap = {t: CLUSTER[t][0] * CLUSTER[t][1] for t in CLUSTER}
     if not len(jobs):
@@ -155,37 +157,8 @@ def choose(jobs: List[SimJobState], prof, costs: Costs, now: float = 0.0,
         val, mask = _sia_values(jobs, prof, costs, cfg, now, p, lambda_n)
     else:
         val, mask = _remaining_values(jobs, prof, costs, cfg, now, ftf_weight)
-    scale = np.abs(val).max() or 1.0
-    c = -(val / scale).flatten()
-    rows, lo, hi = [], [], []
-    for i in range(len(jobs)):
-        row = np.zeros(val.size)
-        row[i * len(cfg):(i + 1) * len(cfg)] = 1
-        rows.append(row)
-        lo.append(0)
-        hi.append(1)
-    for t in CLUSTER:
-        row = np.zeros(val.size)
-        for i in range(len(jobs)):
-            for k, (tt, n) in enumerate(cfg):
-                if tt == t:
-                    row[i * len(cfg) + k] = n
-        rows.append(row)
-        lo.append(0)
-        hi.append(cap[t])
-    ub = mask.flatten().astype(float)
-    res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi),
-               integrality=np.ones(val.size), bounds=Bounds(np.zeros(val.size), ub),
-               options={"time_limit": 5.0, "mip_rel_gap": 1e-3})
-    if res.x is None:
-        return {}
-    x = res.x.reshape(val.shape)
-    out = {}
-    for i, j in enumerate(jobs):
-        k = int(np.argmax(x[i]))
-        if x[i, k] > 0.5:
-            out[j.name] = cfg[k]
-    return out
+    got = solve(val, [{t: n} for t, n in cfg], cap, mask=mask)
+    return {jobs[i].name: cfg[k] for i, k in got.items()}
 
 
 def place(want: Dict[str, Tuple[str, int]]) -> Dict[str, Alloc]:

@@ -269,6 +269,7 @@ def test_bad_input_is_one_line_exit_2(service, tmp_path):
         assert r.stderr.strip().splitlines()[-1].startswith("hvd-edl-run: error:"), r.stderr
 
 
+@pytest.mark.long  # make test: test_make_before_break's notice on a full pool (the harder case)
 def test_a_notice_moves_the_job_off_its_spot_host_with_no_work_lost(service, tmp_path):
     pool, profile = _typed_pool(tmp_path)
     svc = service("--policy", "typed", "--host-discovery-script", f"cat {pool}",

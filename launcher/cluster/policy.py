@@ -65,6 +65,10 @@ class JobView:
         speed_of: samples/s on ``n`` GPUs of a type (``launcher.cluster.speed.typed_speed``;
             None where unknown).
         spent_usd: dollars it has cost so far.
+        displaced: slots its run still uses on hosts that left the pool (a drain with a
+            deadline, a spot notice): it runs there until given slots elsewhere (a stop-free
+            move: make-before-break, :mod:`launcher.cluster.make_before_break`) or preempted;
+            0 for every other job.
     """
     id: str
     submitted_at: float
@@ -83,6 +87,7 @@ class JobView:
     goal: Optional[Mapping[str, object]] = None
     speed_of: Optional[Callable[[str, int], Optional[float]]] = None
     spent_usd: float = 0.0
+    displaced: int = 0
 
     @property
     def world_size(self) -> int:

@@ -429,6 +429,8 @@ class Service:
                         pool[h] = max(0, pool[h] - k)
                 continue
             held = {h: k for h, k in allocs.get(job.id, {}).items() if h in self.pool}
+            gone = sum(k for h, k in self.written.get(job.id, {}).items()
+                       if h not in self.pool) if job.id in self.runs else 0
             model = self.goodput.get(job.id)
             gview = model.view() if model is not None and job.id in self.runs else None
             views.append(JobView(
@@ -439,7 +441,7 @@ class Service:
                 throughput=gview.speed if gview is not None else speed_.throughput(job.speed),
                 goodput=gview, elastic=job.min_np < job.max_np, goal=job.goal or None,
                 speed_of=speed_.typed_speed(job.speed, tflops), spent_usd=job.cost_usd,
-                user=job.user))
+                user=job.user, displaced=gone))
         per_user: Dict[str, float] = {}  # fair share: every job's service, ended ones too
         for job in self.store.jobs():
             per_user[job.user] = per_user.get(job.user, 0.0) + job.attained_gpu_s

@@ -71,7 +71,12 @@ def speed_point(svc, steady: Dict[str, Tuple[int, float]], job_id: str,
         return
     if time.monotonic() - since[1] < speed_.STEADY_S:
         return
-    p = speed_.point(tel_job, svc.type_of(svc.written.get(job_id, {})))
+    hosts = svc.written.get(job_id, {})
+    gpu_type = svc.type_of(hosts)
+    if gpu_type is None and any(getattr(svc.host_terms.get(h), "gpu_type", None)
+                                for h in hosts):
+        return  # a ring over GPU types (mixed_types.py) runs at its slowest: not a type's speed
+    p = speed_.point(tel_job, gpu_type)
     if p is None:
         return
 

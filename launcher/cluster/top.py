@@ -58,6 +58,8 @@ def frame_lines(status: dict) -> list:
             lines.append(f"{'':6}{goal_line}"[:WIDTH])
         if j["state"] in ("queued", "suspended", "failed") and j.get("reason"):
             lines.append(f"{'':6}{j['reason']}"[:WIDTH])  # why it waits, why it failed
+        elif "mixed types pay" in (j.get("reason") or ""):  # one job over GPU types: why
+            lines.append(f"{'':6}{j['reason'].partition(': ')[2]}"[:WIDTH])
         if j.get("workers"):  # where its workers run: host:slot, and the GPU where there is one
             places = " ".join(f"{w['host']}:{w['slot']}"
                               + (f"/gpu{w['gpu']}" if w.get("gpu") is not None else "")

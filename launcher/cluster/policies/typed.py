@@ -5,18 +5,25 @@ placing jobs on types by what each gains from a type).
 Each round, in order:
 
 1. a running job keeps its slots (on hosts still in the pool);
-2. a job that ran and lost its hosts (a revocation, a drain) is placed first, in the same
-   round: its new workers start while the old ones finish their last commit (with a notice),
-   so it moves rather than stops;
+2. a job that runs on hosts that left the pool (a revocation notice, a drain:
+   ``JobView.displaced``) is placed first, in the same round: its new workers start while the
+   old ones finish their last commit, so it moves rather than stops; with too few free slots,
+   slots are taken stop-free from running jobs above their minimum (the lowest first:
+   :mod:`launcher.cluster.make_before_break`), and only when even that cannot give it its
+   ``min_np`` is it left to be checkpointed and resumed;
 3. a waiting job with an objective (``submit --objective time|cost``) gets the type and number
    :func:`launcher.cluster.choice.choose` picks among the slots free now, grouped by (type,
    spot): soonest within its budget, or cheapest within its deadline, expected revocations
    counted; while its speed is unknown everywhere it starts at ``--np`` on the type with the
    most free slots, to be measured (and moved once that pays back);
-4. the other waiting jobs in the order of their gain from the fastest type over the slowest
-   (their measured speeds per type; unknown: 1), so a job that gains 3x from an a100 over a
-   t4 takes the a100 before one that gains 1.5x; each at ``--np`` on the fastest type with
-   room, else anywhere (a job never spans types unless no single type has room);
+4. the other waiting jobs by the round's program the simulator solves
+   (:mod:`launcher.cluster.round_program`, as :mod:`launcher.cluster.policies.hetero_goodput`
+   does for Sia's cluster): each at most one configuration, ``n`` in ``[min_np, np]`` GPUs of
+   one class (type, spot), or of two classes where mixed types pay
+   (:mod:`launcher.cluster.mixed_types`: the ring runs at its slowest type's speed), the sum
+   of ``1 / T`` maximised; so a job that gains 3x from an a100 over a t4 takes the a100 before
+   one that gains 1.5x (what the simulator does; live, running jobs without an objective keep
+   their slots, where the simulator may move them);
 5. a running job with an objective moves (stop-free) to slots still free when that serves its
    objective better by :attr:`TypedPolicy.move_gain` or more, counting the new workers' start
    in full (pessimistic: the job trains on meanwhile), fits its budget or deadline (or its
@@ -31,11 +38,18 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
+
 from launcher.cluster.choice import (Goal, Offer, Prediction, better, choose, predict,
                                      start_of)
+from launcher.cluster.make_before_break import donor_order, lent_reason, make_room
+from launcher.cluster.mixed_types import mixed_pays, ring_speed, single_speed
+from launcher.cluster.round_program import solve, value
 from launcher.cluster.policy import Allocation, JobView, Policy, Snapshot, fill_hosts
 
 Klass = Tuple[str, bool]  # (GPU type, spot)
+PROGRAM_JOBS = 64       # waiting jobs in one round's program (the rest wait for the next)
+PROGRAM_LIMIT_S = 1.0   # the solver's bound in the live loop, seconds
 
 
 class TypedPolicy(Policy):
@@ -48,19 +62,22 @@ class TypedPolicy(Policy):
             snapshot's ``restart_cost_s``, ``serve --start-cost``).
         move_gain: the least relative gain (time or cost) that moves a running job.
         notice: revocations come with a notice (no work lost).
-        hold_s: seconds after a job's last change before it may be moved."""
+        hold_s: seconds after a job's last change before it may be moved.
+        horizon_s: the work a job without an objective counts as left, seconds at its slowest
+            speed (step 4: what a start's stall weighs against)."""
 
     name = "typed"
 
     def __init__(self, commit_s: float = 2.0, switch_s: Optional[float] = None,
                  start_s: Optional[float] = None, move_gain: float = 0.25,
-                 notice: bool = False, hold_s: float = 20.0):
+                 notice: bool = False, hold_s: float = 20.0, horizon_s: float = 600.0):
         self.commit_s = commit_s
         self.switch_s = switch_s
         self.start_s = start_s
         self.move_gain = move_gain
         self.notice = notice
         self.hold_s = hold_s
+        self.horizon_s = horizon_s
         self.choices: Dict[str, Prediction] = {}
         self._why: Dict[str, str] = {}
 
@@ -86,13 +103,15 @@ class TypedPolicy(Policy):
         running = [j.id for j in snap.jobs if j.id in alloc]
         waiting = sorted((j for j in snap.jobs if j.id not in alloc),  # 2. displaced first
                          key=lambda j: (not j.started, j.submitted_at, j.id))
+        for j in [j for j in waiting if j.displaced]:
+            self._place_displaced(snap, j, alloc, free, klass)
+        waiting = [j for j in waiting if j.id not in alloc]
         for j in [j for j in waiting if j.goal]:  # 3. objectives, in submission order
             self._place_goal(snap, j, alloc, free, klass)
-        rest = sorted((j for j in waiting if not j.goal),  # 4. by gain across types
+        rest = sorted((j for j in waiting if not j.goal),  # 4. the round's program
                       key=lambda j: (not j.started, -j.priority, -_gain(j, klass),
                                      j.submitted_at, j.id))
-        for j in rest:
-            self._place_plain(j, alloc, free, klass)
+        self._place_program(snap, rest, alloc, free, klass)
         for j in snap.jobs:  # 5. moves that pay back, on what is left
             if j.id in running and j.goal and snap.now - j.last_change_at >= self.hold_s:
                 self._maybe_move(snap, j, alloc, free, klass)
@@ -200,6 +219,109 @@ class TypedPolicy(Policy):
         self.choices[j.id] = best
         self._why[j.id] = f"typed: moves ({gain:.0%} better): {best.why}"
 
+    def _place_displaced(self, snap, j: JobView, alloc, free, klass) -> None:
+        """A job whose hosts are revoked: its own choice where slots are free, else room made
+        on free slots and slots taken stop-free from jobs above their minimum
+        (:mod:`launcher.cluster.make_before_break`); left out (preempted) only when even that
+        finds fewer than its ``min_np``."""
+        if j.goal:
+            self._place_goal(snap, j, alloc, free, klass)
+        else:
+            self._place_plain(j, alloc, free, klass)
+        if j.id in alloc:
+            return
+        kept = {h: k for h, k in j.allocation.items() if free.get(h, 0) >= k}
+        for h, k in kept.items():  # what it keeps of its hosts (fewer than its min_np)
+            free[h] -= k
+        if kept:
+            alloc[j.id] = kept
+        room = make_room(j, alloc, free, donor_order(snap.jobs, alloc))
+        if room is None:
+            for h, k in kept.items():
+                free[h] += k
+            alloc.pop(j.id, None)
+            self._why[j.id] = ("typed: its host is revoked and no slot is free or can be "
+                               "spared: checkpointed, it resumes later")
+            return
+        hosts, taken = room
+        for d, got in taken.items():
+            self._why[d] = lent_reason(self.name, j.id, got)
+        self._why[j.id] = (f"typed: its host is revoked: moves stop-free to "
+                           f"{sum(hosts.values())} slots"
+                           + (f", {sum(sum(t.values()) for t in taken.values())} taken from "
+                              f"{', '.join(sorted(taken))}" if taken else ""))
+
+    def _configs(self, j: JobView, cap: Dict[Klass, int]) -> List[Dict[Klass, int]]:
+        """The configurations ``j`` may start in: ``n`` slots of one class (type, spot), or
+        of two where mixing pays (:func:`launcher.cluster.mixed_types.mixed_pays`: the fewest
+        and the most of the first class that fit), ``n`` its ``min_np``, its ``np`` and the
+        powers of two between (a program of bounded size on a large pool)."""
+        out: List[Dict[Klass, int]] = []
+        lo, hi = j.min_np, max(j.min_np, j.np)
+        ns = sorted({lo, hi} | {2 ** e for e in range(hi.bit_length()) if lo < 2 ** e < hi})
+        for k, room in sorted(cap.items()):
+            out += [{k: n} for n in ns if n <= room]
+        classes = sorted(k for k in cap if cap[k] > 0)
+        for i, k1 in enumerate(classes):
+            for k2 in classes[i + 1:]:
+                for n in (n for n in ns if n >= 2):
+                    splits = {(a, n - a) for a in (max(1, n - cap[k2]), min(cap[k1], n - 1))
+                              if 1 <= a <= cap[k1] and 1 <= n - a <= cap[k2]}
+                    for a, b in sorted(splits):
+                        if mixed_pays(j.speed_of, k1[0], a, k2[0], b):
+                            out.append({k1: a, k2: b})
+        return out
+
+    def _place_program(self, snap, jobs: List[JobView], alloc, free, klass) -> None:
+        """Step 4 (module docstring): the waiting jobs without an objective, each at most one
+        configuration, chosen by :func:`launcher.cluster.round_program.solve`, the program the
+        simulator's :mod:`launcher.cluster.policies.hetero_goodput` solves: the sum over jobs
+        of ``1 / T``, ``T`` = remaining work / speed there + the start.  A live job's remaining
+        work is unknown: each counts :attr:`TypedPolicy.horizon_s` seconds of work at its
+        slowest speed at ``min_np`` (so a job's value is its speed-up there, Sia's normalised
+        goodput); a job ``priority`` higher is placed in a program of its own first, and at
+        most :data:`PROGRAM_JOBS` of one priority, in queue order, are in one program."""
+        cap: Dict[Klass, int] = {}
+        for h, k in free.items():
+            cap[klass[h]] = cap.get(klass[h], 0) + max(0, k)
+        for prio in sorted({j.priority for j in jobs}, reverse=True):
+            group = [j for j in jobs if j.priority == prio][:PROGRAM_JOBS]
+            cfgs = [self._configs(j, cap) for j in group]
+            if not any(cfgs):
+                continue
+            uses: List[Dict[Klass, int]] = []  # every job's configurations, each once
+            for c in (c for cs in cfgs for c in cs):
+                if c not in uses:
+                    uses.append(c)
+            val = np.zeros((len(group), len(uses)))
+            for i, (j, cs) in enumerate(zip(group, cfgs)):
+                ref = min(single_speed(j.speed_of, t, j.min_np) for t, _ in cap) if cap \
+                    else float(j.min_np)
+                for c in cs:
+                    r = ring_speed(j.speed_of, _by_type(c))
+                    val[i, uses.index(c)] = value(self.horizon_s * ref, r, self._start_s)
+            got = solve(val, [{_key(k): n for k, n in c.items()} for c in uses],
+                        {_key(k): n for k, n in cap.items()}, time_limit_s=PROGRAM_LIMIT_S)
+            for i in sorted(got, key=lambda i: -sum(uses[got[i]].values())):
+                j, c = group[i], uses[got[i]]
+                hosts: Dict[str, int] = {}
+                for k, n in sorted(c.items()):
+                    for h, m in (self._take(free, klass, k, n) or {}).items():
+                        hosts[h] = hosts.get(h, 0) + m
+                    cap[k] -= n
+                alloc[j.id] = hosts
+                self._why[j.id] = self._started_why(j, c)
+
+    def _started_why(self, j: JobView, c: Dict[Klass, int]) -> str:
+        parts = " + ".join(f"{n} x {k[0] or 'untyped'}{' spot' if k[1] else ''}"
+                           for k, n in sorted(c.items(), key=lambda kv: -kv[1]))
+        if len({k[0] for k in c}) < 2:
+            return f"typed: starts on {parts}"
+        alone = max(single_speed(j.speed_of, k[0], n) for k, n in c.items())
+        mixed = ring_speed(j.speed_of, _by_type(c))
+        return (f"typed: starts on {parts}: mixed types pay ({mixed:.0f} samples/s, the "
+                f"faster part alone {alone:.0f})")
+
     def _place_plain(self, j: JobView, alloc, free, klass) -> None:
         room: Dict[Klass, int] = {}
         for h, k in free.items():
@@ -216,6 +338,17 @@ class TypedPolicy(Policy):
                 free[h] -= m
             alloc[j.id] = got
             self._why[j.id] = f"typed: starts on {j.np} slots of several types"
+
+
+def _key(k: Klass) -> str:
+    return f"{k[0]}|{'spot' if k[1] else 'on-demand'}"
+
+
+def _by_type(c: Dict[Klass, int]) -> Dict[str, int]:
+    out: Dict[str, int] = {}
+    for (t, _), n in c.items():
+        out[t] = out.get(t, 0) + n
+    return out
 
 
 def _klass(terms) -> Klass:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -114,9 +115,12 @@ def test_a_notice_on_a_full_pool_moves_the_job_onto_a_slot_taken_from_another(se
         assert drained[0]["host"] == "localhost" and drained[0]["spare_s"] > 0, drained
         lent = svc.events(j1, "shrink")
         assert lent and f"lends 1 slot on 127.0.0.1 to {j2}" in lent[0]["reason"], lent
+        assert not svc.events(j2, "drain_preempt"), \
+            "the replacement had not joined 10 s before the deadline: checkpointed instead"
         log = (svc.state / "jobs" / j2 / "run1.log").read_text()
-        assert log.index("(joined: w2@127.0.0.1") < log.index("(left: w1@localhost"), \
-            log[-2000:]
+        joined = re.search(r"\(joined: w\d+@127\.0\.0\.1", log)
+        left = re.search(r"\(left: w\d+@localhost", log)
+        assert joined and left and joined.start() < left.start(), log[-3000:]
         (tmp_path / "stop1").touch()
         (tmp_path / "stop2").touch()
         jobs = svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()),

@@ -57,6 +57,7 @@ REPEAT_DATA = {"small": 4, "large": 2}    # passes over the training split per e
                                           # before the allocation first changed
 GO = threading.Event()  # set when the service way submits its job (its 3-slot job runs): the
                         # other ways launch then, so that the three run side by side
+SETTLE_S = 6.0    # a generation this old gives steady telemetry (launcher/apps/batch_goodput.py)
 MAX_LOCAL = 256   # --max-local-batch: the memory bound per rank (no accumulation below it)
 FILLER = ["--model", "small", "--train-size", "96", "--epochs", "100000", "--step-delay", "1"]
 
@@ -308,6 +309,39 @@ def _result(model, rc, t0, formed, log: Path, trace, changes, decisions) -> dict
             "changes": changes, "decisions": decisions, "trace": trace}
 
 
+def where_time_goes(r: dict, base_batch: int = 32) -> dict:
+    """From one way's trace, up to its target: seconds at each world size, and per (world size,
+    batch), from looks at least :data:`SETTLE_S` into their generation, the median measured step
+    seconds and goodput (``B0 x gain / step``, the gain from the
+    noise figures of the same look; :func:`hvd_edl.gradient_noise.gain`), with, for a batch a
+    chooser asked for, the goodput its model predicted (``--adapt-batch``'s decisions)."""
+    from hvd_edl.gradient_noise import gain
+    end = r.get("wall_s_to_target") or float("inf")
+    tr = [x for x in r.get("trace", []) if x["s"] <= end]
+    sizes, configs = {}, {}
+    for a, b in zip(tr, tr[1:]):
+        sizes[a["world_size"]] = sizes.get(a["world_size"], 0.0) + b["s"] - a["s"]
+    since, gen = None, None
+    for x in tr:
+        if x.get("generation") != gen:
+            since, gen = x["s"], x.get("generation")
+        if x["s"] - since < SETTLE_S:
+            continue   # the telemetry's window still holds the previous generation's steps
+        if x.get("step_s") and x.get("sqr") is not None and x.get("var") is not None:
+            g = base_batch * gain(x["sqr"], x["var"], x["batch"], base_batch) / x["step_s"]
+            configs.setdefault((x["world_size"], x["batch"]), []).append((x["step_s"], g))
+    predicted = {}
+    for d in r.get("decisions", []):
+        if d.get("event") == "adapt_batch":
+            predicted[(d["world_size"], d["to"])] = d.get("goodput")
+    return {"seconds_at_size": {str(k): round(v, 1) for k, v in sorted(sizes.items())},
+            "configs": [{"world_size": k[0], "batch": k[1], "looks": len(v),
+                         "step_s": round(_median([a for a, _ in v]), 4),
+                         "measured_goodput": round(_median([b for _, b in v]), 1),
+                         "predicted_goodput": predicted.get(k)}
+                        for k, v in sorted(configs.items())]}
+
+
 def _median(xs):
     xs = sorted(x for x in xs if x is not None)
     return None if not xs else (xs[len(xs) // 2] if len(xs) % 2 else
@@ -327,7 +361,20 @@ def main(argv=None) -> int:
                    "its target after this many epochs")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" /
                                         "adaptive_batch_tta.json"))
+    p.add_argument("--summarise", metavar="JSON", help="print where the time went in a results "
+                   "file and plot it again; run nothing")
     a = p.parse_args(argv)
+    if a.summarise:
+        result = json.loads(Path(a.summarise).read_text())
+        for model, reps in result["models"].items():
+            for i, rep in enumerate(reps):
+                for way, r in rep.items():
+                    if "error" not in r:
+                        r["where_time_goes"] = where_time_goes(r)
+                        print(model, i + 1, way, json.dumps(r["where_time_goes"]))
+        Path(a.summarise).write_text(json.dumps(result, indent=1))
+        _plot(result, Path(a.summarise).with_suffix(".png"))
+        return 0
     TARGET.update({m: float(t) for m, t in (x.split(":") for x in a.targets.split(","))})
     global MAX_EPOCHS
     MAX_EPOCHS = a.max_epochs

@@ -9,7 +9,7 @@ step is fitted from the job's own telemetry, in the two parts our workers measur
   the per-step overheads do not), plus ``gamma_c x (k - 1) x l`` with ``k = W / H`` ranks per
   host: ranks that share a host's CPU and memory bandwidth compute each sample slower the more
   of them there are (ours, not Pollux's, which assumes a device per rank and where it fits to
-  0: measured on the 2 shared cores here, a rank's per-sample compute at W = 2 is 1.3-2x its
+  0: measured on the 2 shared cores here, a rank's per-sample compute at W = 2 is 1.6-3x its
   figure alone, and a fit that pools both sizes in ``beta_c`` predicted one rank's step 2.6x
   too slow: benchmarks/job/goodput_fit_check.py);
 * wait in the allreduce, once per step: ``alpha_r + beta_r x (W - 1)`` for W > 1 and

@@ -352,7 +352,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="small,large")
     p.add_argument("--ways", default="fixed,adaptive,service")
-    p.add_argument("--schedule", default="1:0,4:10,2:30",
+    p.add_argument("--schedule", default="1:0,4:10,2:60",
                    help="WORKERS:SECONDS after generation 1, comma-separated")
     p.add_argument("--targets", default="small:0.98,large:0.975",
                    help="MODEL:ACCURACY, comma-separated")

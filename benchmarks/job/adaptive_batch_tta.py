@@ -29,9 +29,10 @@ Wall time to target: from the job's first generation (the launch's start-up, 15-
 torch on the loaded cores, is no part of the comparison; from the launch is in the JSON too) to
 the end of the first epoch whose test accuracy (the whole test split, rank 0) reaches the target;
 with it the steps and samples to target (what the machine's load does not move).  Each epoch
-passes twice over the training split (``--repeat-data 2``).  Writes the JSON (every repeat, the
-medians) and a PNG beside it (first repeat: accuracy, global batch with the world size, noise
-scale against time).  The machine is 2 shared, loaded cores: the three jobs run at once (up to
+passes over the training split 2 (large) or 4 (small) times (``--repeat-data``).  Writes the
+JSON (every repeat, the medians, each way's time over the fixed batch's in the same repeat) and a
+PNG beside it (first repeat: accuracy, global batch with the world size, noise scale against
+time).  The machine is 2 shared, loaded cores: the three jobs run at once (up to
 4 + 4 + 4 workers on the 2 cores: each slows the others, alike), so that a change of the other
 sessions' load falls on all three.
 """
@@ -425,6 +426,15 @@ def main(argv=None) -> int:
             way: {k: _median([r[way].get(k) for r in reps if way in r])
                   for k in ("wall_s_to_target_from_generation1", "samples_to_target",
                             "epochs_to_target", "final_accuracy")} for way in ways}
+        if "fixed" in ways:   # side by side: each repeat's time over its fixed batch's
+            for way in ways:
+                xs = [r[way]["wall_s_to_target_from_generation1"]
+                      / r["fixed"]["wall_s_to_target_from_generation1"] for r in reps
+                      if all((r.get(w) or {}).get("wall_s_to_target_from_generation1")
+                             for w in (way, "fixed"))]
+                result.setdefault("wall_ratio_to_fixed", {}).setdefault(model, {})[way] = {
+                    "per_repeat": [round(x, 3) for x in sorted(xs)],
+                    "median": None if not xs else round(_median(xs), 3)}
         print(f"{model} medians: {json.dumps(result['median'][model])}", flush=True)
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(result, indent=1))

@@ -102,16 +102,21 @@ def run_policy(name: str, trace, prof, sw: dict):
     return simulate(trace, pol, prof, c, round_s=round_s)
 
 
-def run_cached(name: str, trace: str, i: int, prof, sw: dict, cache):
-    """:func:`run_policy` on workload ``i`` of ``trace``; the Result pickled in folder ``cache``
-    (keyed by policy, trace, workload and the measured costs) and reused when there."""
+def run_cached(name: str, trace: str, i: int, prof, sw: dict, cache, cache_only: bool = False):
+    """:func:`run_policy` on workload ``i`` of ``trace`` (the Result, its CPU seconds as
+    ``cpu_s``); pickled in folder ``cache`` (keyed by policy, trace, workload and the measured
+    costs) and reused when there; ``cache_only``: None instead of simulating a missing one."""
     path = None
     if cache:
         tag = f"{sw['join_s']}-{sw['change_cost_s']}"
         path = Path(cache) / f"{name}-{trace}-{i}-{tag}.pkl"
         if path.exists():
             return pickle.loads(path.read_bytes())
+    if cache_only:
+        return None
+    t0 = time.process_time()
     res = run_policy(name, load(trace, i), prof, sw)
+    res.cpu_s = time.process_time() - t0
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -137,7 +142,9 @@ def summarise(results: list, prof, costs=None, round_s: float = 60.0) -> dict:
             "ftf_sia_worst": round(max(fs), 2) if fs else None,
             "ftf_sia_median": round(statistics.median(fs), 3) if fs else None,
             "unfinished": sum(r.unfinished for r in results),
-            "per_workload_avg_jct_s": [round(r.avg_jct_s, 1) for r in results]}
+            "per_workload_avg_jct_s": [round(r.avg_jct_s, 1) for r in results],
+            "cpu_s": (round(sum(r.cpu_s for r in results), 1)
+                      if all(hasattr(r, "cpu_s") for r in results) else None)}
 
 
 def _indices(spec: str):
@@ -162,7 +169,12 @@ def main(argv=None) -> int:
     ap.add_argument("--cache", metavar="DIR",
                     help="keep each simulated workload's result in DIR and reuse it (runs may be "
                          "split across processes, then one run over all writes the results)")
+    ap.add_argument("--cache-only", action="store_true",
+                    help="with --cache: summarise only the workloads already in DIR, simulate none")
     a = ap.parse_args(argv)
+    if a.cache_only and not a.cache:
+        print("scheduler_sim: --cache-only needs --cache DIR", file=sys.stderr)
+        return 2
     globals()["OUT"] = Path(a.out)
     spec = dict(p.split("=", 1) for p in a.workloads.split(";") if "=" in p) if a.workloads else {}
     sw = measured_switch_costs()
@@ -181,11 +193,14 @@ def main(argv=None) -> int:
         idx = _indices(spec.get(trace, f"1-{COUNTS[trace]}"))
         row = {"workloads": idx}
         for pol in a.policies.split(","):
-            t0 = time.process_time()
-            rs = [run_cached(pol, trace, i, prof, sw, a.cache) for i in idx]
+            got = [(i, run_cached(pol, trace, i, prof, sw, a.cache, a.cache_only)) for i in idx]
+            got = [(i, r) for i, r in got if r is not None]
+            if not got:
+                print(f"{trace} {pol}: no workload in the cache", flush=True)
+                continue
             _, c, round_s = policy_costs(pol, sw)
-            row[pol] = summarise(rs, prof, c, round_s)
-            row[pol]["cpu_s"] = round(time.process_time() - t0, 1)
+            row[pol] = summarise([r for _, r in got], prof, c, round_s)
+            row[pol]["workloads"] = [i for i, _ in got]
             print(f"{trace} {pol}: {row[pol]}", flush=True)
             _write(trace, row, pub, sw)
     print_table()
@@ -219,17 +234,29 @@ def _write(trace: str, row: dict, pub: dict, sw: dict) -> None:
 
 
 def print_table() -> None:
-    """The Sia-setting table from the results file (hours)."""
+    """The Sia-setting table from the results file (hours), then every policy run per trace."""
     doc = json.loads(OUT.read_text())
     h = lambda s: f"{s / 3600:6.2f}" if isinstance(s, (int, float)) else "     -"  # noqa: E731
     print(f"{'trace':<9}{'wl':>5} {'ours':>6} {'ours/sia-rs':>11} {'Sia pub':>7} {'Pollux pub':>10}"
-          f" {'gavel':>6} {'Gavel pub':>9}  p99/makespan/GPUh-job ours  FTF worst/median ours")
+          f" {'gavel':>6} {'Gavel pub':>9}  p99/makespan/GPUh-job ours  FTF worst/median ours"
+          " (best type | Sia's)")
     for tr, r in doc["table"].items():
         o = r.get("ours", {})
-        print(f"{tr:<9}{len(r['workloads']):>5} {h(r.get('ours_s'))} {h(r.get('ours_sia_restart_s')):>11}"
+        print(f"{tr:<9}{len(o.get('workloads', r['workloads'])):>5} {h(r.get('ours_s'))}"
+              f" {h(r.get('ours_sia_restart_s')):>11}"
               f" {h(r['pub_sia_s']):>7} {h(r['pub_pollux_s']):>10} {h(r.get('gavel_s'))}"
               f" {h(r['pub_gavel_s']):>9}  {h(o.get('p99_jct_s'))}/{h(o.get('makespan_s'))}/"
-              f"{o.get('gpu_h_per_job', '-')}  {o.get('ftf_worst', '-')}/{o.get('ftf_median', '-')}")
+              f"{o.get('gpu_h_per_job', '-')}  {o.get('ftf_worst', '-')}/{o.get('ftf_median', '-')}"
+              f" | {o.get('ftf_sia_worst', '-')}/{o.get('ftf_sia_median', '-')}")
+    print(f"\n{'trace':<9}{'policy':<28}{'wl':>4} {'avg h':>6} {'p99 h':>6} {'GPUh/job':>8}"
+          f" {'FTF best-type worst/med':>24} {'FTF Sia worst/med':>18}")
+    for tr, r in doc["table"].items():
+        for pol, v in r.items():
+            if isinstance(v, dict) and "avg_jct_s" in v:
+                print(f"{tr:<9}{pol:<28}{len(v.get('workloads', r['workloads'])):>4}"
+                      f" {h(v['avg_jct_s'])} {h(v['p99_jct_s'])} {v['gpu_h_per_job']:>8}"
+                      f" {str(v['ftf_worst']) + ' / ' + str(v['ftf_median']):>24}"
+                      f" {str(v.get('ftf_sia_worst')) + ' / ' + str(v.get('ftf_sia_median')):>18}")
 
 
 if __name__ == "__main__":

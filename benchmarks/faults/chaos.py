@@ -83,9 +83,12 @@ class ChaosJob(harness.Job):
         return [m.split("@")[0] for m in self.members()]
 
     def pid_of(self, worker_id: str) -> Optional[int]:
-        for child in psutil.Process(self.proc.pid).children():
+        """The training process of ``worker_id``: the launcher's child, or the zygote's (not
+        the stub that stands for it: docs/zygote.md)."""
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
             try:
-                if child.environ().get("HVD_EDL_WORKER_ID") == worker_id:
+                if child.environ().get("HVD_EDL_WORKER_ID") == worker_id and \
+                        not any(a.endswith("zygote_client.py") for a in child.cmdline()):
                     return child.pid
             except psutil.Error:
                 continue

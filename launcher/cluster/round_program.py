@@ -37,7 +37,8 @@ def value(remaining: float, rate: float, stall_s: float) -> float:
 
 
 def solve(val: np.ndarray, use: Sequence[Mapping[str, int]], capacity: Mapping[str, int],
-          time_limit_s: float = 5.0, mask: Optional[np.ndarray] = None) -> Dict[int, int]:
+          time_limit_s: float = 5.0, mask: Optional[np.ndarray] = None,
+          must: Optional[Sequence[bool]] = None) -> Dict[int, int]:
     """The round's program (the module's docstring), solved with scipy's HiGHS ``milp``.
 
     Args:
@@ -48,6 +49,8 @@ def solve(val: np.ndarray, use: Sequence[Mapping[str, int]], capacity: Mapping[s
         time_limit_s: the solver's bound, seconds (HiGHS returns its best so far).
         mask: (jobs x configurations) booleans, the configurations each job may take (None:
             ``val > 0``).
+        must: per job, whether it must get a configuration (a running job the round may move
+            but never stop); None: none must.
 
     Returns:
         job row -> configuration column, for the jobs that get one (others are left out).
@@ -63,7 +66,7 @@ def solve(val: np.ndarray, use: Sequence[Mapping[str, int]], capacity: Mapping[s
         row = np.zeros(val.size)
         row[i * n_cfg:(i + 1) * n_cfg] = 1
         rows.append(row)
-        lo.append(0)
+        lo.append(1 if must is not None and must[i] else 0)
         hi.append(1)
     classes = list(capacity) + sorted({t for u in use for t in u} - set(capacity))
     for t in classes:  # GPUs per class

@@ -16,14 +16,14 @@ Each round, in order:
    spot): soonest within its budget, or cheapest within its deadline, expected revocations
    counted; while its speed is unknown everywhere it starts at ``--np`` on the type with the
    most free slots, to be measured (and moved once that pays back);
-4. the other waiting jobs by the round's program the simulator solves
-   (:mod:`launcher.cluster.round_program`, as :mod:`launcher.cluster.policies.hetero_goodput`
-   does for Sia's cluster): each at most one configuration, ``n`` in ``[min_np, np]`` GPUs of
-   one class (type, spot), or of two classes where mixed types pay
-   (:mod:`launcher.cluster.mixed_types`: the ring runs at its slowest type's speed), the sum
-   of ``1 / T`` maximised; so a job that gains 3x from an a100 over a t4 takes the a100 before
-   one that gains 1.5x (what the simulator does; live, running jobs without an objective keep
-   their slots, where the simulator may move them);
+4. the other jobs (waiting, and running ones whose last change is ``hold_s`` old) by the
+   round's program the simulator solves (:mod:`launcher.cluster.round_program`, as
+   :mod:`launcher.cluster.policies.hetero_goodput` does for Sia's cluster): each one
+   configuration, ``n`` in ``[min_np, np]`` GPUs of one class (type, spot), or of two classes
+   where mixed types pay (:mod:`launcher.cluster.mixed_types`: the ring runs at its slowest
+   type's speed), the sum of ``1 / T`` maximised, a change's stall priced in; so a job that
+   gains 3x from an a100 over a t4 takes the a100 before one that gains 1.5x, a running job
+   moves to another type only for ``move_gain`` or more, and is never stopped here;
 5. a running job with an objective moves (stop-free) to slots still free when that serves its
    objective better by :attr:`TypedPolicy.move_gain` or more, counting the new workers' start
    in full (pessimistic: the job trains on meanwhile), fits its budget or deadline (or its
@@ -111,7 +111,9 @@ class TypedPolicy(Policy):
         rest = sorted((j for j in waiting if not j.goal),  # 4. the round's program
                       key=lambda j: (not j.started, -j.priority, -_gain(j, klass),
                                      j.submitted_at, j.id))
-        self._place_program(snap, rest, alloc, free, klass)
+        movable = [j for j in snap.jobs if j.id in running and j.id in alloc and not j.goal
+                   and not j.displaced and snap.now - j.last_change_at >= self.hold_s]
+        self._place_program(snap, rest, alloc, free, klass, movable)
         for j in snap.jobs:  # 5. moves that pay back, on what is left
             if j.id in running and j.goal and snap.now - j.last_change_at >= self.hold_s:
                 self._maybe_move(snap, j, alloc, free, klass)
@@ -272,54 +274,108 @@ class TypedPolicy(Policy):
                             out.append({k1: a, k2: b})
         return out
 
-    def _place_program(self, snap, jobs: List[JobView], alloc, free, klass) -> None:
-        """Step 4 (module docstring): the waiting jobs without an objective, each at most one
-        configuration, chosen by :func:`launcher.cluster.round_program.solve`, the program the
-        simulator's :mod:`launcher.cluster.policies.hetero_goodput` solves: the sum over jobs
-        of ``1 / T``, ``T`` = remaining work / speed there + the start.  A live job's remaining
-        work is unknown: each counts :attr:`TypedPolicy.horizon_s` seconds of work at its
-        slowest speed at ``min_np`` (so a job's value is its speed-up there, Sia's normalised
-        goodput); a job ``priority`` higher is placed in a program of its own first, and at
-        most :data:`PROGRAM_JOBS` of one priority, in queue order, are in one program."""
+    def _place_program(self, snap, jobs: List[JobView], alloc, free, klass,
+                       movable: List[JobView] = ()) -> None:
+        """Step 4 (module docstring): the waiting jobs without an objective (``jobs``) and the
+        running ones held long enough (``movable``: in ``alloc`` now), each one configuration,
+        chosen by :func:`launcher.cluster.round_program.solve`, the program the simulator's
+        :mod:`launcher.cluster.policies.hetero_goodput` solves: the sum over jobs of ``1 / T``,
+        ``T`` = remaining work / speed there + the stall of getting there (a start; a stop-free
+        switch to resize; a switch and the new workers' start to change type, allowed only for
+        :attr:`TypedPolicy.move_gain` or more; none to stay).  A running job always gets one
+        (never preempted here).  A live job's remaining work is unknown: each counts
+        :attr:`TypedPolicy.horizon_s` seconds of work at its slowest speed at ``min_np`` (so
+        a job's value is its speed-up there, Sia's normalised goodput); a job ``priority``
+        higher is placed in a program of its own first, and at most :data:`PROGRAM_JOBS`
+        waiting jobs of one priority, in queue order, are in one program."""
+        for prio in sorted({j.priority for j in list(jobs) + list(movable)}, reverse=True):
+            waiting = [j for j in jobs if j.priority == prio][:PROGRAM_JOBS]
+            moving = [j for j in movable if j.priority == prio]
+            held = {j.id: alloc.pop(j.id) for j in moving}
+            for hosts in held.values():
+                for h, k in hosts.items():
+                    free[h] += k
+            placed = self._solve_group(snap, moving + waiting, held, free, klass)
+            if placed is None and moving:  # no solution in time: the running keep their slots
+                for j in moving:
+                    alloc[j.id] = held[j.id]
+                    for h, k in held[j.id].items():
+                        free[h] -= k
+                held = {}
+                placed = self._solve_group(snap, waiting, held, free, klass) or {}
+            for j in moving + waiting:  # stayers first: their very slots
+                hosts, c = (placed or {}).get(j.id, (None, None))
+                if hosts is not None and c is None:
+                    alloc[j.id] = hosts
+                    for h, k in hosts.items():
+                        free[h] -= k if j.id in held else 0
+            for j in sorted(moving + waiting, key=lambda j: -sum(
+                    ((placed or {}).get(j.id, (None, None))[1] or {}).values())):
+                hosts, c = (placed or {}).get(j.id, (None, None))
+                if c is None:
+                    continue
+                got: Dict[str, int] = {}
+                for k, n in sorted(c.items()):
+                    for h, m in (self._take(free, klass, k, n, prefer=list(held.get(j.id, {})))
+                                 or {}).items():
+                        got[h] = got.get(h, 0) + m
+                alloc[j.id] = got
+                self._why[j.id] = self._started_why(j, c, moved=j.id in held)
+
+    def _solve_group(self, snap, group: List[JobView], held: Dict[str, Dict[str, int]],
+                     free, klass) -> Optional[Dict[str, Tuple[Dict[str, int], Optional[dict]]]]:
+        """One program over ``group`` on ``free`` (the running ones' ``held`` slots in it):
+        job id -> (its hosts, None) to stay, or (None, configuration) to take; None when the
+        solver found nothing for a running job."""
         cap: Dict[Klass, int] = {}
         for h, k in free.items():
             cap[klass[h]] = cap.get(klass[h], 0) + max(0, k)
-        for prio in sorted({j.priority for j in jobs}, reverse=True):
-            group = [j for j in jobs if j.priority == prio][:PROGRAM_JOBS]
-            cfgs = [self._configs(j, cap) for j in group]
-            if not any(cfgs):
-                continue
-            uses: List[Dict[Klass, int]] = []  # every job's configurations, each once
-            for c in (c for cs in cfgs for c in cs):
-                if c not in uses:
-                    uses.append(c)
-            val = np.zeros((len(group), len(uses)))
-            for i, (j, cs) in enumerate(zip(group, cfgs)):
-                ref = min(single_speed(j.speed_of, t, j.min_np) for t, _ in cap) if cap \
-                    else float(j.min_np)
-                for c in cs:
-                    r = ring_speed(j.speed_of, _by_type(c))
-                    val[i, uses.index(c)] = value(self.horizon_s * ref, r, self._start_s)
-            got = solve(val, [{_key(k): n for k, n in c.items()} for c in uses],
-                        {_key(k): n for k, n in cap.items()}, time_limit_s=PROGRAM_LIMIT_S)
-            for i in sorted(got, key=lambda i: -sum(uses[got[i]].values())):
-                j, c = group[i], uses[got[i]]
-                hosts: Dict[str, int] = {}
-                for k, n in sorted(c.items()):
-                    for h, m in (self._take(free, klass, k, n) or {}).items():
-                        hosts[h] = hosts.get(h, 0) + m
-                    cap[k] -= n
-                alloc[j.id] = hosts
-                self._why[j.id] = self._started_why(j, c)
+        cfgs, curs = [], []
+        for j in group:
+            cs = self._configs(j, cap)
+            cur = _config_of(held[j.id], klass) if j.id in held else None
+            if cur is not None:
+                r_cur = ring_speed(j.speed_of, _by_type(cur))
+                cs = [c for c in cs if set(c) == set(cur) or ring_speed(
+                    j.speed_of, _by_type(c)) >= (1 + self.move_gain) * r_cur]
+                cs = [cur] + [c for c in cs if c != cur]
+            cfgs.append(cs)
+            curs.append(cur)
+        if not any(cfgs):
+            return {}
+        uses: List[Dict[Klass, int]] = []  # every job's configurations, each once
+        for c in (c for cs in cfgs for c in cs):
+            if c not in uses:
+                uses.append(c)
+        val = np.zeros((len(group), len(uses)))
+        for i, (j, cs, cur) in enumerate(zip(group, cfgs, curs)):
+            ref = min(single_speed(j.speed_of, t, j.min_np) for t, _ in cap) if cap \
+                else float(j.min_np)
+            for c in cs:
+                stall = self._start_s if cur is None else 0.0 if c == cur else \
+                    self._switch_s if set(c) == set(cur) else self._switch_s + self._start_s
+                r = ring_speed(j.speed_of, _by_type(c))
+                val[i, uses.index(c)] = value(self.horizon_s * ref, r, stall)
+        got = solve(val, [{_key(k): n for k, n in c.items()} for c in uses],
+                    {_key(k): n for k, n in cap.items()}, time_limit_s=PROGRAM_LIMIT_S,
+                    must=[cur is not None for cur in curs])
+        if any(cur is not None and i not in got for i, cur in enumerate(curs)):
+            return None
+        out: Dict[str, Tuple[Optional[Dict[str, int]], Optional[dict]]] = {}
+        for i, k in got.items():
+            j, c = group[i], uses[k]
+            out[j.id] = (dict(held[j.id]), None) if c == curs[i] else (None, c)
+        return out
 
-    def _started_why(self, j: JobView, c: Dict[Klass, int]) -> str:
+    def _started_why(self, j: JobView, c: Dict[Klass, int], moved: bool = False) -> str:
         parts = " + ".join(f"{n} x {k[0] or 'untyped'}{' spot' if k[1] else ''}"
                            for k, n in sorted(c.items(), key=lambda kv: -kv[1]))
+        verb = "moves stop-free to" if moved else "starts on"
         if len({k[0] for k in c}) < 2:
-            return f"typed: starts on {parts}"
+            return f"typed: {verb} {parts}" + (" (the round's program)" if moved else "")
         alone = max(single_speed(j.speed_of, k[0], n) for k, n in c.items())
         mixed = ring_speed(j.speed_of, _by_type(c))
-        return (f"typed: starts on {parts}: mixed types pay ({mixed:.0f} samples/s, the "
+        return (f"typed: {verb} {parts}: mixed types pay ({mixed:.0f} samples/s, the "
                 f"faster part alone {alone:.0f})")
 
     def _place_plain(self, j: JobView, alloc, free, klass) -> None:
@@ -338,6 +394,13 @@ class TypedPolicy(Policy):
                 free[h] -= m
             alloc[j.id] = got
             self._why[j.id] = f"typed: starts on {j.np} slots of several types"
+
+
+def _config_of(hosts: Dict[str, int], klass) -> Dict[Klass, int]:
+    out: Dict[Klass, int] = {}
+    for h, k in hosts.items():
+        out[klass[h]] = out.get(klass[h], 0) + k
+    return out
 
 
 def _key(k: Klass) -> str:

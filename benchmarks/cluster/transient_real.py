@@ -3,7 +3,7 @@ the ``typed`` policy chooses for each job's objective, its predicted vs measured
 exactly-once audits through every move and revocation, the same stream under the type-blind
 ``edl`` policy, and the notice-to-leave times.
 
-    sudo .venv/bin/python benchmarks/cluster/transient_real.py [--jobs 8]   # ~20-30 min, 2 cores
+    sudo .venv/bin/python benchmarks/cluster/transient_real.py [--jobs 8]   # 16-18 min, 2 cores
 
 The pool: 4 namespace hosts of the test cluster (tests/cluster.py), one slot each, reached over
 ssh.  h1, h2 are type ``fast`` (on-demand, $3.06 per GPU-hour: Bamboo's p3 on-demand price);

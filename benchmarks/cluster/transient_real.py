@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,7 +108,9 @@ def outer(a) -> int:
                         str(os.getpid()))).returncode
             finally:
                 ctl.stop()
+                shutil.rmtree(Path(ctl.path).parent, ignore_errors=True)
     finally:
+        shutil.rmtree(devices, ignore_errors=True)
         for g in [*groups.values(), machines]:
             if g.exists():
                 for tid in (g / "tasks").read_text().split():

@@ -14,8 +14,11 @@ reads the same two figures.  Within a generation every rank measures the same st
 every result, in order.  After ``window`` measured steps a decision is due ``lag`` steps after
 the window's last one; by then the ranks have read those results (the meter waits for any still
 in flight, a case that a loaded host may see but a result 8 steps old practically never is), and
-each computes the same ``k = ceil(k_old x share / budget)`` from the same floats, ``share``
-the median over the window of (meter seconds / wall seconds) between measured steps.  At every
+each computes the same ``k = ceil(c / budget)`` from the same floats: ``c = k_old x share``
+is the meter's share of a step were every step measured, ``share`` the median over the window
+of (meter seconds / wall seconds) between measured steps, and ``c`` the median over the last
+three windows (a host's load stretches single intervals); k changes only when the share at the
+current k is above the budget or below half of it.  At every
 generation start (and after any jump of the step count: a restore) the schedule starts again at
 ``first`` from the generation's first step, which every member of the ring shares; nothing of
 an older ring's figures is used, so a joiner needs no history.
@@ -31,12 +34,14 @@ from typing import List, Optional, Tuple
 DEFAULT_BUDGET = 0.005
 """The meter's target share of the step time: half of the 1 % floor (issue 41), as margin for a
 cost measured on a loaded host."""
-FIRST_PERIOD = 2
-"""k at a generation's start, until the first decision."""
+FIRST_PERIOD = 4
+"""k at a generation's start, until the first decision (28 steps later)."""
 MAX_PERIOD = 16
 """The largest k: at 16 the estimator's 100-step memory still holds ~6 measurements."""
-WINDOW = 8
+WINDOW = 6
 """Measured steps per decision."""
+HISTORY = 3
+"""Windows whose cost figures a decision weighs (their median)."""
 LAG = 8
 """Steps between a window's last measured step and the decision (its result is read by then)."""
 
@@ -78,12 +83,14 @@ class MeasuringPeriod:
         self._results: List[Tuple[int, float, float]] = []  # (step, cost_s, wall_s), agreed
         self._last: Optional[int] = None  # the closed window's last measured step
         self._due: Optional[int] = None  # the step at which its decision is taken
+        self._costs: List[float] = []  # the last windows' meter share at k = 1
 
     def start(self, step: int) -> None:
         """A generation (or a restored count) starts at ``step``: the schedule starts again."""
         self.period = self.fixed or self.first
         self.anchor = int(step)
         self.decisions = []
+        self._costs = []
         self._launched, self._results = [], []
         self._last = self._due = None
 
@@ -124,8 +131,12 @@ class MeasuringPeriod:
         self._last = self._due = None
         if used:  # the median share: one interval stretched by the host's load counts little
             share = statistics.median(cost / wall for _, cost, wall in used)
-            need = self.period * share / self.budget
-            self.period = min(max(int(math.ceil(need)), 1), self.max_period)
+            self._costs = (self._costs + [self.period * share])[-HISTORY:]
+            per_step = statistics.median(self._costs)  # the meter's share if every step
+            now = per_step / self.period
+            if now > self.budget or now < self.budget / 2:  # else k stays: no flapping
+                need = per_step / self.budget
+                self.period = min(max(int(math.ceil(need)), 1), self.max_period)
         self.anchor = int(step)
         self.decisions.append((int(step), self.period))
         return self.period

@@ -175,7 +175,7 @@ def test_population_term_removes_the_bias_of_sampling_without_replacement():
 
 
 def test_measuring_period_follows_the_cost_and_agrees_across_ranks():
-    """k = ceil(k x share / budget) from the agreed figures (clamped to 1..16); two ranks that
+    """k = ceil(share at k 1 / budget) from the agreed figures (clamped to 1..16); two ranks that
     read the same results at different steps (one at once, one just before the decision) arm
     the same steps and decide the same k at the same step; a generation start begins again."""
     from hvd_edl.measuring_period import MeasuringPeriod
@@ -201,7 +201,7 @@ def test_measuring_period_follows_the_cost_and_agrees_across_ranks():
 
     fast = run(False, 0.03)
     assert fast == run(True, 0.03)
-    assert fast[1][0] == (100 + 2 * 7 + 8, 6)  # 8 steps measured at k 2, read 8 steps later
+    assert fast[1][0] == (100 + 4 * 5 + 8, 6)  # 6 steps measured at k 4, read 8 steps later
     assert all(k == 6 for _, k in fast[1])   # 3 % of a step every 6th = 0.5 %: stays
     assert run(False, 0.5)[1][-1][1] == 16 and run(False, 0.0001)[1][-1][1] == 1
     p = MeasuringPeriod(fixed=4)

@@ -3,8 +3,8 @@ hvd.DistributedOptimizer of a real 2-worker job) against a direct offline estima
 per-sample gradients of the same model on the same data, at a few checkpoints; and the
 estimator's cost per step on the training thread.
 
-    .venv/bin/python benchmarks/job/noise_scale_check.py [--epochs 10] [--models small,large]
-        [--out benchmarks/results/noise_scale_check.json]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/job/noise_scale_check.py [--epochs 10]
+        [--models small,large] [--probe-every 1] [--out benchmarks/results/noise_scale_check.json]
 
 The job is examples/train_digits.py under hvd-edl-run (-np 2, global batch 32 split over the
 ranks, SGD lr 0.02 momentum 0.9), saving its parameters and the online estimate at each epoch's
@@ -15,7 +15,12 @@ estimator's memory at 500 steps, ``--probe-smoothing 0.998``: at 2 ranks x 16 sa
 of memory, the default, leave it noisy): the online estimate then measures
 the checkpoint's own noise (during training it is an exponential average over about the last
 100 steps of a moving target, while the snapshot's |G|^2 swings from one step to the next under
-momentum: both are in the JSON and the plot, but only the fixed-parameter figure is the check).
+momentum: both are in the JSON and the plot, but only the fixed-parameter figure is the check:
+like with like, an average over steps at which the parameters do not move).  The lr-0 jobs
+measure every step (``--probe-every 1``; 0: the default period chosen from the cost, which
+thins the samples k-fold: the accuracy it costs is the figure's noise, not a bias).  Each check
+also gives the estimate without the finite-population term (``sqr - var / N``, exact for the
+same average), which is what the estimator gave before it had one.
 Offline, at the same parameters: every training sample's gradient of the cross-entropy
 (torch.func.vmap over torch.func.grad), |G|^2 of their mean and tr(Sigma) their mean squared
 deviation (one sample's covariance): B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018).

@@ -15,10 +15,10 @@ every result, in order.  After ``window`` measured steps a decision is due ``lag
 the window's last one; by then the ranks have read those results (the meter waits for any still
 in flight, a case that a loaded host may see but a result 8 steps old practically never is), and
 each computes the same ``k = ceil(c / budget)`` from the same floats: ``c = k_old x share``
-is the meter's share of a step were every step measured, ``share`` the median over the window
-of (meter seconds / wall seconds) between measured steps, and ``c`` the median over the last
-three windows (a host's load stretches single intervals); k changes only when the share at the
-current k is above the budget or below half of it.  At every
+is the meter's share of a step were every step measured, ``share`` the window's meter seconds
+over its wall seconds, and ``c`` the median over the last three windows (a host's load stretches
+a whole window now and then); k changes only when the share at the current k is above the
+budget or below half of it.  At every
 generation start (and after any jump of the step count: a restore) the schedule starts again at
 ``first`` from the generation's first step, which every member of the ring shares; nothing of
 an older ring's figures is used, so a joiner needs no history.
@@ -125,18 +125,20 @@ class MeasuringPeriod:
         """Choose k from the closed window's figures; measuring restarts at ``step`` with it.
         Returns the new k."""
         last = self._last if self._last is not None else int(step)
-        used = [r for r in self._results if r[0] <= last]
+        # intervals of exactly k steps: after the anchor (the one ending there may be shorter)
+        used = [r for r in self._results if self.anchor < r[0] <= last]
         self._results = [r for r in self._results if r[0] > last]
         self._launched = [s for s in self._launched if s > last]
         self._last = self._due = None
-        if used:  # the median share: one interval stretched by the host's load counts little
-            share = statistics.median(cost / wall for _, cost, wall in used)
+        wall = sum(r[2] for r in used)
+        if wall > 0:  # the window's share (a ratio of sums: a median would miss rare costly steps)
+            share = sum(r[1] for r in used) / wall
             self._costs = (self._costs + [self.period * share])[-HISTORY:]
             per_step = statistics.median(self._costs)  # the meter's share if every step
             now = per_step / self.period
-            if now > self.budget or now < self.budget / 2:  # else k stays: no flapping
+            if now > self.budget * (1 + 1e-9) or now < self.budget / 2:  # else k stays
                 need = per_step / self.budget
-                self.period = min(max(int(math.ceil(need)), 1), self.max_period)
+                self.period = min(max(int(math.ceil(need - 1e-9)), 1), self.max_period)
         self.anchor = int(step)
         self.decisions.append((int(step), self.period))
         return self.period

@@ -320,7 +320,8 @@ class TypedPolicy(Policy):
                                  or {}).items():
                         got[h] = got.get(h, 0) + m
                 alloc[j.id] = got
-                self._why[j.id] = self._started_why(j, c, moved=j.id in held)
+                self._why[j.id] = self._started_why(
+                    j, c, moved=sum(held[j.id].values()) if j.id in held else 0)
 
     def _solve_group(self, snap, group: List[JobView], held: Dict[str, Dict[str, int]],
                      free, klass) -> Optional[Dict[str, Tuple[Dict[str, int], Optional[dict]]]]:
@@ -367,10 +368,14 @@ class TypedPolicy(Policy):
             out[j.id] = (dict(held[j.id]), None) if c == curs[i] else (None, c)
         return out
 
-    def _started_why(self, j: JobView, c: Dict[Klass, int], moved: bool = False) -> str:
+    def _started_why(self, j: JobView, c: Dict[Klass, int], moved: int = 0) -> str:
+        """The reason line of a start (``moved`` 0) or of a running job's change from
+        ``moved`` slots to configuration ``c``."""
         parts = " + ".join(f"{n} x {k[0] or 'untyped'}{' spot' if k[1] else ''}"
                            for k, n in sorted(c.items(), key=lambda kv: -kv[1]))
-        verb = "moves stop-free to" if moved else "starts on"
+        n = sum(c.values())
+        verb = "starts on" if not moved else f"grows {moved} -> {n} stop-free:" if n > moved \
+            else f"shrinks {moved} -> {n} stop-free:" if n < moved else "moves stop-free to"
         if len({k[0] for k in c}) < 2:
             return f"typed: {verb} {parts}" + (" (the round's program)" if moved else "")
         alone = max(single_speed(j.speed_of, k[0], n) for k, n in c.items())

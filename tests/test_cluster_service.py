@@ -226,15 +226,15 @@ def test_edl_lends_spare_slots_and_takes_them_back_stop_free(service, tmp_path):
     """edl: a lone job grows to the whole pool; when a second arrives, the lent slots are
     taken back by a stop-free scale-in (no restart: one run, nothing rolled back), the second
     starts on them once they are free, and both finish exactly once."""
-    svc = service("--policy", "edl", "--hold", "2", "-H", "localhost:3")
+    svc = service("--policy", "edl", "--hold", "2", "-H", "localhost:2")  # 3 worker starts
     a1, a2 = tmp_path / "a1", tmp_path / "a2"
     stop = tmp_path / "j1.stop"  # j1 trains epochs of 96 samples until j2 has run
-    j1 = svc.submit("--min-np", "1", "--max-np", "3",
+    j1 = svc.submit("--min-np", "1", "--max-np", "2",
                     *ledger(tmp_path, "j1", 96, epochs=1000, delay=0.03),
                     "--stop-file", str(stop), audit_dir=a1)
-    svc.wait_jobs(lambda j: j[j1]["allocated"] == 3, "j1 on 3 slots")
+    svc.wait_jobs(lambda j: j[j1]["allocated"] == 2, "j1 on 2 slots")
     wait_for("j1 training", lambda: any(a1.glob("*.jsonl")), 60, svc.job_logs)
-    j2 = svc.submit("--np", "2", *ledger(tmp_path, "j2", 64), audit_dir=a2)
+    j2 = svc.submit("--np", "1", *ledger(tmp_path, "j2", 64), audit_dir=a2)
     svc.wait_jobs(lambda j: j[j2]["state"] == "done", "j2 done")
     stop.touch()
     jobs = svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()), "both done")

@@ -102,7 +102,7 @@ def refusal(request: dict) -> Optional[str]:
     while rest and rest[0] == "-u":
         rest = rest[1:]
     if len(rest) >= 2 and rest[0] == "-m":
-        return None
+        return shadowed(cwd)
     if not rest or rest[0].startswith("-"):
         return "not a script"
     script = os.path.join(cwd, rest[0])
@@ -113,6 +113,27 @@ def refusal(request: dict) -> Optional[str]:
             return "compiled or zipped script"
     except OSError:
         return "script not readable"
+    return shadowed(os.path.dirname(os.path.abspath(script)))
+
+
+def shadowed(path0: str) -> Optional[str]:
+    """Why a worker whose ``sys.path[0]`` is ``path0`` cannot be forked (None: it can): that
+    directory holds its own copy of a package this zygote has imported (a checkout of hvd_edl,
+    a local ``tqdm.py``), which an exec'd worker would import instead of ours.  A module a bare
+    interpreter loads before the script (``os``) is checked too: that only costs an exec."""
+    from importlib.machinery import PathFinder
+    for name in sorted({m.partition(".")[0] for m in sys.modules}):
+        if name.startswith("__"):
+            continue
+        try:
+            spec = PathFinder.find_spec(name, [path0])
+        except (ImportError, ValueError, OSError):
+            continue
+        if spec is None or spec.origin in (None, "namespace"):
+            continue   # nothing there, or a namespace portion (a regular package wins over it)
+        loaded = getattr(sys.modules.get(name), "__file__", None)
+        if loaded is None or os.path.realpath(loaded) != os.path.realpath(spec.origin):
+            return f"{path0} has its own {name}"
     return None
 
 
@@ -181,7 +202,7 @@ def _run(what) -> None:
     builtins = space["__builtins__"]
     space.clear()   # the zygote's own ``-c`` globals: a script sees only its own names
     space.update(__name__="__main__", __doc__=None, __package__=None, __spec__=None,
-                 __builtins__=builtins)
+                 __builtins__=builtins, __annotations__={})   # CPython's main module has one
     atexit.register(_die_of_sigint)
     try:
         if kind == "module":

@@ -41,7 +41,7 @@ out = {"argv": sys.argv, "orig_argv": sys.orig_argv, "path0": sys.path[0], "cwd"
        "proc_cmdline": [a.decode() for a in proc("cmdline")],
        "proc_env": sorted(a.decode() for a in proc("environ") if a.startswith((b"HOROVOD_", b"PROBE_"))),
        "line_buffering": sys.stdout.line_buffering, "write_through": sys.stdout.write_through,
-       "stdin": sys.stdin.read(), "main_names": sorted(k for k in globals() if not k.startswith("__"))[:3],
+       "stdin": sys.stdin.read(), "main_names": sorted(k for k in globals() if not k.startswith("__"))[:3], "dunders": sorted(k for k in globals() if k.startswith("__")),
        "pgid_is_pid": os.getpgid(0) == os.getpid(),
        "fds": sorted(int(f) for f in os.listdir("/proc/self/fd"))}
 print(json.dumps(out), flush=True)
@@ -189,6 +189,22 @@ def test_commands_a_zygote_does_not_run_take_the_exec_path(zygotes, probe, tmp_p
                                timeout=60)
     assert time.monotonic() - t0 < 30 and fell_back.returncode == 0
     assert _seen(fell_back.stdout)["proc_cmdline"] == [sys.executable, "probe.py"]
+
+
+def test_a_script_directory_with_its_own_copy_of_a_loaded_package_takes_the_exec_path(
+        zygotes, tmp_path):
+    """An exec'd worker imports the ``hvd_edl`` (or ``numpy``, ``tqdm``) next to its script, not
+    the zygote's already-loaded one: a checkout of hvd_edl run without PYTHONPATH got the
+    installed hvd_edl when forked."""
+    (tmp_path / "hvd_edl").mkdir()
+    (tmp_path / "hvd_edl" / "__init__.py").write_text("WHO = 'the script directory'\n")
+    (tmp_path / "who.py").write_text("import hvd_edl\nprint(hvd_edl.WHO)\n")
+    (tmp_path / "who_mod.py").write_text("import hvd_edl\nprint(hvd_edl.WHO)\n")
+    env = _env()
+    for command in ([sys.executable, "who.py"], [sys.executable, "-m", "who_mod"]):
+        execd = _run(None, command, str(tmp_path), env)
+        forked = _run(zygotes, command, str(tmp_path), env)
+        assert execd == forked == (0, "the script directory\n", ""), (command, execd, forked)
 
 
 def test_the_import_time_environment_keys_the_zygote():

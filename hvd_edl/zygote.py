@@ -120,7 +120,7 @@ def shadowed(path0: str) -> Optional[str]:
     """Why a worker whose ``sys.path[0]`` is ``path0`` cannot be forked (None: it can): that
     directory holds its own copy of a package this zygote has imported (a checkout of hvd_edl,
     a local ``tqdm.py``), which an exec'd worker would import instead of ours.  A module a bare
-    interpreter loads before the script (``os``) is checked too: that only costs an exec."""
+    interpreter loads before the script (``json``) is checked too: that only costs an exec."""
     from importlib.machinery import PathFinder
     for name in sorted({m.partition(".")[0] for m in sys.modules}):
         if name.startswith("__"):
@@ -132,7 +132,9 @@ def shadowed(path0: str) -> Optional[str]:
         if spec is None or spec.origin in (None, "namespace"):
             continue   # nothing there, or a namespace portion (a regular package wins over it)
         loaded = getattr(sys.modules.get(name), "__file__", None)
-        if loaded is None or os.path.realpath(loaded) != os.path.realpath(spec.origin):
+        if loaded is None:
+            continue   # built in or frozen: found before sys.path, a local file never shadows it
+        if os.path.realpath(loaded) != os.path.realpath(spec.origin):
             return f"{path0} has its own {name}"
     return None
 

@@ -207,6 +207,29 @@ def test_a_script_directory_with_its_own_copy_of_a_loaded_package_takes_the_exec
         assert execd == forked == (0, "the script directory\n", ""), (command, execd, forked)
 
 
+def test_a_zygote_killed_9_takes_what_its_workers_started_with_them(tmp_path):
+    """The zygote's death kills its workers (PDEATHSIG); the stub then kills the worker's group,
+    so a process the worker started (a DataLoader worker, a ``sleep``) is no orphan."""
+    (tmp_path / "spawner.py").write_text(
+        "import subprocess, sys, time\n"
+        "p = subprocess.Popen(['sleep', '300'])\n"
+        "open(sys.argv[1], 'w').write(str(p.pid))\n"
+        "time.sleep(300)\n")
+    own = LocalZygotes()
+    try:
+        pid_file = tmp_path / "pid"
+        stub = _start(own, [sys.executable, "spawner.py", str(pid_file)], str(tmp_path), _env())
+        child = psutil.Process(int(wait_for(
+            "the worker's child", lambda: pid_file.exists() and pid_file.read_text(), 120)))
+        zygote = next(iter(own._zygotes.values()))[1]
+        zygote.kill()
+        assert stub.wait(timeout=60) == -signal.SIGKILL
+        psutil.wait_procs([child], timeout=30)
+        assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    finally:
+        own.close()
+
+
 def test_the_import_time_environment_keys_the_zygote():
     env = _env()
     key = zygote_client.zygote_key(sys.executable, env)

@@ -224,8 +224,12 @@ class Session:
                 line = self._line()
             except OSError:
                 line = None
-            if line is None:
-                return -signal.SIGKILL   # the zygote is gone, and its workers with it
+            if line is None:   # the zygote is gone, and its workers with it (PDEATHSIG);
+                try:           # what the worker started is in its group: gone too, as the
+                    os.killpg(self.pid, signal.SIGKILL)   # stub's death would make it
+                except OSError:
+                    pass
+                return -signal.SIGKILL
             if line.startswith("exit ") and re.fullmatch(r"-?\d+", line[5:]):
                 self.sock.close()
                 return int(line[5:])

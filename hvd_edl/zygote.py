@@ -13,7 +13,8 @@ only once the import is done (a ``SOCKET.failed`` file says why it never will).
 Protocol, one Unix stream connection per worker, from its stub (``zygote_client.py``):
 
 * stub -> zygote: one byte carrying the stub's stdin/stdout/stderr (``SCM_RIGHTS``), then one
-  JSON line ``{"command", "env", "cwd", "kill_group_on_exit"}``; later lines ``signal N``.
+  JSON line ``{"command", "env", "cwd", "kill_group_on_exit", "ignored"}`` (the
+  signals the stub inherited as ignored); later lines ``signal N``.
 * zygote -> stub: ``started PID`` or ``refused REASON`` (the stub then runs the command itself,
   the exec path), and ``exit CODE`` when the worker ends (``subprocess``'s convention: -N for
   a death by signal N).
@@ -113,7 +114,7 @@ def refusal(request: dict) -> Optional[str]:
             return "compiled or zipped script"
     except OSError:
         return "script not readable"
-    return shadowed(os.path.dirname(os.path.abspath(script)))
+    return shadowed(os.path.dirname(os.path.realpath(script)))
 
 
 def shadowed(path0: str) -> Optional[str]:
@@ -174,7 +175,7 @@ def _become(request: dict) -> dict:
         what = ("module", rest[1])
     else:
         sys.argv = list(rest)
-        sys.path.insert(0, os.path.dirname(os.path.abspath(rest[0])))
+        sys.path.insert(0, os.path.dirname(os.path.realpath(rest[0])))  # as CPython: links resolved
         what = ("script", os.path.abspath(rest[0]))   # CPython 3.9+: __main__.__file__ absolute
     show_in_proc(command, env)
     import random
@@ -356,6 +357,8 @@ class Zygote:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             signal.signal(signal.SIGPIPE, signal.SIG_IGN)   # as CPython sets them at start
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            for sig in request.get("ignored") or ():   # inherited as ignored: kept so by exec
+                signal.signal(int(sig), signal.SIG_IGN)
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
             for i, fd in enumerate(fds):
                 os.dup2(fd, i)

@@ -41,8 +41,9 @@ out = {"argv": sys.argv, "orig_argv": sys.orig_argv, "path0": sys.path[0], "cwd"
        "proc_cmdline": [a.decode() for a in proc("cmdline")],
        "proc_env": sorted(a.decode() for a in proc("environ") if a.startswith((b"HOROVOD_", b"PROBE_"))),
        "line_buffering": sys.stdout.line_buffering, "write_through": sys.stdout.write_through,
-       "stdin": sys.stdin.read(), "main_names": sorted(k for k in globals() if not k.startswith("__"))[:3], "dunders": sorted(k for k in globals() if k.startswith("__")),
+       "stdin": sys.stdin.read(), "main_names": sorted(k for k in globals() if not k.startswith("__"))[:3],
        "pgid_is_pid": os.getpgid(0) == os.getpid(),
+       "dunders": sorted(k for k in globals() if k.startswith("__")),
        "fds": sorted(int(f) for f in os.listdir("/proc/self/fd"))}
 print(json.dumps(out), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
@@ -205,6 +206,26 @@ def test_a_script_directory_with_its_own_copy_of_a_loaded_package_takes_the_exec
         execd = _run(None, command, str(tmp_path), env)
         forked = _run(zygotes, command, str(tmp_path), env)
         assert execd == forked == (0, "the script directory\n", ""), (command, execd, forked)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "where.py").write_text("import sys\nprint(sys.path[0], __file__)\n")
+    (tmp_path / "link").mkdir()
+    (tmp_path / "link" / "where.py").symlink_to(tmp_path / "real" / "where.py")
+    (tmp_path / "sigs.py").write_text(
+        "import signal\nprint([signal.getsignal(s) == signal.SIG_IGN for s in (signal.SIGINT,"
+        " signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM)])\n")
+    ignore = [signal.SIGINT, signal.SIGHUP, signal.SIGQUIT]   # ``nohup cmd &`` in a script
+
+    def ignoring():
+        for sig in ignore:
+            signal.signal(sig, signal.SIG_IGN)
+    for z in (None, zygotes):
+        p = _start(z, [sys.executable, "sigs.py"], str(tmp_path), env, preexec_fn=ignoring)
+        out = p.communicate(timeout=120)[0].decode()
+        assert p.returncode == 0 and out == "[True, True, True, False]\n", (z, out)
+    command = [sys.executable, "where.py"]   # sys.path[0]: the link's target's directory
+    execd = _run(None, command, str(tmp_path / "link"), env)
+    assert execd == _run(zygotes, command, str(tmp_path / "link"), env) and \
+        execd[1].startswith(str(tmp_path / "real") + " "), execd
 
 
 def test_a_zygote_killed_9_takes_what_its_workers_started_with_them(tmp_path):

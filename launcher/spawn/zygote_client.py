@@ -197,12 +197,13 @@ class Session:
                 return False
             time.sleep(0.02)   # the zygote is importing torch: poll its socket, bounded
 
-    def start(self, command, env, cwd, fds=(0, 1, 2), kill_group_on_exit=False):
+    def start(self, command, env, cwd, fds=(0, 1, 2), kill_group_on_exit=False, ignored=()):
         try:
             socket.send_fds(self.sock, [b"\0"], list(fds))
             self.sock.sendall(json.dumps({"command": list(command), "env": dict(env),
-                                          "cwd": cwd, "kill_group_on_exit":
-                                          kill_group_on_exit}).encode() + b"\n")
+                                          "cwd": cwd, "kill_group_on_exit": kill_group_on_exit,
+                                          "ignored": [int(s) for s in ignored]}).encode()
+                              + b"\n")
             line = self._line()
         except OSError:
             line = None
@@ -276,13 +277,19 @@ def stub_main(argv) -> None:
             session.signal(sig)
     catchable = [s for s in signal.valid_signals()
                  if s not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD)]
+    # what the launcher's child inherited as ignored (``nohup``: SIGHUP; ``cmd &`` in a script:
+    # SIGINT, SIGQUIT) an exec'd worker keeps ignored: so do the stub and the forked worker
+    # (SIGPIPE and SIGXFSZ: every Python interpreter ignores them itself)
+    ignored = [s for s in catchable if s not in (signal.SIGPIPE, signal.SIGXFSZ)
+               and signal.getsignal(s) == signal.SIG_IGN]
+    catchable = [s for s in catchable if s not in ignored]
     for sig in catchable:
         try:
             signal.signal(sig, forward)
         except (OSError, ValueError):
             pass
     if session.connect(sock_path, wait_s) and \
-            session.start(command, os.environ, os.getcwd()) is not None:
+            session.start(command, os.environ, os.getcwd(), ignored=ignored) is not None:
         for sig in pending:
             session.signal(sig)
         pending = None

@@ -50,6 +50,7 @@ _PR_SET_PDEATHSIG = 1
 _PR_SET_MM = 35
 _PR_SET_MM_MAP = 14
 _KEEP = []   # the buffers /proc/self/environ and cmdline point at: alive as long as the process
+_STARTED = time.time()   # a module file changed after this was imported by an older version
 
 
 class _MmMap(ctypes.Structure):
@@ -102,6 +103,9 @@ def refusal(request: dict) -> Optional[str]:
     rest = command[1:]
     while rest and rest[0] == "-u":
         rest = rest[1:]
+    why = stale()
+    if why is not None:
+        return why
     if len(rest) >= 2 and rest[0] == "-m":
         return shadowed(cwd)
     if not rest or rest[0].startswith("-"):
@@ -115,6 +119,24 @@ def refusal(request: dict) -> Optional[str]:
     except OSError:
         return "script not readable"
     return shadowed(os.path.dirname(os.path.realpath(script)))
+
+
+def stale() -> Optional[str]:
+    """Why this zygote's modules are no longer what an exec'd worker would import (None: they
+    are): a loaded module's file changed or was removed since the zygote started (hvd_edl
+    edited, a package upgraded during a job or within a remote zygote's idle minute).  A few
+    ms: one ``stat`` per loaded module."""
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str):
+            continue
+        try:
+            if os.stat(path).st_mtime > _STARTED:
+                return f"stale: {path} changed since the zygote imported it"
+        except OSError:
+            if os.path.isdir(os.path.dirname(path)):   # not a file in an archive: removed
+                return f"stale: {path} removed since the zygote imported it"
+    return None
 
 
 def shadowed(path0: str) -> Optional[str]:

@@ -251,6 +251,29 @@ def test_a_zygote_killed_9_takes_what_its_workers_started_with_them(tmp_path):
         own.close()
 
 
+def test_a_zygote_whose_modules_changed_on_disk_leaves_workers_to_exec(tmp_path):
+    """An exec'd worker imports the code on disk now; a zygote holds what it imported at its
+    start: once one of its modules' files changed, it refuses (the exec path)."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "sitecustomize.py").write_text("VERSION = 1\n")   # imported by every interpreter
+    (tmp_path / "pid.py").write_text("import os, sitecustomize\n"
+                                     "print(os.getpid(), sitecustomize.VERSION)\n")
+    env = _env(PYTHONPATH=f"{ROOT}{os.pathsep}{lib}")
+    own = LocalZygotes()
+    try:
+        stub = _start(own, [sys.executable, "pid.py"], str(tmp_path), env)
+        out = stub.communicate(timeout=120)[0].decode().split()
+        assert stub.returncode == 0 and int(out[0]) != stub.pid and out[1] == "1"   # forked
+        time.sleep(0.05)
+        (lib / "sitecustomize.py").write_text("VERSION = 2\n")
+        stub = _start(own, [sys.executable, "pid.py"], str(tmp_path), env)
+        out = stub.communicate(timeout=120)[0].decode().split()
+        assert stub.returncode == 0 and out == [str(stub.pid), "2"]   # exec'd: the new code
+    finally:
+        own.close()
+
+
 def test_the_import_time_environment_keys_the_zygote():
     env = _env()
     key = zygote_client.zygote_key(sys.executable, env)

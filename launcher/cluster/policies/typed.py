@@ -157,13 +157,16 @@ class TypedPolicy(Policy):
     def _place_goal(self, snap, j: JobView, alloc, free, klass) -> None:
         best = self._choose(snap, j, self._offers(snap, free, klass), self._start_s)
         if best is None:  # speed unknown everywhere: start at np where most slots are free
+            allowed = tuple(j.goal.get("types") or ())  # --types: only these, measuring too
             room: Dict[Klass, int] = {}
             for h, k in free.items():
-                room[klass[h]] = room.get(klass[h], 0) + max(0, k)
+                if not allowed or klass[h][0] in allowed:
+                    room[klass[h]] = room.get(klass[h], 0) + max(0, k)
             k = max(sorted(room), key=lambda c: room[c], default=None)
             n = min(j.np, room.get(k, 0)) if k is not None else 0
             if k is None or n < j.min_np:
-                self._why[j.id] = "typed: waits for slots of one type"
+                self._why[j.id] = ("typed: waits for slots of one type"
+                                   + (f" among {', '.join(allowed)}" if allowed else ""))
                 return
             got = self._take(free, klass, k, n)
             alloc[j.id] = got

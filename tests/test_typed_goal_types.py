@@ -1,0 +1,50 @@
+"""A job's ``--types`` holds from its first start: while its speed is unknown the ``typed``
+policy measures it on an allowed type (it waits when none is free), and never moves it to a
+type outside its list.  Pure: the policy on small snapshots (the newcomer's report: ``--types
+t4`` started on the a100 host "to measure it")."""
+from __future__ import annotations
+
+from launcher.cluster.choice import Goal
+from launcher.cluster.policies.typed import TypedPolicy
+from launcher.cluster.policy import JobView, Snapshot, check_allocation
+
+
+class _Terms:
+    def __init__(self, gpu_type, price):
+        self.gpu_type, self.price, self.spot = gpu_type, price, False
+
+
+HOSTS = {"a1": _Terms("a100", 2.93), "t1": _Terms("t4", 0.35)}
+
+
+def _round(pool, job):
+    policy = TypedPolicy()
+    snap = Snapshot(1e9, pool, (job,), hosts={h: HOSTS[h] for h in pool})
+    alloc = policy.allocate(snap)
+    check_allocation(snap, alloc)
+    return alloc, policy
+
+
+def _goal(types):
+    return Goal("cost", 15360, deadline_at=1e9 + 600, types=tuple(types)).as_dict()
+
+
+def test_a_job_of_unknown_speed_is_measured_only_on_its_allowed_types():
+    # a100 has more free slots: without --types the job would measure there
+    pool = {"a1": 2, "t1": 1}
+    for types, host, name in ((("t4",), "t1", "t4"), (("a100",), "a1", "a100")):
+        alloc, policy = _round(pool, JobView("j1", 1.0, 1, 1, 1, goal=_goal(types)))
+        assert alloc == {"j1": {host: 1}}, (types, alloc)
+        assert f"1 x {name} to measure it" in policy.explain("j1")
+    # no slot of its type free: it waits, and says for what
+    alloc, policy = _round({"a1": 2}, JobView("j1", 1.0, 1, 1, 1, goal=_goal(("t4",))))
+    assert alloc == {}, alloc
+    assert "waits for slots of one type among t4" in policy.explain("j1")
+
+
+def test_a_running_job_is_never_moved_outside_its_types():
+    speed = lambda t, n: (1000.0 if t == "a100" else 10.0) * n  # a100 100x faster
+    j = JobView("j1", 1.0, 1, 1, 1, started=True, allocation={"t1": 1}, goal=_goal(("t4",)),
+                speed_of=speed)
+    alloc, _ = _round({"a1": 1, "t1": 1}, j)
+    assert alloc == {"j1": {"t1": 1}}, alloc

@@ -111,9 +111,10 @@ def check_goal(svc, goal, profile) -> tuple:
     (the goal's dict or {}, the job's first speed points).
 
     Raises:
-        RequestError: an unknown objective, samples not positive, a deadline already past, a
-            budget not positive, a GPU type neither the pool nor the price table knows, or a
-            malformed speed profile."""
+        RequestError: an unknown objective, samples not positive, a deadline not finite or
+            already past, a budget not positive, types neither a list nor a comma string, a
+            GPU type neither the pool nor the price table knows, or a malformed speed
+            profile."""
     import math
     from launcher.cluster import speed as speed_
     from launcher.cluster.choice import OBJECTIVES, Goal
@@ -123,6 +124,14 @@ def check_goal(svc, goal, profile) -> tuple:
         return {}, {}
     if not isinstance(goal, dict) or goal.get("objective") not in OBJECTIVES:
         raise RequestError(f"objective must be one of {', '.join(OBJECTIVES)}")
+    types = goal.get("types")
+    if isinstance(types, str):  # "t4,a100", as --types says it
+        goal = dict(goal, types=[t for t in types.split(",") if t.strip()])
+    elif types is not None and not (isinstance(types, (list, tuple))
+                                    and all(isinstance(t, str) for t in types)):
+        raise RequestError(f"types must be a list of GPU type names or a comma-separated "
+                           f"string, got {types!r}")
+    goal = dict(goal, types=[t.strip().lower() for t in goal.get("types") or ()])
     try:
         g = Goal.from_dict(goal)
     except (KeyError, TypeError, ValueError):
@@ -130,7 +139,10 @@ def check_goal(svc, goal, profile) -> tuple:
     if not (math.isfinite(g.samples) and g.samples > 0):
         raise RequestError(f"--samples must be positive, got {g.samples:g}")
     if g.deadline_at is not None and not (isinstance(g.deadline_at, (int, float))
-                                          and g.deadline_at > time.time()):
+                                          and math.isfinite(g.deadline_at)):
+        raise RequestError(f"the deadline must be a finite number of unix seconds, got "
+                           f"{g.deadline_at!r}")
+    if g.deadline_at is not None and not g.deadline_at > time.time():
         raise RequestError(f"the deadline {g.deadline_at!r} is already past")
     if g.budget_usd is not None and not (isinstance(g.budget_usd, (int, float))
                                          and math.isfinite(g.budget_usd) and g.budget_usd > 0):

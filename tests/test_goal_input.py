@@ -1,0 +1,39 @@
+"""A submit's goal as the service's API takes it (:func:`launcher.cluster.handlers.check_goal`):
+``types`` as a list or as ``--types``' comma string (never split into letters), a deadline that
+is not a finite number refused in its own words.  Pure: the check on a pool's known types."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from launcher.cluster.handlers import RequestError, check_goal
+
+
+class _Pool:
+    """What check_goal asks of the service: the GPU types the pool and price table name."""
+
+    def known_types(self):
+        return {"t4", "a100"}
+
+
+def _goal(**kw):
+    return dict({"objective": "cost", "samples": 1000, "deadline_at": time.time() + 600}, **kw)
+
+
+def test_types_are_a_list_or_a_comma_string_never_letters():
+    for types in ("t4,A100", ["t4", "A100"], " t4 , a100 "):
+        out, _ = check_goal(_Pool(), _goal(types=types), None)
+        assert out["types"] == ["t4", "a100"], types
+    with pytest.raises(RequestError, match="types must be a list"):
+        check_goal(_Pool(), _goal(types=7), None)
+    with pytest.raises(RequestError, match="unknown GPU type 'k80'"):
+        check_goal(_Pool(), _goal(types="k80"), None)
+
+
+def test_a_deadline_that_is_not_finite_is_refused_in_its_own_words():
+    for bad in (float("inf"), float("nan")):
+        with pytest.raises(RequestError, match="finite number of unix seconds"):
+            check_goal(_Pool(), _goal(deadline_at=bad), None)
+    with pytest.raises(RequestError, match="already past"):
+        check_goal(_Pool(), _goal(deadline_at=time.time() - 1), None)

@@ -299,6 +299,8 @@ def test_a_notice_moves_the_job_off_its_spot_host_with_no_work_lost(service, tmp
     jobs = svc.wait_jobs(lambda j: j[j1]["world_size"] >= 1 and
                          set(j[j1]["allocation"]) == {"localhost"}, f"{j1} on localhost")
     assert jobs[j1]["goal"]["choice"]["type"] == "fast", jobs[j1]["goal"]
+    shown = "\n".join(frame_lines(_status(svc)))  # text shows the move's choice, as --json
+    assert "cost: 1 x fast, pred" in shown and "(first 1 x slow spot, pred" in shown, shown
     (tmp_path / "stop1").touch()
     jobs = svc.wait_jobs(lambda j: j[j1]["state"] == "done", f"{j1} done")
     assert jobs[j1]["runs"] == 1 and jobs[j1]["cost_usd"] > 0, jobs[j1]  # moved, not restarted

@@ -35,7 +35,7 @@ def test_a_job_of_unknown_speed_is_measured_only_on_its_allowed_types():
     for types, host, name in ((("t4",), "t1", "t4"), (("a100",), "a1", "a100")):
         alloc, policy = _round(pool, JobView("j1", 1.0, 1, 1, 1, goal=_goal(types)))
         assert alloc == {"j1": {host: 1}}, (types, alloc)
-        assert f"1 x {name} to measure it" in policy.explain("j1")
+        assert f"1 x {name} on demand to measure it" in policy.explain("j1")
     # no slot of its type free: it waits, and says for what
     alloc, policy = _round({"a1": 2}, JobView("j1", 1.0, 1, 1, 1, goal=_goal(("t4",))))
     assert alloc == {}, alloc

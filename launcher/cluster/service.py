@@ -518,7 +518,9 @@ class Service:
     def _note_choices(self, snap: Snapshot) -> None:
         """Keep the policy's choice per job with an objective (``typed``: type, number,
         predicted time and cost) in its ``goal``: ``choice`` the latest, ``first_choice`` the
-        one it started with (what ``status`` shows beside the cost so far)."""
+        one it started with (``status`` shows the latest beside the cost so far, and the first
+        where it differs); ``measuring`` (``"1 x t4 on demand"``) where the policy started it
+        to measure its speed, before any choice."""
         for job_id, pred in (getattr(self.policy, "choices", None) or {}).items():
             job = self.store.job(job_id)
             if job is None or not job.goal:
@@ -534,6 +536,10 @@ class Service:
                     v.id for v in snap.jobs if not v.allocation}:
                 goal["first_choice"] = d
             self.store.update(job_id, goal=goal)
+        for job_id, what in (getattr(self.policy, "measuring", None) or {}).items():
+            job = self.store.job(job_id)  # started to measure its speed: status says where
+            if job is not None and job.goal and job.goal.get("measuring") != what:
+                self.store.update(job_id, goal=dict(job.goal, measuring=what))
 
 
 def _default_reason(kind: str, n_old: int, n_new: int, policy) -> str:

@@ -1,15 +1,19 @@
 """``hvd-edl-cluster top``: a live view of the pool, refreshed every ``--interval`` seconds: which
 job holds which slot (one row per host, one cell per slot), the utilisation, the queue and each
-job's state, size and times.  Fits 80 columns.  On a terminal the frame is redrawn in place
+job's state, size and times.  Fits the terminal's width (``COLUMNS`` honoured; 80 at the least):
+a longer line under a job is wrapped at a space, never cut, so no figure is lost.  On a terminal the frame is redrawn in place
 (``rich.live.Live``) until Ctrl-C; otherwise one plain-text frame per interval is printed (a
 pipe, a file).  Exits 0 on Ctrl-C, like ``top``.
 """
 from __future__ import annotations
 
+import math
+import shutil
 import sys
+import textwrap
 import time
 
-WIDTH = 80
+WIDTH = 80  # the least width a frame is laid out for
 MAX_SLOTS_SHOWN = 16  # cells per host row; more are summed up
 
 
@@ -20,9 +24,31 @@ def _age(t) -> str:
     return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
 
 
-def frame_lines(status: dict) -> list:
-    """The frame as plain lines (each at most 80 characters); under a waiting or failed
-    job's row, its reason (cut to the width: ``status JOB --json`` has it whole)."""
+def width() -> int:
+    """The terminal's columns (``COLUMNS`` first, as :func:`shutil.get_terminal_size` reads
+    it), never fewer than :data:`WIDTH`."""
+    return max(WIDTH, shutil.get_terminal_size((WIDTH, 24)).columns)
+
+
+def _wrapped(text: str, cols: int, indent: str = "") -> list:
+    """``text`` as lines of at most ``cols`` characters, broken at spaces only (a word longer
+    than a line stays whole: no figure is ever cut), each line after the first indented."""
+    return textwrap.wrap(text, cols, subsequent_indent=indent or " " * 2,
+                         break_long_words=False, break_on_hyphens=False) or [""]
+
+
+def usd(x: float) -> str:
+    """Dollars with enough digits for two significant ones (``$0.0049``, ``$0.00066``; four
+    decimals at the least): a small cost never shows as ``$0.0000``."""
+    if not x or not math.isfinite(x) or abs(x) >= 0.01:
+        return f"${x or 0:.4f}"
+    return f"${x:.{max(4, 1 - math.floor(math.log10(abs(x))))}f}"
+
+
+def frame_lines(status: dict, cols: int = None) -> list:
+    """The frame as plain lines, laid out for ``cols`` columns (default: :func:`width`); under
+    a waiting or failed job's row, its reason, wrapped at spaces where longer (never cut)."""
+    cols = cols or width()
     slots = status["slots"]
     total = slots["total"] or 1
     lines = [f"policy {status['policy']}: {slots['used']}/{slots['total']} slots used "
@@ -38,7 +64,7 @@ def frame_lines(status: dict) -> list:
         more = f" +{n - MAX_SLOTS_SHOWN}" if n > MAX_SLOTS_SHOWN else ""
         rest = status.get("resting", {}).get(host)
         more += f" (resting {rest:.0f} s: no job reaches it)" if rest is not None else ""
-        lines.append(f"{host[:20]:<20} {shown}{more}"[:WIDTH])
+        lines += _wrapped(f"{host[:20]:<20} {shown}{more}", cols, " " * 21)
     lines.append("")
     lines.append(f"{'JOB':<6}{'NAME':<14}{'USER':<9}{'STATE':<10}{'SIZE':>5} {'NP':>3} "
                  f"{'MIN-MAX':>8} {'AGE':>6} {'RUN':>6} {'EXIT':>5}")
@@ -52,40 +78,53 @@ def frame_lines(status: dict) -> list:
                      f"{j['state']:<10}{size:>5} "
                      f"{j['np']:>3} {str(j['min_np']) + '-' + str(j['max_np']):>8} "
                      f"{_age(j['submitted_at']):>6} {_age(j['started_at']):>6} "
-                     f"{'' if j['exit_code'] is None else j['exit_code']:>5}"[:WIDTH])
+                     f"{'' if j['exit_code'] is None else j['exit_code']:>5}")
+        under = []
         goal_line = objective_line(j)
         if goal_line:
-            lines.append(f"{'':6}{goal_line}"[:WIDTH])
+            under.append(goal_line)
         if j["state"] in ("queued", "suspended", "failed") and j.get("reason"):
-            lines.append(f"{'':6}{j['reason']}"[:WIDTH])  # why it waits, why it failed
+            under.append(j["reason"])  # why it waits, why it failed
         elif "mixed types pay" in (j.get("reason") or ""):  # one job over GPU types: why
-            lines.append(f"{'':6}{j['reason'].partition(': ')[2]}"[:WIDTH])
+            under.append(j["reason"].partition(": ")[2])
         if j.get("workers"):  # where its workers run: host:slot, and the GPU where there is one
             places = " ".join(f"{w['host']}:{w['slot']}"
                               + (f"/gpu{w['gpu']}" if w.get("gpu") is not None else "")
                               for w in j["workers"])
-            lines.append(f"{'':6}{places}"[:WIDTH])
+            under.append(places)
+        for text in under:
+            lines += _wrapped(f"{'':6}{text}", cols, " " * 8)
     return lines
 
 
 def objective_line(j: dict) -> str:
-    """A job with an objective (issue 42): its choice with the predicted time and cost, and
-    the cost so far (``time<=$0.05: 2 x a100 spot, pred 120 s $0.0310; spent $0.0102``);
-    "" for a job without one."""
+    """A job with an objective (issue 42): its current choice with its prediction (the latest
+    the policy made: after a move, the move's), the first where it differs, and the cost so far
+    (``time<=$0.05: 2 x a100 spot, pred 120 s $0.0310; spent $0.0102``); before any choice,
+    what it waits for (its speed, measured on the type it started on); "" for a job without
+    one."""
     g = j.get("goal")
     if not g:
         return ""
     lim = (f"<=${g['budget_usd']:g}" if g.get("budget_usd") is not None else
            f" by {_age_left(g['deadline_at'])}" if g.get("deadline_at") else "")
-    c = g.get("first_choice") or g.get("choice")
-    what = (f"{c['n']} x {c['type']}{' spot' if c.get('spot') else ''}, pred "
-            f"{c['time_s']:.0f} s ${c['cost_usd']:.4f}" + ("" if c.get("fits", True)
-                                                          else " (does not fit)")) \
-        if c else "no choice yet"
-    now = g.get("choice")
-    moved = (f"; now {now['n']} x {now['type']}" if c and now and
-             (now["n"], now["type"]) != (c["n"], c["type"]) else "")
-    return f"{g['objective']}{lim}: {what}{moved}; spent ${j.get('cost_usd', 0):.4f}"
+    c, first = g.get("choice"), g.get("first_choice")
+    if c:
+        what = (f"{_config(c)}, pred {c['time_s']:.0f} s {usd(c['cost_usd'])}"
+                + ("" if c.get("fits", True) else " (does not fit)"))
+        if first and _config(first) != _config(c):
+            what += f" (first {_config(first)}, pred {first['time_s']:.0f} s)"
+    elif g.get("measuring"):
+        ended = j.get("state") in ("done", "failed", "cancelled")
+        what = (f"ended before a choice (its speed was measured on {g['measuring']})"
+                if ended else f"no choice yet: measuring its speed on {g['measuring']}")
+    else:
+        what = "no choice yet: waits to start (its speed is measured where it starts)"
+    return f"{g['objective']}{lim}: {what}; spent {usd(j.get('cost_usd') or 0)}"
+
+
+def _config(c: dict) -> str:
+    return f"{c['n']} x {c['type']}{' spot' if c.get('spot') else ''}"
 
 
 def _age_left(t) -> str:

@@ -31,8 +31,9 @@ Each round, in order:
 
 Pure: a function of the snapshot (its ``hosts`` give each host's type, price, risk); the
 choices of the last round are kept in :attr:`TypedPolicy.choices` (job id ->
-:class:`launcher.cluster.choice.Prediction`) for the service to show, and :meth:`explain`
-gives one line per decision.
+:class:`launcher.cluster.choice.Prediction`) for the service to show, the jobs it started to
+measure their speed in :attr:`TypedPolicy.measuring` (job id -> ``"1 x t4 spot"``), and
+:meth:`explain` gives one line per decision.
 """
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ class TypedPolicy(Policy):
         self.hold_s = hold_s
         self.horizon_s = horizon_s
         self.choices: Dict[str, Prediction] = {}
+        self.measuring: Dict[str, str] = {}
         self._why: Dict[str, str] = {}
 
     def explain(self, job_id: str) -> Optional[str]:
@@ -88,7 +90,7 @@ class TypedPolicy(Policy):
     # ---- the round ------------------------------------------------------------------------------
 
     def allocate(self, snap: Snapshot) -> Allocation:
-        self.choices, self._why = {}, {}
+        self.choices, self._why, self.measuring = {}, {}, {}
         self._switch_s = snap.change_cost_s if self.switch_s is None else self.switch_s
         self._start_s = snap.restart_cost_s if self.start_s is None else self.start_s
         klass = {h: _klass(snap.hosts.get(h)) for h in snap.pool}
@@ -170,7 +172,8 @@ class TypedPolicy(Policy):
                 return
             got = self._take(free, klass, k, n)
             alloc[j.id] = got
-            self._why[j.id] = (f"typed: speed unknown, starts on {n} x {k[0]} to measure it")
+            self.measuring[j.id] = f"{n} x {_label(k)}"
+            self._why[j.id] = f"typed: speed unknown, starts on {n} x {_label(k)} to measure it"
             return
         got = self._take(free, klass, (best.gpu_type, best.spot), best.n)
         if got is None:
@@ -437,8 +440,13 @@ def _gain(j: JobView, klass) -> float:
     return max(speeds) / min(speeds) if len(speeds) >= 2 else 1.0
 
 
+def _label(k: Klass) -> str:
+    """A class of hosts in words: ``t4 spot``, ``t4 on demand``."""
+    return f"{k[0]} {'spot' if k[1] else 'on demand'}"
+
+
 def _keep(cur: Prediction, best: Prediction) -> Prediction:
     return Prediction(cur.gpu_type, cur.n, cur.time_s, cur.cost_usd, cur.revocations,
-                      True, f"stays on {cur.n} x {cur.gpu_type} (best elsewhere: "
-                      f"{best.n} x {best.gpu_type}, {best.time_s:.0f} s, "
-                      f"${best.cost_usd:.4f})", cur.spot)
+                      True, f"stays on {cur.n} x {_label((cur.gpu_type, cur.spot))} (best "
+                      f"elsewhere: {best.n} x {_label((best.gpu_type, best.spot))}, "
+                      f"{best.time_s:.0f} s, ${best.cost_usd:.4f})", cur.spot)

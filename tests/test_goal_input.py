@@ -37,3 +37,21 @@ def test_a_deadline_that_is_not_finite_is_refused_in_its_own_words():
             check_goal(_Pool(), _goal(deadline_at=bad), None)
     with pytest.raises(RequestError, match="already past"):
         check_goal(_Pool(), _goal(deadline_at=time.time() - 1), None)
+
+
+def _submit_goal(*args):
+    from launcher.cluster.cli import build_parser, goal_request
+    return goal_request(build_parser().parse_args(["submit", *args, "--", "python", "x.py"]))
+
+
+def test_submit_names_every_flag_without_objective_and_refuses_the_other_limit():
+    with pytest.raises(ValueError, match=r"^--samples, --budget go with --objective time\|cost"):
+        _submit_goal("--budget", "2", "--samples", "1000")
+    with pytest.raises(ValueError, match="^--deadline goes with --objective cost, not time"):
+        _submit_goal("--objective", "time", "--budget", "2", "--deadline", "600",
+                     "--samples", "1000")
+    with pytest.raises(ValueError, match="^--budget goes with --objective time, not cost"):
+        _submit_goal("--objective", "cost", "--budget", "2", "--samples", "1000")
+    # each objective without its limit: accepted, no limit (docs/transient.md says so)
+    assert _submit_goal("--objective", "cost", "--samples", "1000")["goal"]["deadline_at"] \
+        is None

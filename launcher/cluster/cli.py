@@ -137,8 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "plus these, as sbatch does")
     t.add_argument("--objective", choices=("time", "cost"), default=None,
                    help="choose the GPU type and number (serve --policy typed): time: finish "
-                        "soonest within --budget; cost: cheapest within --deadline; expected "
-                        "revocations of spot hosts counted (docs/transient.md); needs --samples")
+                        "soonest within --budget (without one: whatever it costs); cost: "
+                        "cheapest within --deadline (without one: however long it takes); "
+                        "expected revocations of spot hosts counted (docs/transient.md); "
+                        "needs --samples")
     t.add_argument("--samples", type=_positive_float, default=None, metavar="N",
                    help="--objective: the job's work, samples in all (epochs x dataset)")
     t.add_argument("--deadline", type=float, default=None, metavar="S",
@@ -289,7 +291,7 @@ def submit(a, client) -> int:
     from launcher.cluster.runs import environment
     try:
         env = environment(a.env)
-        goal = _goal(a)
+        goal = goal_request(a)
     except ValueError as e:
         return _fail(str(e))
     from launcher.cluster.exec_input import NAME
@@ -306,13 +308,16 @@ def submit(a, client) -> int:
     return 0
 
 
-def _goal(a) -> dict:
+def goal_request(a) -> dict:
     """``submit``'s --objective and its companions as the request's ``goal`` and
     ``speed_profile`` ({} without --objective).
 
     Raises:
-        ValueError: one line: a companion flag without --objective, no --samples, a deadline
-            already past, a negative budget, an unreadable speed profile."""
+        ValueError: one line: a companion flag without --objective, the other objective's
+            limit (--deadline with time, --budget with cost), no --samples, a deadline
+            already past, a negative budget, an unreadable speed profile.  Without its limit
+            an objective has none: time is the soonest whatever it costs, cost the cheapest
+            however long it takes."""
     import math
     import time
     extra = [f for f, v in (("--samples", a.samples), ("--deadline", a.deadline),
@@ -320,8 +325,16 @@ def _goal(a) -> dict:
                             ("--speed-profile", a.speed_profile)) if v is not None]
     if a.objective is None:
         if extra:
-            raise ValueError(f"{extra[0]} goes with --objective time|cost")
+            raise ValueError(f"{', '.join(extra)} {'go' if len(extra) > 1 else 'goes'} with "
+                             f"--objective time|cost (time: the soonest within --budget; "
+                             f"cost: the cheapest by --deadline)")
         return {}
+    wrong = {"time": ("--deadline", a.deadline, "cost"),
+             "cost": ("--budget", a.budget, "time")}[a.objective]
+    if wrong[1] is not None:  # the limit of the other objective: it would be ignored
+        raise ValueError(f"{wrong[0]} goes with --objective {wrong[2]}, not "
+                         f"{a.objective} (time: the soonest within --budget; cost: the "
+                         f"cheapest by --deadline)")
     if a.samples is None:
         raise ValueError("--objective needs --samples N: the job's work in samples (epochs x "
                          "the dataset's size)")

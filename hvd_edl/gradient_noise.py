@@ -56,24 +56,31 @@ price of a noisier figure."""
 
 @dataclass
 class NoiseEstimate:
-    """The smoothed estimates after ``step`` measured steps.
+    """The smoothed estimates after ``measured_steps`` measured steps.
 
     ``sqr``: |G|^2 (squared norm of the true gradient); ``var``: tr(Sigma) of one sample's
     gradient; ``noise_scale_samples``: var / sqr (McCandlish's B_simple, samples; None while
-    sqr <= 0); ``batch``: the global batch (samples) of the last measured step; ``step``: steps
-    measured so far."""
+    sqr <= 0: early in training the unbiased |G|^2 can average to 0 or below, the noise scale is
+    then unknown, not infinite); ``batch``: the global batch (samples) of the last measured step;
+    ``step``: the job's optimizer step of the last measured step (steps taken when it ended, the
+    count ``hvd-edl-ctl status`` shows; a few behind the job's, since figures are read a step or
+    two late and only every k-th step is measured); ``measured_steps``: steps measured so far;
+    ``period``: the meter's k at the last measured step (it measures every k-th step)."""
     sqr: float
     var: float
     noise_scale_samples: Optional[float]
     batch: int
     step: int
+    measured_steps: int = 0
+    period: int = 1
 
     def as_dict(self) -> Dict[str, float]:
         """JSON-ready (``noise_scale_samples`` -1 when unknown: the message fields are floats)."""
         return {"sqr": self.sqr, "var": self.var,
                 "noise_scale_samples": -1.0 if self.noise_scale_samples is None
                 else self.noise_scale_samples, "batch": float(self.batch),
-                "step": float(self.step)}
+                "step": float(self.step), "measured_steps": float(self.measured_steps),
+                "period": float(self.period)}
 
 
 def unbiased(local_sqr: float, total_sqr: float, count: int, batch: int, population: int = 0):
@@ -145,11 +152,13 @@ class NoiseScale:
         self.base_batch: Optional[int] = None  # B0: the first measured step's batch
         self._sqr = [0.0, 0.0]  # biased average, its weight (bias correction)
         self._var = [0.0, 0.0]
-        self.steps = 0
+        self.steps = 0  # measured steps
+        self.last_step = 0  # the job's optimizer step of the last measured step
         self.latest: Optional[NoiseEstimate] = None
 
     def update(self, local_sqr: float, total_sqr: float, count: int, batch: int,
-               step_batch: Optional[int] = None, population: int = 0, period: int = 1) -> None:
+               step_batch: Optional[int] = None, population: int = 0, period: int = 1,
+               step: Optional[int] = None) -> None:
         """Add one step's norms (see :func:`unbiased`, also for ``population``); a step with a
         non-finite norm (an overflow, a rank that had nothing to send) is skipped.
         ``step_batch``: the step's global batch when ``batch`` covers more (one rank pairing
@@ -157,7 +166,8 @@ class NoiseScale:
         measurement stands for that many optimizer steps (the meter measures every k-th): it
         weighs as ``period`` steps in the average (``theta ** period``), so the average's memory
         stays the same number of steps; sampling steps by their number, not by their values,
-        keeps it unbiased."""
+        keeps it unbiased.  ``step``: the job's optimizer step of this measurement (steps taken
+        when it ended; reported as ``step``), None: the count of measured steps."""
         if not (math.isfinite(local_sqr) and math.isfinite(total_sqr)):
             return
         sqr, var = unbiased(local_sqr, total_sqr, count, batch, population)
@@ -169,8 +179,9 @@ class NoiseScale:
             avg[1] = theta * avg[1] + (1.0 - theta)
         self.steps += 1
         s, v = self.sqr, self.var
+        self.last_step = self.steps if step is None else int(step)
         self.latest = NoiseEstimate(s, v, v / s if s > 0 else None, int(step_batch or batch),
-                                    self.steps)
+                                    self.last_step, self.steps, max(int(period), 1))
         _published[0] = self.latest
 
     @property
@@ -191,7 +202,7 @@ class NoiseScale:
         """What a commit keeps (floats; restored by :meth:`load_state_dict`)."""
         return {"sqr": self._sqr[0], "sqr_w": self._sqr[1], "var": self._var[0],
                 "var_w": self._var[1], "steps": self.steps,
-                "base_batch": self.base_batch or 0}
+                "base_batch": self.base_batch or 0, "last_step": self.last_step}
 
     def load_state_dict(self, state: Dict[str, float]) -> None:
         """Restore :meth:`state_dict`'s figures."""
@@ -199,6 +210,7 @@ class NoiseScale:
         self._var = [float(state["var"]), float(state["var_w"])]
         self.steps = int(state["steps"])
         self.base_batch = int(state["base_batch"]) or None
+        self.last_step = int(state.get("last_step", self.steps))
         s, v = self.sqr, self.var
         self.latest = None if not self.steps else NoiseEstimate(
-            s, v, v / s if s > 0 else None, self.base_batch or 0, self.steps)
+            s, v, v / s if s > 0 else None, self.base_batch or 0, self.last_step, self.steps)

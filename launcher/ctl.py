@@ -80,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     bt = sub.add_parser("batch", help="ask for a global batch from the next switch on (a "
                         "script with hvd.elastic.AdaptiveBatchSampler applies it; others keep "
                         "theirs)")
-    bt.add_argument("batch", type=int, help="samples per optimizer step over all ranks, >= 1")
+    bt.add_argument("batch", type=_batch_arg,
+                    help="samples per optimizer step over all ranks, >= 1: pins it (--adapt-batch "
+                         "leaves it); 'auto' lifts the pin")
     dr = sub.add_parser("drain", help="move every worker off HOST, place none there")
     dr.add_argument("host", type=_host)
     ud = sub.add_parser("undrain", help="let HOST be used again")
@@ -216,6 +218,20 @@ def _seconds(text: str) -> float:
     return v
 
 
+def _batch_arg(text: str):
+    """argparse type: ``batch``'s global batch, an integer >= 1, or ``auto``."""
+    if text == "auto":
+        return text
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a global batch (an integer >= 1) or 'auto', "
+                                         f"got {text[:40]!r}")
+    return v
+
+
 def _host(text: str) -> str:
     """argparse type: a host in the launcher's canonical form (:func:`launcher.discovery.hosts.check_host`:
     an RFC 1123 name, lower-cased, or an IP address; ``[::1]`` brackets allowed)."""
@@ -282,6 +298,31 @@ def _autoscale_lines(a: Optional[dict]) -> List[str]:
     return lines
 
 
+def _batch_line(s: dict) -> str:
+    """One ``batch:`` line from ``status``'s ``adaptive_batch`` and ``gradient_noise`` (either
+    may be absent), e.g. ``batch:      248 = 2 ranks x 62 x 2 accumulation (pinned by
+    hvd-edl-ctl batch); noise scale 108.5 samples at step 588, measured every 13 steps``;
+    empty when neither is known."""
+    plan, noise = s.get("adaptive_batch"), s.get("gradient_noise")
+    parts = []
+    if plan:
+        text = (f"{plan['batch']:g} = {plan['world_size']:g} ranks x {plan['local_batch']:g}"
+                f" x {plan['accumulation']:g} accumulation")
+        if s.get("batch_pinned") is not None:
+            text += f" (pinned at {s['batch_pinned']} by hvd-edl-ctl batch)"
+        parts.append(text)
+    elif noise:
+        parts.append(f"{noise['batch']} (fixed: the script did not opt in)")
+    if noise:
+        ns = noise.get("noise_scale_samples")
+        k = noise.get("period", 1)
+        parts.append("noise scale " + (f"{ns:.1f} samples" if ns is not None else
+                                       "unknown yet (|G|^2 <= 0)")
+                     + f" at step {noise['step']}, measured every "
+                     + ("step" if k == 1 else f"{k} steps"))
+    return ("batch:      " + "; ".join(parts)) if parts else ""
+
+
 def format_status(s: dict) -> str:
     """``status`` for people: a few ``key: value`` lines and one line per live worker."""
     target = s.get("target_np")
@@ -312,6 +353,9 @@ def format_status(s: dict) -> str:
     if s.get("blacklisted"):
         lines.append("blacklisted: " + ", ".join(s["blacklisted"]))
     lines.extend(_autoscale_lines(s.get("autoscale")))
+    batch_line = _batch_line(s)
+    if batch_line:
+        lines.append(batch_line)
     tel = s.get("telemetry")
     rows = {}
     if tel:  # the heartbeats' figures (launcher.observe.telemetry)
@@ -449,8 +493,12 @@ def _main(argv: Optional[List[str]] = None) -> int:
                 return EXIT_WAIT_TIMEOUT
         elif a.cmd == "batch":
             r = client.call("batch", batch=a.batch)
-            print(f"hvd-edl-ctl: global batch {r['requested_batch']} asked for (now "
-                  f"{r['batch'] if r['batch'] is not None else 'unknown'})")
+            now = r['batch'] if r['batch'] is not None else 'unknown'
+            if a.batch == "auto":
+                print(f"hvd-edl-ctl: batch no longer pinned (now {now})")
+            else:
+                print(f"hvd-edl-ctl: global batch {r['requested_batch']} asked for and pinned "
+                      f"(now {now}; 'batch auto' lifts the pin)")
             if r.get("warning"):
                 print(f"hvd-edl-ctl: warning: {r['warning']}", file=sys.stderr)
         elif a.cmd == "checkpoint":

@@ -59,3 +59,88 @@ def test_a_configuration_seen_again_is_the_mean_of_every_look():
     pts.add(StepPoint(1, 1, 64, 1, 0.05, 0.0))
     got = {p.local_batch: p.compute_s for p in pts.points()}
     assert len(pts) == 2 and got[32] == pytest.approx(0.020) and got[64] == 0.05
+
+
+class _FakeJob:
+    """A job's telemetry as ``BatchAdapter.tick`` reads it, from a true step-time model with a
+    loaded machine's wobble (each look x 0.75 or x 1.25 in turn); ``set_batch`` switches at
+    once (a new generation), as the driver does at the next switch."""
+
+    def __init__(self, truth, world_size=2, batch=32, sqr=1.0, var=150.0):
+        self.truth, self.world_size, self.batch = truth, world_size, batch
+        self.sqr, self.var = sqr, var
+        self.generation, self.looks, self.batch_pinned = 1, 0, None
+        self.history = [batch]
+        self.spec = type("Spec", (), {"max_np": 4})()
+
+    def telemetry_snapshot(self):
+        from launcher.cluster.goodput import split_batch
+        micro, accum = split_batch(self.batch, self.world_size, 64)
+        self.looks += 1
+        wobble = 0.75 if self.looks % 2 else 1.25
+        step = self.truth.step_seconds(self.world_size, 1, micro, accum + 1) * wobble
+        sync = self.truth.alpha_r
+        return {"job": {"generation": self.generation, "world_size": self.world_size,
+                        "compute_s": step - sync * wobble, "wait_s": sync * wobble},
+                "adaptive_batch": {"batch": self.batch, "world_size": self.world_size,
+                                   "local_batch": micro, "accumulation": accum + 1,
+                                   "base_batch": 32, "min_batch": 32, "max_batch": 512,
+                                   "max_local_batch": 64},
+                "gradient_noise": {"sqr": self.sqr, "var": self.var,
+                                   "noise_scale_samples": self.var / self.sqr},
+                "workers": [{"host": "h", "rank": 0}, {"host": "h", "rank": 1}]}
+
+    def note(self, *a, **k):
+        pass
+
+    def set_batch(self, batch, pin=True):
+        assert not pin, "the chooser must not pin"
+        if self.batch_pinned is None and batch != self.batch:
+            self.batch, self.generation = batch, self.generation + 1
+            self.history.append(batch)
+
+
+def _run(adapter, job, seconds, start=0.0):
+    for t in range(int(seconds)):
+        adapter.tick(start + t)
+    return start + seconds
+
+
+def test_chooser_tries_the_prior_once_and_does_not_ping_pong_on_a_wobbling_machine():
+    # compute-bound (no per-step overhead), as the large CNN on these cores: every batch above
+    # 32 loses efficiency for no throughput; the prior's first try is optimistic
+    from launcher.apps.batch_goodput import BatchAdapter
+    job = _FakeJob(PerfParams(alpha_c=0.0, beta_c=0.002, alpha_r=0.01))
+    adapter = BatchAdapter(job)
+    _run(adapter, job, 300)
+    changes = len(job.history) - 1
+    assert changes <= 2, job.history       # one try, one return at most in 5 minutes
+    assert job.history[-1] == 32, job.history
+    # each change beat the current batch's measured goodput by > 5 %; none within HOLD_S
+    assert all(d["goodput"] > 1.05 * d["current_goodput"] for d in adapter.decisions)
+    at = [d["at"] for d in adapter.decisions]
+    assert len(at) == changes
+
+
+def test_chooser_moves_to_a_batch_that_pays_and_stays():
+    # overhead-bound (as the small CNN): a larger batch pays; the noise scale is large
+    from launcher.apps.batch_goodput import BatchAdapter
+    job = _FakeJob(PerfParams(alpha_c=0.05, beta_c=0.0002, alpha_r=0.02), var=2000.0)
+    adapter = BatchAdapter(job)
+    _run(adapter, job, 300)
+    assert job.batch > 32 and len(job.history) - 1 <= 3, job.history
+    last = job.history[-1]
+    assert job.history.count(last) == 1 or job.history[-2] != job.history[-3], job.history
+
+
+def test_an_operators_batch_pins_it_until_auto():
+    from launcher.apps.batch_goodput import BatchAdapter
+    job = _FakeJob(PerfParams(alpha_c=0.0, beta_c=0.002, alpha_r=0.01))  # 512 loses
+    adapter = BatchAdapter(job)
+    job.batch_pinned, job.batch = 512, 512   # hvd-edl-ctl batch 512 (clamped by the script)
+    t = _run(adapter, job, 120)
+    assert job.history == [32] and adapter.decisions == []   # the chooser left it alone
+    job.batch_pinned = None                  # hvd-edl-ctl batch auto
+    job.generation += 1
+    _run(adapter, job, 120, start=t)
+    assert job.history[-1] < 512 and adapter.decisions, "the chooser decides again after auto"

@@ -53,8 +53,14 @@ def test_ctl_scale_brings_a_worker_in_stop_free_and_scale_in_rolls_back_nothing(
     # every hvd.DistributedOptimizer measures the gradient noise scale (issue 41) ...
     noise = job.wait_for("a gradient noise estimate", lambda: _status(job_file)[
         "gradient_noise"], 60)
-    assert set(noise) == {"sqr", "var", "noise_scale_samples", "batch", "step"}
+    assert set(noise) == {"sqr", "var", "noise_scale_samples", "batch", "step", "measured_steps",
+                          "period"}
     assert noise["batch"] == 32 and noise["step"] > 0 and noise["var"] > 0  # 2 ranks x 16
+    # ``step`` is the job's optimizer step (every k-th is measured), not a count of measurements
+    s = _status(job_file)
+    assert noise["measured_steps"] <= noise["step"] <= s["step"]
+    assert "batch:      32 (fixed: the script did not opt in); noise scale" in _ctl(
+        job_file, "status").stdout
     # ... and a script that did not opt in to an adaptive batch keeps its batch: the API says so
     asked = _ctl(job_file, "batch", "64")
     assert asked.returncode == 0 and "did not opt in" in asked.stderr
@@ -272,3 +278,21 @@ def test_ctl_of_a_job_that_ended_or_does_not_answer_is_one_line_and_a_reader_gon
         assert r.returncode == 0 and r.stderr == "", r.stderr   # before: 120, a trace
     finally:
         server.shutdown()
+
+
+def test_text_status_has_one_batch_line_with_the_layout_and_the_noise_scale():
+    from launcher.ctl import format_status
+    s = {"generation": 3, "world_size": 2, "min_np": 1, "max_np": 4, "target_np": 2,
+         "hosts": {}, "drained": [], "workers": [], "step": 700,
+         "adaptive_batch": {"batch": 248.0, "world_size": 2.0, "local_batch": 62.0,
+                            "accumulation": 2.0},
+         "gradient_noise": {"batch": 248, "noise_scale_samples": 108.46, "step": 655,
+                            "period": 13},
+         "batch_pinned": 248}
+    text = format_status(s)
+    assert ("batch:      248 = 2 ranks x 62 x 2 accumulation (pinned at 248 by hvd-edl-ctl "
+            "batch); noise scale 108.5 samples at step 655, measured every 13 steps") in text
+    s["gradient_noise"]["noise_scale_samples"] = None  # |G|^2 <= 0 so far
+    assert "noise scale unknown yet (|G|^2 <= 0) at step 655" in format_status(s)
+    del s["adaptive_batch"], s["gradient_noise"]
+    assert "batch:" not in format_status(s)  # nothing measured: no line

@@ -272,3 +272,21 @@ def test_two_ranks_choose_the_same_period_and_read_the_same_figures(tmp_path):
     sqr_true, var_true = direct(x, y, w)
     assert got[0]["sqr"] == pytest.approx(sqr_true, rel=0.5)
     assert got[0]["var"] == pytest.approx(var_true, rel=0.5)
+
+
+def test_estimate_reports_the_jobs_step_and_the_measurement_count_apart():
+    from hvd_edl.gradient_noise import NoiseScale
+    ns = NoiseScale()
+    ns.update(2.0, 1.0, 2, 32, period=13, step=13)
+    ns.update(2.0, 1.0, 2, 32, period=13, step=26)
+    est = ns.latest
+    assert (est.step, est.measured_steps, est.period) == (26, 2, 13)
+    assert est.as_dict()["step"] == 26.0 and est.as_dict()["measured_steps"] == 2.0
+    again = NoiseScale()
+    again.load_state_dict(ns.state_dict())   # a commit, a sync to a joiner, a checkpoint
+    assert (again.latest.step, again.latest.measured_steps) == (26, 2)
+    # |G|^2 <= 0 so far (the norm of the mean below the noise): the noise scale is unknown
+    low = NoiseScale()
+    low.update(2.0, 0.5, 2, 32, step=1)
+    assert low.latest.sqr <= 0 and low.latest.noise_scale_samples is None
+    assert low.latest.as_dict()["noise_scale_samples"] == -1.0  # -> null in status --json

@@ -370,4 +370,4 @@ class GradientNoiseMeter:
             if sent.count > 1:
                 self.noise.update(local, total, sent.count, sent.batch,
                                   step_batch=sent.step_batch, population=sent.population,
-                                  period=sent.period)
+                                  period=sent.period, step=sent.step + 1)

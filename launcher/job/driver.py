@@ -135,6 +135,7 @@ class Driver:
         self.profiler = Profiler(self)  # hvd-edl-ctl profile (EDL's profiling)
         self.autoscaler = None  # launcher.apps.autoscale.Autoscaler (--autoscale)
         self.batch_adapter = None  # launcher.apps.batch_goodput.BatchAdapter (--adapt-batch)
+        self.batch_pinned: Optional[int] = None  # an operator's batch: --adapt-batch stays off it
         self.migration: Optional[migration_.Migration] = None  # running or last (hvd-edl-ctl)
         self.stragglers = straggler_.StragglerDetector(straggler_.StragglerPolicy(
             spec.straggler_policy, spec.straggler_ratio, spec.straggler_window_s))
@@ -506,6 +507,7 @@ class Driver:
         out["gradient_noise"] = out["telemetry"]["gradient_noise"]
         out["adaptive_batch"] = out["telemetry"]["adaptive_batch"]
         out["batch_request"] = self.coord.batch_request or None
+        out["batch_pinned"] = self.batch_pinned
         if self.checkpoints is not None:  # the newest complete one (sidecar read, not verified)
             newest = self.checkpoints.newest()
             out["checkpoint"] = None if newest is None else {
@@ -550,7 +552,7 @@ class Driver:
                 "warning": None if capacity >= np_ else
                 f"only {capacity} usable slots now: the job grows when discovery offers more"}
 
-    def set_batch(self, batch: int) -> dict:
+    def set_batch(self, batch, pin: bool = True) -> dict:
         """Ask for global batch ``batch`` (samples per optimizer step over all ranks) from the
         next generation on (the cluster service passes its chosen batch this way; ``hvd-edl-run
         --adapt-batch`` too).  A script that opted in (``hvd.elastic.AdaptiveBatchSampler``)
@@ -558,25 +560,52 @@ class Driver:
         ring switches to itself for it (nothing synced).  A script that did not opt in keeps
         its batch: the answer says so (``adaptive`` false).
 
-        Returns ``{"requested_batch", "batch", "adaptive", "bounds", "switch", "warning"}``:
-        ``batch`` the global batch in force now (None unknown), ``bounds`` the script's
-        (min_batch, max_batch, max_local_batch, base_batch), ``switch`` whether a switch was
-        asked for it.
+        ``pin`` (the control API's ``/ctl/batch``, i.e. an operator or the cluster service):
+        the batch stays until the next ``set_batch``; ``--adapt-batch``'s chooser does not
+        change a pinned batch.  ``batch`` ``"auto"`` lifts the pin (the chooser decides again;
+        nothing else changes).  The chooser itself asks with ``pin`` False.
+
+        Returns ``{"requested_batch", "batch", "adaptive", "bounds", "switch", "warning",
+        "pinned"}``: ``batch`` the global batch in force now (None unknown), ``bounds`` the
+        script's (min_batch, max_batch, max_local_batch, base_batch), ``switch`` whether a
+        switch was asked for it, ``pinned`` the pinned batch (None: the chooser's, if any).
 
         Raises:
-            ValueError: ``batch`` not an integer >= 1, or a static job (no switch to apply it).
+            ValueError: ``batch`` not an integer >= 1 nor ``"auto"``, or a static job (no switch
+                to apply it).
         """
+        if batch == "auto":
+            with self._lock:
+                self.batch_pinned = None
+            print("hvd-edl-run: control: batch back to "
+                  + ("--adapt-batch's choice" if self.batch_adapter is not None
+                     else "the last one asked for (no --adapt-batch: nothing chooses it)"),
+                  flush=True)
+            plan = self.coord.telemetry.adaptive_batch()
+            return {"requested_batch": "auto", "batch": None if plan is None else plan.get(
+                "batch"), "adaptive": plan is not None, "switch": False, "pinned": None,
+                "warning": None if self.batch_adapter is not None else
+                "the job runs without --adapt-batch: its batch stays as it is"}
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise ValueError(f"'batch' must be an integer >= 1, got {batch!r}")
+            raise ValueError(f"'batch' must be an integer >= 1 or \"auto\", got {batch!r}")
         if not self.spec.elastic:
             raise ValueError("a static job has no switch to change its batch at; start it with "
                              "--min-np/--max-np")
+        with self._lock:
+            if pin:
+                self.batch_pinned = batch
+            pinned = self.batch_pinned
         plan = self.coord.telemetry.adaptive_batch()
+        if not pin and pinned is not None:  # the chooser lost a race with an operator
+            return {"requested_batch": batch, "batch": None if plan is None else plan.get(
+                "batch"), "adaptive": plan is not None, "switch": False, "pinned": pinned,
+                "warning": f"batch pinned at {pinned}: unchanged"}
         previous = self.coord.batch_request
         switch = self.coord.request_batch(batch)
         out = {"requested_batch": batch, "previous_request": previous or None,
                "batch": None if plan is None else plan.get("batch"),
                "adaptive": plan is not None, "switch": switch, "warning": None,
+               "pinned": self.batch_pinned,
                "bounds": None if plan is None else {k: plan.get(k) for k in (
                    "base_batch", "min_batch", "max_batch", "max_local_batch")}}
         if plan is None:
@@ -586,6 +615,8 @@ class Driver:
             out["warning"] = (f"outside the script's bounds [{plan['min_batch']}, "
                               f"{plan['max_batch']}]: clamped when applied")
         print(f"hvd-edl-run: control: global batch {batch} asked for"
+              + (" (pinned: --adapt-batch leaves it until 'batch auto')"
+                 if pin and self.batch_adapter is not None else "")
               + ("" if plan is not None else " (the script did not opt in: it keeps its batch)"),
               flush=True)
         self.wake.set()

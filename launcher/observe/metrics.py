@@ -105,7 +105,8 @@ class JobCollector:
                              ("noise_scale_samples", "Gradient noise scale tr(Sigma)/|G|^2 "
                                                      "(samples)."),
                              ("batch", "Global batch of the last measured step (samples)."),
-                             ("step", "Steps measured.")):
+                             ("step", "The job's optimizer step of the last measured step."),
+                             ("measured_steps", "Steps measured (every k-th is).")):
                 if noise.get(key) is not None:
                     yield GaugeMetricFamily(f"hvd_edl_gradient_noise_{key}", doc,
                                             value=noise[key])

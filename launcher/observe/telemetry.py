@@ -154,9 +154,10 @@ class Telemetry:
                 self._batch = dict(batch)
 
     def gradient_noise(self) -> Optional[dict]:
-        """``{"sqr", "var", "noise_scale_samples", "batch", "step"}`` (see
-        ``hvd_edl.gradient_noise.NoiseEstimate``; ``noise_scale_samples`` None while unknown),
-        None before any member measured a step."""
+        """``{"sqr", "var", "noise_scale_samples", "batch", "step", "measured_steps", "period"}`` (see
+        ``hvd_edl.gradient_noise.NoiseEstimate``: ``step`` the job's optimizer step of the last
+        measured step; ``noise_scale_samples`` None while unknown, i.e. ``sqr`` <= 0), None
+        before any member measured a step."""
         with self._lock:
             n = dict(self._noise)
         if not n:
@@ -164,7 +165,9 @@ class Telemetry:
         ns = n.get("noise_scale_samples", -1.0)
         return {"sqr": n.get("sqr"), "var": n.get("var"),
                 "noise_scale_samples": None if ns is None or ns < 0 else ns,
-                "batch": int(n.get("batch", 0)), "step": int(n.get("step", 0))}
+                "batch": int(n.get("batch", 0)), "step": int(n.get("step", 0)),
+                "measured_steps": int(n.get("measured_steps", 0)),
+                "period": int(n.get("period", 1))}
 
     def adaptive_batch(self) -> Optional[dict]:
         """The script's adaptive batch (``hvd_edl.adaptive_batch.BatchPlan.as_dict`` with its

@@ -15,7 +15,9 @@ path                body             effect
 ``/ctl/undrain``    ``{"host": H}``  H may be used again
 ``/ctl/batch``      ``{"batch": B}`` global batch B from the next switch on, for a script that
                                      opted in (``hvd.elastic.AdaptiveBatchSampler``); answers
-                                     ``adaptive`` false when it did not (it keeps its batch)
+                                     ``adaptive`` false when it did not (it keeps its batch);
+                                     B pins it (``--adapt-batch`` leaves it);
+                                     ``{"batch": "auto"}`` lifts the pin
 ``/ctl/checkpoint`` ``{"wait": S}``  rank 0 writes a checkpoint at its next commit; answers
                                      ``{"path", "step"}`` once written (``path`` null after S s)
 ``/ctl/profile``    ``{"sizes": [N],  walk through those world sizes stop-free, measure each
@@ -347,7 +349,8 @@ def routes(driver) -> Dict[str, Callable[[dict], dict]]:
         driver.profiler.start(data.get("sizes"), data.get("seconds", 10.0),
                               data.get("out", "."), data.get("settle", 2.0)),
         PREFIX + "scale": lambda data: driver.set_target(_int(data, "np")),
-        PREFIX + "batch": lambda data: driver.set_batch(_int(data, "batch")),
+        PREFIX + "batch": lambda data: driver.set_batch(
+            "auto" if data.get("batch") == "auto" else _int(data, "batch")),
         PREFIX + "drain": lambda data: driver.drain(_host(data), True),
         PREFIX + "undrain": lambda data: driver.drain(_host(data), False),
         PREFIX + "checkpoint": lambda data: driver.request_checkpoint(

@@ -50,7 +50,7 @@ demo: setup
 test: setup
 	$(VENV)/bin/python -m pytest -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS) tests
 
-# The variations left out of make test (marker long: about 4 minutes), then nothing else.
+# The variations left out of make test (marker long: several minutes, one at a time), then nothing else.
 test-long: setup
 	$(VENV)/bin/python -m pytest -m long $(PYTEST_ARGS) tests
 

@@ -58,7 +58,7 @@ def test_ctl_scale_brings_a_worker_in_stop_free_and_scale_in_rolls_back_nothing(
     assert noise["batch"] == 32 and noise["step"] > 0 and noise["var"] > 0  # 2 ranks x 16
     # ``step`` is the job's optimizer step (every k-th is measured), not a count of measurements
     s = _status(job_file)
-    assert noise["measured_steps"] <= noise["step"] <= s["step"]
+    assert noise["measured_steps"] <= noise["step"] <= s["progress"]["step"]
     assert "batch:      32 (fixed: the script did not opt in); noise scale" in _ctl(
         job_file, "status").stdout
     # ... and a script that did not opt in to an adaptive batch keeps its batch: the API says so

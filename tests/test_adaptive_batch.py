@@ -43,6 +43,14 @@ def test_batch_asked_through_the_control_api_changes_at_a_switch_exactly_once(
     plan = job.wait_for("batch 96 in force", lambda: (status()["adaptive_batch"] or {}).get(
         "batch") == 96 and status()["adaptive_batch"], 60)
     assert plan["local_batch"] == 16 and plan["accumulation"] == 3
+    # an operator's batch pins it (no --adapt-batch here: nothing else would change it);
+    # the text status has the layout on one line
+    st = status()
+    assert st["batch_pinned"] == 96
+    assert "batch:      96 = 2 ranks x 16 x 3 accumulation (pinned at 96" in _ctl(
+        job_file, "status").stdout
+    assert "no longer pinned" in _ctl(job_file, "batch", "auto").stdout
+    assert status()["batch_pinned"] is None
     job.end_training()
     assert job.finish() == 0, job.output()[-3000:]
 

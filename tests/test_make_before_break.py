@@ -52,6 +52,15 @@ def test_no_donor_is_shrunk_below_its_minimum_nor_for_too_few_slots():
     assert alloc == {"b": {"x": 2}, "s": {"y": 2}} and free == {"x": 0, "y": 0}  # unchanged
 
 
+def test_a_host_over_held_does_not_hide_the_free_slots_of_another():
+    a = _job("a", displaced=1, lo=1, hi=1)
+    b = _job("b", n=2, lo=1, hi=2, hosts={"x": 2})  # 1 spare: not needed, z is free
+    alloc = {"b": {"x": 2}}
+    free = {"x": -1, "z": 1}  # x held over its slots (a host that shrank under b)
+    hosts, taken = make_room(a, alloc, free, donor_order([a, b], alloc))
+    assert hosts == {"z": 1} and taken == {} and free == {"x": -1, "z": 0}, (hosts, taken)
+
+
 def test_typed_moves_a_revoked_job_onto_a_slot_another_job_lends():
     """The round of the real test below: j2 holds both slots of the host left, j1's host is
     revoked: j2 lends one (a shrink, with its reason), j1 moves there, never preempted; with

@@ -55,7 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the service: own the pool, schedule and run jobs")
     src = s.add_mutually_exclusive_group(required=True)
     src.add_argument("-H", "--hosts", help="host1:slots,host2:slots (horovodrun's -H)")
-    src.add_argument("--hostfile", help="file with one 'host[:slots]' or 'host slots=N' a line")
+    src.add_argument("--hostfile", metavar="FILE",
+                     help="file with one host a line: 'host[:slots] [slots=N] [gpus=0,1] "
+                          "[type=NAME] [price=DOLLARS_PER_GPU_HOUR] [zone=Z] [spot] "
+                          "[ends=UNIX_S]' (gpus=: the host's GPUs, slot i the i-th; type=, "
+                          "price=, zone=, spot: for --policy typed, docs/transient.md; ends=: "
+                          "a notice, the host leaves the pool and its jobs move off it)")
     src.add_argument("--host-discovery-script", dest="discovery_script",
                      help="executable printing one 'host[:slots]' a line; hosts come and go, "
                           "and a host that leaves takes its slots from the jobs that used them")

@@ -196,10 +196,11 @@ class Policy(abc.ABC):
 def fill_hosts(free: Dict[str, int], n: int, prefer: Sequence[str] = ()) -> Optional[Dict[str, int]]:
     """Take ``n`` slots out of ``free`` (host -> free slots, changed in place), packed onto as few
     hosts as possible, hosts in ``prefer`` first (a job's current hosts: fewer moves); None, and
-    ``free`` unchanged, when fewer than ``n`` are free."""
+    ``free`` unchanged, when fewer than ``n`` are free (a negative count, a host over-held,
+    counts as 0: it does not hide another host's free slots)."""
     if n <= 0:
         return {}
-    if sum(free.values()) < n:
+    if sum(max(0, k) for k in free.values()) < n:
         return None
     taken: Dict[str, int] = {}
     order = [h for h in prefer if free.get(h, 0) > 0]

@@ -69,6 +69,7 @@ from launcher.cluster import reach as reach_
 from launcher.cluster import speed as speed_
 from launcher.cluster.events import EventLog
 from launcher.cluster.job_goodput import JobGoodput
+from launcher.cluster.pool_notes import pool_notes
 from launcher.cluster.handlers import RequestError  # noqa: F401 - importable here as before
 from launcher.cluster.policy import (AllocationError, JobView, Policy, Snapshot,
                                      check_allocation)
@@ -147,6 +148,7 @@ class Service:
         self.prices = dict(prices or {})
         self.risk = risk
         self.host_terms: Dict[str, object] = {}  # host -> HostTerms (type, price, spot, risk)
+        self.pool_told: set = set()  # the pool notes already logged (:mod:`.pool_notes`)
         self.pool: Dict[str, int] = {}
         self.discovered: Dict[str, int] = {}  # the pool as discovery last gave it
         self.host_gpus: Dict[str, Tuple[str, ...]] = {}  # host -> its GPUs (GPU hosts only)
@@ -251,7 +253,12 @@ class Service:
         pool = {h: (min(k, len(found[h])) if h in found else k)
                 for h, k in drains_.effective(self, hosts).items()}
         from launcher.discovery.prices import host_terms
-        terms = host_terms(getattr(self.discovery, "lines", {}) or {}, self.prices, self.risk)
+        lines = getattr(self.discovery, "lines", {}) or {}
+        terms = host_terms(lines, self.prices, self.risk)
+        for key, note in pool_notes(lines, terms, time.time()).items():
+            if key not in self.pool_told:  # once each: a line taken that does not do the obvious
+                self.pool_told.add(key)
+                log.warning("%s", note)
         with self._lock:
             self.discovered = dict(hosts)
             self.pool = pool

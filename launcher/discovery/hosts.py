@@ -219,13 +219,18 @@ def parse_gpu_type(text: str, where: str = "") -> str:
     return name
 
 
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+
+
 def parse_price(text: str, where: str = "price=") -> float:
-    """``"0.35"`` -> 0.35: dollars per GPU-hour, a finite number in [0, MAX_PRICE].
+    """``"0.35"`` -> 0.35: dollars per GPU-hour, a finite number in [0, MAX_PRICE], written as
+    a plain decimal (ASCII digits, one point, an exponent: ``1e-3``; not ``1_000`` nor
+    full-width digits, which Python's float() takes).
 
     Raises:
-        HostSpecError: not a number, negative, infinite or above :data:`MAX_PRICE`."""
+        HostSpecError: not a plain number, negative, infinite or above :data:`MAX_PRICE`."""
     try:
-        value = float(text)
+        value = float(text) if _DECIMAL.fullmatch(str(text).strip()) else float("nan")
     except (TypeError, ValueError):
         value = float("nan")
     if not 0 <= value <= MAX_PRICE:  # NaN fails too

@@ -1,0 +1,37 @@
+"""``serve`` tells the operator once, one line each, about pool lines taken that do not do
+what they seem to (:mod:`launcher.cluster.pool_notes`): a GPU type with no price at all, a
+host whose ``ends=`` is already past; prices are plain decimals only.  Pure: parsed lines."""
+from __future__ import annotations
+
+import pytest
+
+from launcher.cluster.pool_notes import pool_notes
+from launcher.discovery.hosts import HostSpecError, parse_host_specs, parse_price
+from launcher.discovery.prices import TypePrice, host_terms
+
+
+def test_a_type_without_price_and_an_end_already_past_are_told():
+    lines = parse_host_specs("localhost:2 type=k80\n127.0.0.1:2 type=t4 ends=1000\n")
+    terms = host_terms(lines, {"t4": TypePrice(0.35, 0.11, None)})
+    notes = pool_notes(lines, terms, now=2000.0)
+    assert sorted(notes) == ["ends:127.0.0.1", "price:k80"], notes
+    assert "GPU type k80 has no price" in notes["price:k80"]
+    assert "already past (ends=1000, 1000 s ago)" in notes["ends:127.0.0.1"]
+    assert pool_notes(lines, terms, now=500.0).keys() == {"price:k80"}  # a notice to come
+    assert all("\n" not in x for x in notes.values())
+
+
+def test_a_price_is_a_plain_decimal_only():
+    assert [parse_price(x) for x in ("0.35", "1e-3", "2", ".5")] == [0.35, 0.001, 2.0, 0.5]
+    for bad in ("1_000", "\uff11", "nan", "inf", "0x10", " "):
+        with pytest.raises(HostSpecError, match="needs a price"):
+            parse_price(bad)
+
+
+def test_serve_help_lists_every_host_line_attribute(capsys):
+    from launcher.cluster.cli import build_parser
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for attr in ("slots=", "gpus=", "type=", "price=", "zone=", "[spot]", "ends="):
+        assert attr in text, (attr, text)

@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # make test's tests run on this many pytest-xdist workers (tests/conftest.py says why two)
 TEST_JOBS ?= 2
 
-.PHONY: setup demo test bench scale chaos clean install
+.PHONY: setup setup-build demo test bench scale chaos clean install
 
 # One install every user of a team's head host runs (docs/cluster.md, "A team's head host"):
 #   sudo make install PREFIX=/opt/hvd-edl PYTHON_BOOT=/usr/bin/python3
@@ -18,7 +18,19 @@ TEST_JOBS ?= 2
 # /root: its venvs fail with "bad interpreter" for everybody else)
 PREFIX ?= /opt/hvd-edl
 
+HOROVOD_VERSION := $(shell sed -n 's/.*HVD_EDL_HOROVOD_VERSION "\([0-9.]*\)".*/\1/p' CMakeLists.txt)
+
+# A second run is one line: when the installed Horovod already matches what the build would make
+# (cmake/horovod_matches.py: version, this torch, the GPU choice now, the patch set: the build's
+# own check, about 2-4 s) and build/check-build.txt shows PyTorch, cmake and horovodrun's 10 s
+# table are skipped.
 setup: $(STAMP)
+	@if $(PY) cmake/horovod_matches.py $(HOROVOD_VERSION) > /dev/null 2>&1 \
+	    && grep -q '\[X\] PyTorch' build/check-build.txt 2> /dev/null; then \
+	  echo "set-up ok: nothing to do (Horovod $(HOROVOD_VERSION) already built against this torch; $(STAMP) current)"; \
+	else $(MAKE) --no-print-directory setup-build VENV=$(VENV) PYTHON_BOOT=$(PYTHON_BOOT); fi
+
+setup-build: $(STAMP)
 	@cmake -S . -B build -DPython3_EXECUTABLE=$(abspath $(PY)) > build.cmake.log 2>&1 || (cat build.cmake.log; exit 1)
 	@$(PROGRESS) "Horovod against the installed torch (built once: minutes on 2 cores)" \
 	  --log build/horovod-build.log -- cmake --build build

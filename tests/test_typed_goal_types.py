@@ -48,3 +48,16 @@ def test_a_running_job_is_never_moved_outside_its_types():
                 speed_of=speed)
     alloc, _ = _round({"a1": 1, "t1": 1}, j)
     assert alloc == {"j1": {"t1": 1}}, alloc
+
+
+def test_a_revoked_job_is_given_room_only_on_its_types():
+    # j1 (--types t4) revoked; the only free slot is an a100's, and a donor could lend one
+    # a100 slot or one t4 slot: j1 gets the t4 slot, never the a100 ones
+    hosts = dict(HOSTS, a2=_Terms("a100", 2.93))
+    donor = JobView("d", 0.5, 2, 1, 2, started=True, allocation={"t1": 1, "a2": 1})
+    j1 = JobView("j1", 1.0, 1, 1, 1, started=True, displaced=1, goal=_goal(("t4",)))
+    policy = TypedPolicy()
+    snap = Snapshot(1e9, {"a1": 1, "a2": 1, "t1": 1}, (donor, j1), hosts=hosts)
+    alloc = policy.allocate(snap)
+    check_allocation(snap, alloc)
+    assert alloc["j1"] == {"t1": 1} and "t1" not in alloc["d"], alloc

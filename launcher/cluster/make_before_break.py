@@ -18,7 +18,7 @@ Pure: it changes only the dictionaries it is given.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from launcher.cluster.policy import Allocation, JobView, fill_hosts
 
@@ -44,6 +44,7 @@ def donor_order(jobs: Sequence[JobView], alloc: Allocation) -> List[JobView]:
 
 def make_room(j: JobView, alloc: Allocation, free: Dict[str, int],
               donors: Sequence[JobView], want: Optional[int] = None,
+              allowed: Optional[Callable[[str], bool]] = None,
               ) -> Optional[Tuple[Dict[str, int], Dict[str, Dict[str, int]]]]:
     """Slots for the displaced job ``j``: free ones first (its own hosts first), then slots
     taken from ``donors`` (in that order, each down to its ``min_np`` at most), up to ``want``
@@ -56,6 +57,7 @@ def make_room(j: JobView, alloc: Allocation, free: Dict[str, int],
         free: host -> slots still free; changed in place.
         donors: the jobs that may give slots, lowest first (:func:`donor_order`).
         want: slots to aim for (at least ``j.min_np`` are needed).
+        allowed: the hosts ``j`` may run on (None: any; ``typed``: those of its ``--types``).
 
     Returns:
         ``(hosts, taken)``: ``j``'s new allocation (host -> slots, what it kept included) and
@@ -66,9 +68,12 @@ def make_room(j: JobView, alloc: Allocation, free: Dict[str, int],
     kept = dict(alloc.get(j.id, {}))
     need = want - sum(kept.values())
     saved_free = dict(free)
-    got = fill_hosts(free, min(max(0, need), sum(max(0, k) for k in free.values())),
+    usable = {h: k for h, k in free.items() if allowed is None or allowed(h)}
+    got = fill_hosts(usable, min(max(0, need), sum(max(0, k) for k in usable.values())),
                      prefer=list(kept)) or {}
     got = {h: k for h, k in got.items() if k > 0}
+    for h, k in got.items():
+        free[h] -= k
     have = sum(got.values())
     taken: Dict[str, Dict[str, int]] = {}
     for d in donors:
@@ -79,6 +84,8 @@ def make_room(j: JobView, alloc: Allocation, free: Dict[str, int],
         held = dict(alloc.get(d.id, {}))
         spare = sum(held.values()) - d.min_np
         for h in sorted(held, key=lambda h: (held[h], h)):  # its least-used hosts first
+            if allowed is not None and not allowed(h):
+                continue
             k = min(spare, held[h], need - have)
             if k <= 0:
                 continue

@@ -243,7 +243,9 @@ class TypedPolicy(Policy):
             free[h] -= k
         if kept:
             alloc[j.id] = kept
-        room = make_room(j, alloc, free, donor_order(snap.jobs, alloc))
+        types = tuple((j.goal or {}).get("types") or ())  # --types: never outside them
+        room = make_room(j, alloc, free, donor_order(snap.jobs, alloc), allowed=(
+            (lambda h: klass.get(h, ("", False))[0] in types) if types else None))
         if room is None:
             for h, k in kept.items():
                 free[h] += k

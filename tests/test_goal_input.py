@@ -55,3 +55,15 @@ def test_submit_names_every_flag_without_objective_and_refuses_the_other_limit()
     # each objective without its limit: accepted, no limit (docs/transient.md says so)
     assert _submit_goal("--objective", "cost", "--samples", "1000")["goal"]["deadline_at"] \
         is None
+
+
+def test_hvd_edl_run_autoscale_refuses_the_other_limit_and_a_deadline_not_finite():
+    from launcher.apps.server_choice import choose_hosts
+    for args, says in [(("time", 100, 600, 2), "--deadline goes with --autoscale cost"),
+                       (("cost", 100, None, 2), "--budget goes with --autoscale time"),
+                       (("cost", 100, float("inf"), None), "not a finite number of seconds"),
+                       (("cost", 100, float("nan"), None), "not a finite number of seconds")]:
+        with pytest.raises(ValueError, match=says):
+            choose_hosts({}, *args, 1, 1)
+    with pytest.raises(ValueError, match="^--deadline inf: not a finite number of seconds"):
+        _submit_goal("--objective", "cost", "--deadline", "inf", "--samples", "1000")

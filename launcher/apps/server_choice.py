@@ -35,17 +35,27 @@ def choose_hosts(lines: Dict[str, HostLine], objective: str, samples: float,
     ``deadline``: seconds from now, or a unix time when >= 1e9.
 
     Raises:
-        ValueError: one line: no --samples, a deadline already past, a budget not positive,
+        ValueError: one line: no --samples, the other objective's limit (--deadline with
+            time, --budget with cost), a deadline not finite or already past, a budget not
+            positive,
             an unknown type, an unreadable table or profile, no known speed, nothing fits the
             bounds."""
     from launcher.discovery.prices import TableError
     if not (samples and samples > 0):
         raise ValueError(f"--autoscale {objective} needs --samples N (the job's work in "
                          f"samples) and a typed --hostfile")
+    wrong = {"time": ("--deadline", deadline, "cost"),
+             "cost": ("--budget", budget, "time")}.get(objective)
+    if wrong and wrong[1] is not None:  # the other objective's limit: it would be ignored
+        raise ValueError(f"{wrong[0]} goes with --autoscale {wrong[2]}, not {objective} "
+                         f"(time: the soonest within --budget; cost: the cheapest by "
+                         f"--deadline)")
     deadline_at = None
     if deadline is not None:
+        if not math.isfinite(deadline):
+            raise ValueError(f"--deadline {deadline:g}: not a finite number of seconds")
         deadline_at = deadline if deadline >= 1e9 else time.time() + deadline
-        if not (math.isfinite(deadline_at) and deadline_at > time.time()):
+        if not deadline_at > time.time():
             raise ValueError(f"--deadline {deadline:g} is already past")
     if budget is not None and not (math.isfinite(budget) and budget > 0):
         raise ValueError(f"--budget needs a positive number of dollars, got {budget:g}")

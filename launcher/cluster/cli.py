@@ -346,7 +346,7 @@ def goal_request(a) -> dict:
     deadline_at = None
     if a.deadline is not None:
         if not math.isfinite(a.deadline):
-            raise ValueError(f"--deadline {a.deadline}: not a number of seconds")
+            raise ValueError(f"--deadline {a.deadline}: not a finite number of seconds")
         deadline_at = a.deadline if a.deadline >= 1e9 else time.time() + a.deadline
         if deadline_at <= time.time():
             raise ValueError(f"--deadline {a.deadline:g} is already past")

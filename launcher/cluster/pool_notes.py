@@ -3,8 +3,9 @@ is taken but does not do what it seems to: a GPU type with no price at all (no `
 its lines and not in ``--prices``: its hosts count as free, $0 per GPU-hour, in every cost and
 choice), and a host not scheduled because its line's end (``ends=``, a spot notice:
 :mod:`launcher.cluster.drains`) is already past (a pool of such hosts serves 0 slots, where
-an empty ``-H`` is refused; a notice still to come is a drain, which the events report).  :meth:`launcher.cluster.service.Service.
-set_pool` logs each note the first time it holds (the keys say which were told).
+an empty ``-H`` is refused; a notice still to come is a drain, which the events report).
+:meth:`launcher.cluster.service.Service.set_pool` logs each note the first time it holds
+(the keys say which were told).
 """
 from __future__ import annotations
 

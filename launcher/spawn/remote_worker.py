@@ -51,20 +51,21 @@ def _zygote(job, env):
         return None
 
 
-def _supervise_zygote_worker(session):
-    """As below for a worker that a zygote forked: signals go through the zygote."""
-    sys.stderr.write(f"{MARKER}started {session.pid}\n")
+def _supervise(pid, send, wait):
+    """Say ``started PID``, pass each ``signal N`` line to ``send`` (SIGKILL when stdin ends),
+    wait for the worker with ``wait()`` and say ``exit CODE``; the exit code as the module says."""
+    sys.stderr.write(f"{MARKER}started {pid}\n")
     sys.stderr.flush()
 
     def control():
         for line in sys.stdin:
             parts = line.split()
             if len(parts) == 2 and parts[0] == "signal" and parts[1].isdigit():
-                session.signal(int(parts[1]))
-        session.signal(signal.SIGKILL)   # the session is gone: nothing may outlive it
+                send(int(parts[1]))
+        send(signal.SIGKILL)   # the session is gone: nothing may outlive it
 
     threading.Thread(target=control, daemon=True).start()
-    code = session.wait()
+    code = wait()
     try:
         sys.stderr.write(f"{MARKER}exit {code}\n")
         sys.stderr.flush()
@@ -79,7 +80,7 @@ def main():
     env.update(job["env"])
     session = _zygote(job, env)
     if session is not None:
-        return _supervise_zygote_worker(session)
+        return _supervise(session.pid, session.signal, session.wait)   # signals via the zygote
     try:
         child = subprocess.Popen(job["command"], cwd=job["cwd"], env=env,
                                  stdin=subprocess.DEVNULL, start_new_session=True)
@@ -89,25 +90,13 @@ def main():
         sys.stderr.write(f"{MARKER}exit 127\n")
         sys.stderr.flush()
         return 127
-    sys.stderr.write(f"{MARKER}started {child.pid}\n")
-    sys.stderr.flush()
 
-    def control():
-        for line in sys.stdin:
-            parts = line.split()
-            if len(parts) == 2 and parts[0] == "signal" and parts[1].isdigit():
-                _killpg(child.pid, int(parts[1]))
-        _killpg(child.pid, signal.SIGKILL)   # the session is gone: nothing may outlive it
+    def wait():
+        code = child.wait()
+        _killpg(child.pid, signal.SIGKILL)   # what the worker left behind in its group
+        return code
 
-    threading.Thread(target=control, daemon=True).start()
-    code = child.wait()
-    _killpg(child.pid, signal.SIGKILL)       # what the worker left behind in its group
-    try:
-        sys.stderr.write(f"{MARKER}exit {code}\n")
-        sys.stderr.flush()
-    except OSError:
-        pass
-    return code if code >= 0 else 128 - code
+    return _supervise(child.pid, lambda sig: _killpg(child.pid, sig), wait)
 
 
 if __name__ == "__main__":

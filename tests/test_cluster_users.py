@@ -338,9 +338,14 @@ def test_root_service_reads_a_users_job_and_its_shrink_frees_slots_for_another_u
         r = _cli(bob, bin_dir, cluster, "submit", "--np", "1", "--", "/bin/true")
         assert r.returncode == 0, r.stderr
         theirs = r.stdout.strip().splitlines()[-1]
-        wait_for("bob's job to run on the slot taken back", lambda: jobs()[theirs]["state"]
-                 in ("running", "done"), 60, explain)
-        events = [json.loads(x) for x in (state / "events.jsonl").read_text().splitlines()]
+        def events():
+            return [json.loads(x) for x in (state / "events.jsonl").read_text().splitlines()]
+
+        # the job's state may read running before its `run` event is written (the event says
+        # the wrapper started): wait for the event itself
+        wait_for("bob's job to run on the slot taken back", lambda: [
+            e for e in events() if e.get("job") == theirs and e.get("kind") == "run"], 60, explain)
+        events = events()
         released = [e for e in events if e.get("job") == job and e.get("kind") == "released"]
         started = [e for e in events if e.get("job") == theirs and e.get("kind") == "run"]
         assert released and started and started[0]["at"] >= released[0]["at"], events

@@ -27,18 +27,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common.cluster_service import wait_for  # noqa: E402 - after the path
+
 WINDOW_S = 7.0    # after a point's generation settled (telemetry's window is 5 s)
 SETTLE_S = 6.0
-
-
-def _wait(what, pred, timeout_s):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise TimeoutError(f"{what}: not within {timeout_s:.0f} s")
 
 
 def measure(model: str, sizes, batches, max_local: int, folder: Path) -> list:
@@ -59,8 +51,8 @@ def measure(model: str, sizes, batches, max_local: int, folder: Path) -> list:
                             stderr=subprocess.STDOUT)
     points = []
     try:
-        client = _wait("the job file", lambda: job_file.exists() and ControlClient(
-            job_file, timeout_s=20), 120)
+        client = wait_for("the job file", lambda: job_file.exists() and ControlClient(
+            job_file, timeout_s=20), 120, poll_s=0.3)
 
         def tel():
             try:
@@ -80,7 +72,7 @@ def measure(model: str, sizes, batches, max_local: int, folder: Path) -> list:
                     return t if (plan.get("batch") and int(plan["world_size"]) == size
                                  and t["job"].get("world_size") == size
                                  and abs(plan["batch"] - b) <= size) else None
-                t = _wait(f"batch {b} at {size}", settled, 180)
+                t = wait_for(f"batch {b} at {size}", settled, 180, poll_s=0.3)
                 gen = t["job"]["generation"]
                 t0 = time.monotonic()
                 time.sleep(SETTLE_S + WINDOW_S)  # a measurement window, not a synchronisation

@@ -99,12 +99,8 @@ def test_batch_plan_accumulates_past_the_memory_bound():
         adaptive_batch.BatchBounds(base_batch=8, min_batch=16, max_batch=32)
 
 
-_METER = r"""
-import sys, torch, horovod.torch as _hvd
-import hvd_edl.torch as hvd
-from hvd_edl.torch import gradient_noise as gn
-_hvd.init()
-torch.manual_seed(0)
+# the logistic-regression problem both probe scripts measure the noise on (same data, same start)
+_PROBLEM = r"""
 n, d = 512, 20
 g = torch.Generator().manual_seed(0)
 x = torch.randn(n, d, generator=g); w_true = torch.randn(d, generator=g)
@@ -112,7 +108,15 @@ y = (x @ w_true + 0.5 * torch.randn(n, generator=g) > 0).float()
 model = torch.nn.Linear(d, 1, bias=False)
 with torch.no_grad():
     model.weight.copy_(0.3 * torch.randn(d, generator=g))
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+"""
+
+_METER = r"""
+import sys, torch, horovod.torch as _hvd
+import hvd_edl.torch as hvd
+from hvd_edl.torch import gradient_noise as gn
+_hvd.init()
+torch.manual_seed(0)
+"""+_PROBLEM+r"""opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                                named_parameters=model.named_parameters(),
                                backward_passes_per_step=4)
 opt.gradient_noise.noise.smoothing = 0.997
@@ -217,14 +221,7 @@ import hvd_edl.torch as hvd
 from hvd_edl.torch import gradient_noise as gn
 hvd.init()
 torch.set_num_threads(1)
-n, d = 512, 20
-g = torch.Generator().manual_seed(0)
-x = torch.randn(n, d, generator=g); w_true = torch.randn(d, generator=g)
-y = (x @ w_true + 0.5 * torch.randn(n, generator=g) > 0).float()
-model = torch.nn.Linear(d, 1, bias=False)
-with torch.no_grad():
-    model.weight.copy_(0.3 * torch.randn(d, generator=g))
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+"""+_PROBLEM+r"""opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                                named_parameters=model.named_parameters(),
                                backward_passes_per_step=2)
 meter = opt.gradient_noise

@@ -153,6 +153,34 @@ def test_a_host_no_job_reaches_rests_for_a_cooldown_decision():
     assert "h1" in rest and r.rest_left(later + reach.UNREACHED_S)["h1"] == 2 * reach.COOLDOWN_S
 
 
+def test_unreachable_after_sets_how_long_a_host_looks_unreached_before_it_rests(capsys):
+    """``serve --unreachable-after S`` (default :data:`reach.UNREACHED_S`): a host rests S after
+    it first looked unreached, not before; a value that is not a finite number above 0 is
+    argparse's one line and exit code 2 (and :class:`reach.Reach` refuses it too)."""
+    from launcher.cluster import cli, reach
+    written, t0 = {"j1": {"localhost": 1, "h1": 1}}, 1000.0
+    r = reach.Reach(2.5)
+    assert r.observe(written, {"j1": _tel(t0, ["localhost"])}, t0) == ([], [])
+    assert r.observe(written, {"j1": _tel(t0 + 2.4, ["localhost"])}, t0 + 2.4) == ([], [])
+    assert r.observe(written, {"j1": _tel(t0 + 2.5, ["localhost"])}, t0 + 2.5) == (["h1"], [])
+    a = cli.build_parser().parse_args(["serve", "-H", "h1:1", "--state-dir", "s",
+                                       "--unreachable-after", "2.5"])
+    assert a.unreachable_s == 2.5
+    assert cli.build_parser().parse_args(["serve", "-H", "h1:1", "--state-dir",
+                                          "s"]).unreachable_s is None  # the service's default
+    for bad, words in [("0", "expected a positive number, got 0"), ("-1", "got -1"),
+                       ("x", "got 'x'"), ("nan", "got nan"), ("inf", "finite")]:
+        with pytest.raises(SystemExit) as e:
+            cli.build_parser().parse_args(["serve", "-H", "h1:1", "--state-dir", "s",
+                                           "--unreachable-after", bad])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "--unreachable-after" in err and words in err, err
+        assert len(err.strip().splitlines()) == 1, err
+    for bad in (0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError):
+            reach.Reach(bad)
+
+
 def test_the_service_rests_an_unreached_host_and_shows_the_ring_from_telemetry(tmp_path):
     """A job allocated localhost:2 and h1:3 whose launcher fenced h1 (its telemetry: a ring of 2,
     no worker on h1): once h1 has been unreached for UNREACHED_S the service takes h1's slots
@@ -204,16 +232,19 @@ def test_the_service_rests_an_unreached_host_and_shows_the_ring_from_telemetry(t
 def test_a_vanished_pool_host_leaves_the_ring_shown_and_rests(tmp_path):
     """End to end on namespace hosts (tests/cluster.py): ``serve -H h1:1,h2:1,h3:1``, a job on
     all three; h3 is cut off the bridge.  Its launcher fences w3; the service shows the ring of 2
-    (``world_size``) and, UNREACHED_S later, rests h3: its slot is taken from the job and no
-    job is given h3 while it rests."""
+    (``world_size``) while h3 is still allocated and not resting (from telemetry, not from the
+    rest's shrink), and ``--unreachable-after`` (3 s here; default 10) later, rests h3: its
+    slot is taken from the job and no job is given h3 while it rests."""
     from test_cluster import _cluster
     from launcher.cluster import reach
+    unreachable_s = 3.0  # the window in which status must show the ring of 2 before the rest
     c = _cluster(hosts=3)
     cli = [sys.executable, "-m", "launcher.cluster.cli"]
     state, cfile = tmp_path / "state", tmp_path / "cluster.json"
     out = open(tmp_path / "serve.log", "w")
     serve = c.popen("launcher", cli + [
         "serve", "-H", "h1:1,h2:1,h3:1", "--policy", "edl", "--hold", "1", "-i", c.identity_file,
+        "--unreachable-after", str(unreachable_s),
         "--network-interface", c.nic, "--state-dir", str(state), "--cluster-file", str(cfile)],
         stdout=out, stderr=subprocess.STDOUT, cwd=str(Path(__file__).resolve().parent.parent))
 
@@ -240,8 +271,8 @@ def test_a_vanished_pool_host_leaves_the_ring_shown_and_rests(tmp_path):
         cut = time.monotonic()
         c.cut("h3")
         try:
-            wait_for("status showing the ring of 2",
-                     lambda: job_status(jid)[1].get("world_size") == 2, 60, logs)
+            two = wait_for("status showing the ring of 2", lambda: (
+                lambda s: s if s[1].get("world_size") == 2 else None)(job_status(jid)), 60, logs)
             shown = time.monotonic() - cut
             st = wait_for("h3 resting", lambda: (lambda s: s if "h3" in s[0].get("resting", {})
                                                  else None)(job_status(jid)), 60,
@@ -251,8 +282,12 @@ def test_a_vanished_pool_host_leaves_the_ring_shown_and_rests(tmp_path):
             c.reconnect("h3")
         assert st[1]["allocation"] == {"h1": 1, "h2": 1}, st[1]
         assert all(w["host"] != "h3" for w in st[1]["workers"]), st[1]["workers"]
-        assert rested >= reach.UNREACHED_S, rested
-        assert shown < reach.UNREACHED_S, shown  # from its telemetry, not from the rest's shrink
+        assert rested >= unreachable_s, rested
+        # the ring of 2 from its telemetry, not from the rest's shrink: shown while h3 was still
+        # allocated to the job and not resting
+        assert "h3" not in two[0].get("resting", {}) and \
+            two[1]["allocation"] == {"h1": 1, "h2": 1, "h3": 1}, two
+        assert shown < reach.UNREACHED_S, shown  # within the default's 10 s, as before
         print(f"vanished h3: status shows the ring of 2 {shown:.1f} s after the cut, h3 rests "
               f"{rested:.1f} s after it")
     finally:

@@ -41,6 +41,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def _finite_seconds(text: str) -> float:
+    """Seconds above 0 and finite (``--unreachable-after``); argparse's one line otherwise."""
+    v = _positive_float(text)
+    if v == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds, got {text}")
+    return v
+
+
 def _fail(message: str, code: int = 2) -> int:
     print(f"{PROG}: error: {message}", file=sys.stderr)
     return code
@@ -123,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--bind-address", default="127.0.0.1",
                    help="address the API and metrics listen on (default 127.0.0.1)")
     s.add_argument("--port", type=_tcp_port, default=0, help="the API's port (default: free)")
+    s.add_argument("--unreachable-after", dest="unreachable_s", type=_finite_seconds,
+                   default=None, metavar="SECONDS",
+                   help="a pool host where every running job allocated slots has had no live "
+                        "worker this long (its network cut, powered off) rests: it leaves the "
+                        "pool for a cooldown (default 10)")
     s.add_argument("--round", dest="round_s", type=_positive_float, default=5.0,
                    help="seconds between scheduling rounds; a submit, an end or a pool change "
                         "starts one at once (default 5)")
@@ -442,7 +455,8 @@ def serve(a, parser) -> int:
                       discovery_interval_s=a.discovery_interval, round_s=a.round_s,
                       fixed_pool=not a.discovery_script, launcher_args=launcher_args,
                       assume_gpus=a.assume_gpus, prices=prices, risk=risk,
-                      **({"restart_cost_s": a.start_cost} if a.start_cost else {}))
+                      **({"restart_cost_s": a.start_cost} if a.start_cost else {}),
+                      **({"unreached_s": a.unreachable_s} if a.unreachable_s else {}))
     try:
         service.open()
     except ServiceError as e:

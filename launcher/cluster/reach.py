@@ -3,8 +3,9 @@ cut, powered off) is fenced by each job's launcher within seconds (its workers t
 from the ring and the host rests in the job's own slot book), but the pool's list (``-H``, a
 hostfile) still names it.  The service learns a job's real membership from its telemetry
 (``/ctl/telemetry``'s worker rows: :func:`launcher.cluster.runs.takes_part`), and a host where
-every running job that is allocated slots there has had no live worker for :data:`UNREACHED_S`
-(each with a fresh telemetry answer, training elsewhere, not finishing) *rests*: it leaves the
+every running job that is allocated slots there has had no live worker for ``unreached_s``
+(``serve --unreachable-after S``, default :data:`UNREACHED_S`; each job with a fresh telemetry
+answer, training elsewhere, not finishing) *rests*: it leaves the
 pool the policy sees for a cooldown (:data:`COOLDOWN_S`, doubled per repeat up to
 :data:`MAX_COOLDOWN_S`, as a launcher's ``--blacklist-cooldown-range`` does), its slots are
 taken from the jobs that held them at once (:func:`launcher.cluster.pool.hosts_left`), and when
@@ -19,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Optional, Tuple
 
-UNREACHED_S = 10.0     # no live worker of any job allocated there this long: the host rests
+UNREACHED_S = 10.0     # default: no live worker of any job allocated there this long: it rests
 COOLDOWN_S = 60.0      # ... this long the first time
 MAX_COOLDOWN_S = 600.0 # ... doubled per repeat up to this
 FRESH_S = 5.0          # a telemetry answer older than this says nothing
@@ -32,9 +33,22 @@ def live_hosts(answer: Optional[dict]) -> Dict[str, int]:
 
 
 class Reach:
-    """Which hosts rest, until when, and since when each host has looked unreached."""
+    """Which hosts rest, until when, and since when each host has looked unreached.
 
-    def __init__(self):
+    Args:
+        unreached_s: seconds a host must look unreached (no live worker of any job allocated
+            there, each with a fresh answer) before it rests (``serve --unreachable-after``);
+            above 0.
+
+    Raises:
+        ValueError: ``unreached_s`` not a finite number above 0.
+    """
+
+    def __init__(self, unreached_s: float = UNREACHED_S):
+        if not (0 < unreached_s < float("inf")):
+            raise ValueError(f"unreached_s must be a number of seconds above 0, got "
+                             f"{unreached_s!r}")
+        self.unreached_s = float(unreached_s)
         self.since: Dict[str, float] = {}        # host -> first seen unreached (monotonic)
         self.resting: Dict[str, float] = {}      # host -> rests until (monotonic)
         self.strikes: Dict[str, int] = {}        # host -> times it rested
@@ -84,7 +98,7 @@ class Reach:
             if not unreached or h in self.resting:
                 continue
             first = self.since.setdefault(h, now)
-            if now - first >= UNREACHED_S:
+            if now - first >= self.unreached_s:
                 n = self.strikes.get(h, 0)
                 self.strikes[h] = n + 1
                 self.resting[h] = now + min(COOLDOWN_S * 2 ** n, MAX_COOLDOWN_S)
@@ -102,7 +116,7 @@ def check(svc) -> None:
                                      if j in svc.runs}, dict(svc.telemetry), now)
     for h in rest:
         svc.events.note(None, "rest", f"{h}: no job reaches it (no live worker there for "
-                        f"{UNREACHED_S:g} s): it rests {svc.reach.rest_left(now)[h]:g} s",
+                        f"{svc.reach.unreached_s:g} s): it rests {svc.reach.rest_left(now)[h]:g} s",
                         host=h)
     pool_.hosts_left(svc, rest)
     for h in ended:

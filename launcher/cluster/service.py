@@ -127,6 +127,8 @@ class Service:
             ``nvidia-smi`` there says (:mod:`launcher.cluster.gpus`).
         prices: the price table (type -> ``launcher.discovery.prices.TypePrice``; ``--prices``).
         risk: the revocation-risk table (``launcher.discovery.prices.RiskTable``; default GCE's).
+        unreached_s: seconds a pool host must look unreached by every job allocated there
+            before it rests (``serve --unreachable-after``; :mod:`launcher.cluster.reach`).
     """
 
     def __init__(self, state_dir: Path, discovery, policy: Policy,
@@ -134,7 +136,7 @@ class Service:
                  fixed_pool: bool = False, change_cost_s: float = CHANGE_COST_S,
                  restart_cost_s: float = RESTART_COST_S, launcher_args: Sequence[str] = (),
                  assume_gpus: bool = False, prices: Optional[Dict[str, object]] = None,
-                 risk=None):
+                 risk=None, unreached_s: float = reach_.UNREACHED_S):
         self.state_dir = Path(state_dir)
         self.discovery = discovery
         self.policy = policy
@@ -167,7 +169,7 @@ class Service:
         self.batch_asked: Dict[Tuple[str, int], int] = {}  # (job, run) -> batch passed to it
         self.releasing: Dict[str, float] = {}    # job id -> when its shrink was written
         self.leftovers: Dict[str, "orphans.Drain"] = {}  # job id -> its ended run's processes
-        self.reach = reach_.Reach()              # hosts no job reaches: they rest (a cooldown)
+        self.reach = reach_.Reach(unreached_s)   # hosts no job reaches: they rest (a cooldown)
         self.waiting_since: Dict[str, float] = {}  # job id -> when it was first allocated
         self.waiting_reasons: Dict[str, str] = {}  # job id -> why the last round left it out
         self.requests: "queue.Queue[Tuple[Callable[[], object], Future]]" = queue.Queue()

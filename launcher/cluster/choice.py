@@ -31,7 +31,7 @@ the deadline) with ``fits = False`` and why.  Pure functions: the cluster policy
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Optional, Tuple
 
 OBJECTIVES = ("time", "cost")
@@ -77,7 +77,10 @@ class Offer:
 class Prediction:
     """A choice and what it predicts: ``gpu_type``, ``n`` workers, ``time_s`` to finish,
     ``cost_usd`` in all (spent so far included), ``revocations`` expected, ``fits`` (within the
-    budget / deadline) and ``why`` (one line for ``status``)."""
+    budget / deadline) and ``why`` (one line for ``status``); ``parts`` for a ring over
+    several classes, ((type, spot, workers), ...) (``gpu_type`` then joins the types with
+    ``+``); ``wait_s`` when the choice is to wait that long for busy slots of its type (part of
+    ``time_s``: :mod:`launcher.cluster.goal_program`)."""
     gpu_type: str
     n: int
     time_s: float
@@ -86,11 +89,25 @@ class Prediction:
     fits: bool = True
     why: str = ""
     spot: bool = False
+    parts: Tuple[Tuple[str, bool, int], ...] = ()
+    wait_s: float = 0.0
 
     def as_dict(self) -> dict:
-        return {"type": self.gpu_type, "spot": self.spot, "n": self.n, "time_s": round(self.time_s, 3),
-                "cost_usd": round(self.cost_usd, 6), "revocations": round(self.revocations, 4),
-                "fits": self.fits, "why": self.why}
+        d = {"type": self.gpu_type, "spot": self.spot, "n": self.n,
+             "time_s": round(self.time_s, 3), "cost_usd": round(self.cost_usd, 6),
+             "revocations": round(self.revocations, 4), "fits": self.fits, "why": self.why}
+        if self.parts:
+            d["parts"] = [{"type": t, "spot": s, "n": k} for t, s, k in self.parts]
+        if self.wait_s:
+            d["wait_s"] = round(self.wait_s, 2)
+        return d
+
+    @property
+    def label(self) -> str:
+        """``2 x t4 spot``; ``1 x a100 + 1 x t4 spot`` for a mixed ring."""
+        if self.parts:
+            return " + ".join(f"{k} x {t}{' spot' if s else ''}" for t, s, k in self.parts)
+        return f"{self.n} x {self.gpu_type}{' spot' if self.spot else ''}"
 
 
 def predict(remaining: float, speed: Callable[[int], Optional[float]], n: int, offer: Offer,
@@ -170,38 +187,57 @@ def choose(goal: Goal, remaining: float, speed: Callable[[str, int], Optional[fl
                         spent_usd=spent_usd, start_s=start_of(start, offer.gpu_type, n), **kw)
             if p is not None:
                 cands.append(p)
+    return pick(goal, cands, now)
+
+
+def rank_key(goal: Goal, p: Prediction, now: float) -> tuple:
+    """How good ``p`` is for ``goal``, lower better (``now``: unix seconds, the deadline's
+    clock): the ones that fit first (``time``: cost within the budget; ``cost``: time within
+    the deadline), among them the soonest (``time``) or cheapest (``cost``); among those that
+    do not fit, the least over budget (``time``) or the soonest (``cost``).  :func:`choose`
+    picks the least; the round's program (:mod:`launcher.cluster.goal_program`) compares
+    running now with waiting by it."""
+    if goal.objective == "time":
+        fits = goal.budget_usd is None or p.cost_usd <= goal.budget_usd
+        return (0, p.time_s, p.cost_usd, p.gpu_type, p.n) if fits else \
+            (1, p.cost_usd, p.time_s, p.gpu_type, p.n)
+    fits = goal.deadline_at is None or p.time_s <= goal.deadline_at - now
+    return (0, p.cost_usd, p.time_s, p.gpu_type, p.n) if fits else \
+        (1, p.time_s, p.cost_usd, p.gpu_type, p.n)
+
+
+def pick(goal: Goal, cands: Iterable[Prediction], now: float) -> Optional[Prediction]:
+    """The best of ``cands`` for ``goal`` (:func:`rank_key`), with ``fits`` and ``why`` set;
+    None for no candidates."""
+    cands = list(cands)
     if not cands:
         return None
+    best = min(cands, key=lambda p: rank_key(goal, p, now))
+    fits = rank_key(goal, best, now)[0] == 0
     if goal.objective == "time":
         budget = math.inf if goal.budget_usd is None else goal.budget_usd
-        fit = [p for p in cands if p.cost_usd <= budget]
-        if fit:
-            best = min(fit, key=lambda p: (p.time_s, p.cost_usd, p.gpu_type, p.n))
+        if fits:
             return _with(best, True, f"soonest: {_fig(best)}" + (
                 f" within the ${budget:g} budget" if goal.budget_usd is not None else ""))
-        best = min(cands, key=lambda p: (p.cost_usd, p.time_s, p.gpu_type, p.n))
         return _with(best, False, f"no choice fits the ${budget:g} budget; the cheapest: "
                      f"{_fig(best)}")
     left = math.inf if goal.deadline_at is None else goal.deadline_at - now
-    fit = [p for p in cands if p.time_s <= left]
-    if fit:
-        best = min(fit, key=lambda p: (p.cost_usd, p.time_s, p.gpu_type, p.n))
+    if fits:
         return _with(best, True, f"cheapest: {_fig(best)}" + (
             f" within the deadline ({left:.0f} s left)" if goal.deadline_at is not None
             else ""))
-    best = min(cands, key=lambda p: (p.time_s, p.cost_usd, p.gpu_type, p.n))
     return _with(best, False, f"no choice meets the deadline ({left:.0f} s left); the "
                  f"soonest: {_fig(best)}")
 
 
 def _fig(p: Prediction) -> str:
-    return (f"{p.n} x {p.gpu_type}{' spot' if p.spot else ''}, {p.time_s:.0f} s, "
-            f"${p.cost_usd:.4f}"
+    return ((f"waits {p.wait_s:.0f} s for " if p.wait_s else "")
+            + f"{p.label}, {p.time_s:.0f} s, ${p.cost_usd:.4f}"
             + (f", {p.revocations:.2f} revocations expected" if p.revocations else ""))
 
 
 def _with(p: Prediction, fits: bool, why: str) -> Prediction:
-    return Prediction(p.gpu_type, p.n, p.time_s, p.cost_usd, p.revocations, fits, why, p.spot)
+    return replace(p, fits=fits, why=why)
 
 
 def better(objective: str, a: Prediction, b: Prediction) -> float:

@@ -473,7 +473,7 @@ class Service:
         alloc = rested.clamp(self, alloc)  # never more than a run's launcher can use
         self.waiting_reasons = reasons.waiting(snap, alloc, self.policy, sum(self.pool.values()))
         explain = getattr(self.policy, "explain", None)
-        self._note_choices(snap)
+        self._note_choices(snap, alloc)
         self._pass_batches(snap, alloc)
         for view in snap.jobs:
             new = {h: k for h, k in alloc.get(view.id, {}).items() if k > 0}
@@ -524,10 +524,11 @@ class Service:
                     log.info("job %s: batch %d not passed: %s", job_id, batch, e)
             threading.Thread(target=ask, daemon=True).start()
 
-    def _note_choices(self, snap: Snapshot) -> None:
+    def _note_choices(self, snap: Snapshot, alloc) -> None:
         """Keep the policy's choice per job with an objective (``typed``: type, number,
         predicted time and cost) in its ``goal``: ``choice`` the latest, ``first_choice`` the
-        one it started with (``status`` shows the latest beside the cost so far, and the first
+        one it started with (its first round with slots: a choice to wait for busy slots is
+        ``choice`` while it waits, never ``first_choice``) (``status`` shows the latest beside the cost so far, and the first
         where it differs); ``measuring`` (``"1 x t4 on demand"``) where the policy started it
         to measure its speed, before any choice."""
         for job_id, pred in (getattr(self.policy, "choices", None) or {}).items():
@@ -541,7 +542,7 @@ class Service:
                     goal.get("choice", {}).get("n") == d["n"]:
                 continue
             goal["choice"] = d
-            if "first_choice" not in goal and job_id in {
+            if "first_choice" not in goal and alloc.get(job_id) and job_id in {
                     v.id for v in snap.jobs if not v.allocation}:
                 goal["first_choice"] = d
             self.store.update(job_id, goal=goal)

@@ -124,7 +124,12 @@ def objective_line(j: dict) -> str:
 
 
 def _config(c: dict) -> str:
-    return f"{c['n']} x {c['type']}{' spot' if c.get('spot') else ''}"
+    """``2 x t4 spot``; a mixed ring ``1 x a100 + 1 x t4 spot``; a choice to wait for busy
+    slots ``waits 30 s for 2 x a100``."""
+    parts = c.get("parts") or [c]
+    what = " + ".join(f"{p['n']} x {p['type']}{' spot' if p.get('spot') else ''}"
+                      for p in parts)
+    return (f"waits {c['wait_s']:.0f} s for " if c.get("wait_s") else "") + what
 
 
 def _age_left(t) -> str:

@@ -11,19 +11,23 @@ Each round, in order:
    slots are taken stop-free from running jobs above their minimum (the lowest first:
    :mod:`launcher.cluster.make_before_break`), and only when even that cannot give it its
    ``min_np`` is it left to be checkpointed and resumed;
-3. a waiting job with an objective (``submit --objective time|cost``) gets the type and number
-   :func:`launcher.cluster.choice.choose` picks among the slots free now, grouped by (type,
-   spot): soonest within its budget, or cheapest within its deadline, expected revocations
-   counted; while its speed is unknown everywhere it starts at ``--np`` on the type with the
-   most free slots, to be measured (and moved once that pays back);
-4. the other jobs (waiting, and running ones whose last change is ``hold_s`` old) by the
-   round's program the simulator solves (:mod:`launcher.cluster.round_program`, as
-   :mod:`launcher.cluster.policies.hetero_goodput` does for Sia's cluster): each one
-   configuration, ``n`` in ``[min_np, np]`` GPUs of one class (type, spot), or of two classes
-   where mixed types pay (:mod:`launcher.cluster.mixed_types`: the ring runs at its slowest
-   type's speed), the sum of ``1 / T`` maximised, a change's stall priced in; so a job that
-   gains 3x from an a100 over a t4 takes the a100 before one that gains 1.5x, a running job
-   moves to another type only for ``move_gain`` or more, and is never stopped here;
+3. a waiting job with an objective (``submit --objective time|cost``) whose speed is unknown
+   on every type it may use starts at ``--np`` on the type with the most free slots, to be
+   measured (and moved once that pays back);
+4. the other jobs (waiting, and running ones without an objective whose last change is
+   ``hold_s`` old) by the round's program the simulator solves
+   (:mod:`launcher.cluster.round_program`, as :mod:`launcher.cluster.policies.hetero_goodput`
+   does for Sia's cluster): each one configuration, ``n`` GPUs of one class (type, spot), or
+   of two classes where mixed types pay (:mod:`launcher.cluster.mixed_types`: the ring runs
+   at its slowest type's speed), the sum of ``1 / T`` maximised, a change's stall priced in;
+   so a job that gains 3x from an a100 over a t4 takes the a100 before one that gains 1.5x, a
+   running job moves to another type only for ``move_gain`` or more, and is never stopped
+   here.  A job with an objective is a row of the same program
+   (:mod:`launcher.cluster.goal_program`): its configurations (``n`` in ``[min_np, max_np]``)
+   predicted as CM-DARE predicts, valued by its objective, and only those its objective ranks
+   at least as well as waiting for busy slots of a better class (soonest within its budget,
+   or cheapest within its deadline: it then waits); a start is predicted at the number of
+   workers starting at once (its own and other jobs');
 5. a running job with an objective moves (stop-free) to slots still free when that serves its
    objective better by :attr:`TypedPolicy.move_gain` or more, counting the new workers' start
    in full (pessimistic: the job trains on meanwhile), fits its budget or deadline (or its
@@ -41,8 +45,10 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from launcher.cluster.choice import (Goal, Offer, Prediction, better, choose, predict,
+from launcher.cluster.choice import (Goal, Offer, Prediction, better, choose, pick, predict,
                                      start_of)
+from launcher.cluster.goal_program import (QUEUE_TIE, config_prediction, goal_values, running_releases,
+                                           wait_options)
 from launcher.cluster.make_before_break import donor_order, lent_reason, make_room
 from launcher.cluster.mixed_types import mixed_pays, ring_speed, single_speed
 from launcher.cluster.round_program import solve, value
@@ -108,9 +114,14 @@ class TypedPolicy(Policy):
         for j in [j for j in waiting if j.displaced]:
             self._place_displaced(snap, j, alloc, free, klass)
         waiting = [j for j in waiting if j.id not in alloc]
-        for j in [j for j in waiting if j.goal]:  # 3. objectives, in submission order
-            self._place_goal(snap, j, alloc, free, klass)
-        rest = sorted((j for j in waiting if not j.goal),  # 4. the round's program
+        self._starting = self._starting_now(snap, klass)
+        self._releases = running_releases(snap.jobs, klass, snap.now)
+        self._terms = {o_k: o for o_k, o in (((o.gpu_type, o.spot), o) for o in self._offers(
+            snap, dict(snap.pool), klass))}
+        for j in [j for j in waiting if j.goal]:  # 3. objectives of unknown speed: measured
+            if self._choose(snap, j, list(self._terms.values()), self._start_s) is None:
+                self._place_goal(snap, j, alloc, free, klass)
+        rest = sorted((j for j in waiting if j.id not in alloc),  # 4. the round's program
                       key=lambda j: (not j.started, -j.priority, -_gain(j, klass),
                                      j.submitted_at, j.id))
         movable = [j for j in snap.jobs if j.id in running and j.id in alloc and not j.goal
@@ -261,14 +272,17 @@ class TypedPolicy(Policy):
                            + (f", {sum(sum(t.values()) for t in taken.values())} taken from "
                               f"{', '.join(sorted(taken))}" if taken else ""))
 
-    def _configs(self, j: JobView, cap: Dict[Klass, int]) -> List[Dict[Klass, int]]:
+    def _configs(self, j: JobView, cap: Dict[Klass, int],
+                 hi: Optional[int] = None) -> List[Dict[Klass, int]]:
         """The configurations ``j`` may start in: ``n`` slots of one class (type, spot), or
         of two where mixing pays (:func:`launcher.cluster.mixed_types.mixed_pays`: the fewest
-        and the most of the first class that fit), ``n`` its ``min_np``, its ``np`` and the
-        powers of two between (a program of bounded size on a large pool)."""
+        and the most of the first class that fit), ``n`` its ``min_np``, ``hi`` (default its
+        ``np``), every size between up to 8 and the powers of two above (a program of
+        bounded size on a large pool)."""
         out: List[Dict[Klass, int]] = []
-        lo, hi = j.min_np, max(j.min_np, j.np)
-        ns = sorted({lo, hi} | {2 ** e for e in range(hi.bit_length()) if lo < 2 ** e < hi})
+        lo, hi = j.min_np, max(j.min_np, j.np if hi is None else hi)
+        ns = sorted({lo, hi} | {2 ** e for e in range(hi.bit_length()) if lo < 2 ** e < hi}
+                    | {n for n in range(lo, min(hi, 8) + 1)})
         for k, room in sorted(cap.items()):
             out += [{k: n} for n in ns if n <= room]
         classes = sorted(k for k in cap if cap[k] > 0)
@@ -330,6 +344,82 @@ class TypedPolicy(Policy):
                 alloc[j.id] = got
                 self._why[j.id] = self._started_why(
                     j, c, moved=sum(held[j.id].values()) if j.id in held else 0)
+            self._note_goals(snap, waiting, alloc, placed or {})
+
+    def _note_goals(self, snap, waiting: List[JobView], alloc, placed) -> None:
+        """The choice and reason of each waiting job with an objective after the program: the
+        configuration it got, its prediction made again with every worker the round starts
+        (their starts share the CPUs: :func:`launcher.cluster.goal_program`), or what it waits
+        for."""
+        starting = self._starting + sum(
+            sum(alloc[j.id].values()) for j in waiting if j.id in alloc)
+        for j in waiting:
+            if not j.goal or j.id not in getattr(self, "_goal_rows", {}):
+                continue
+            preds, best = self._goal_rows[j.id]
+            g = Goal.from_dict(dict(j.goal))
+            c = (placed.get(j.id) or (None, None))[1]
+            if j.id in alloc and c is not None:
+                n = sum(c.values())
+                p = self._predict_config(snap, j, c, starting - n) or preds.get(_frozen(c))
+                if p is None:
+                    continue
+                p = pick(g, [p], snap.now)
+                self.choices[j.id] = p
+                other = "" if best is None or best.wait_s or best.label == p.label else \
+                    f" (its best, {best.label}, went to another job this round)"
+                self._why[j.id] = f"typed: {p.why}{other}"
+            elif best is not None and best.wait_s:
+                self.choices[j.id] = best
+                self._why[j.id] = f"typed: {best.why}: sooner or cheaper than what is free"
+            else:
+                self._why[j.id] = ("typed: waits: the round gave the slots it could use to "
+                                   "others" if best is not None else
+                                   "typed: waits: no configuration of it is predicted")
+
+    def _start_spec(self, j: JobView):
+        """The job's start: its ``--speed-profile``'s per type (and number starting at once),
+        the service's ``--start-cost`` for the others."""
+        per_type = j.goal.get("start_s") if j.goal else None
+        return dict(per_type, **{"*": self._start_s}) if isinstance(per_type, dict) \
+            else self._start_s
+
+    def _predict_config(self, snap, j: JobView, c: Dict[Klass, int],
+                        starting: Optional[int] = None) -> Optional[Prediction]:
+        g = Goal.from_dict(dict(j.goal))
+        remaining = max(0.0, g.samples - float(j.goal.get("done_samples") or 0.0))
+        return config_prediction(remaining, j.speed_of or (lambda t, n: None), c, self._terms,
+                                 self._start_spec(j),
+                                 self._starting if starting is None else starting,
+                                 j.spent_usd, self.commit_s, self._switch_s, self.notice)
+
+    def _waits(self, snap, j: JobView, cap: Dict[Klass, int]) -> List[Prediction]:
+        """``j``'s options of waiting for busy slots (:func:`launcher.cluster.goal_program.
+        wait_options`), on its allowed types only."""
+        allowed = tuple(j.goal.get("types") or ())
+        rel = {k: r for k, r in self._releases.items() if not allowed or k[0] in allowed}
+        g = Goal.from_dict(dict(j.goal))
+        remaining = max(0.0, g.samples - float(j.goal.get("done_samples") or 0.0))
+        return wait_options(remaining, j.speed_of or (lambda t, n: None),
+                            range(max(1, j.min_np), j.max_np + 1), self._terms, cap, rel,
+                            start=self._start_spec(j), starting=self._starting,
+                            spent_usd=j.spent_usd, commit_s=self.commit_s,
+                            switch_s=self._switch_s, notice=self.notice)
+
+    def _starting_now(self, snap, klass) -> int:
+        """Workers of running jobs still starting (started within their start's time, and
+        for a job with an objective, no sample trained yet): their starts share the CPUs
+        with any the round starts."""
+        n = 0
+        for j in snap.jobs:
+            k = sum(j.allocation.values())
+            if not k or (j.goal and float(j.goal.get("done_samples") or 0.0) > 0):
+                continue
+            types = {klass[h][0] for h in j.allocation if h in klass} or {""}
+            if snap.now - j.last_change_at < max(start_of(self._start_spec(j), t, k)
+                                                 for t in types):
+                n += k
+        return n
 
     def _solve_group(self, snap, group: List[JobView], held: Dict[str, Dict[str, int]],
                      free, klass) -> Optional[Dict[str, Tuple[Dict[str, int], Optional[dict]]]]:
@@ -341,7 +431,9 @@ class TypedPolicy(Policy):
             cap[klass[h]] = cap.get(klass[h], 0) + max(0, k)
         cfgs, curs = [], []
         for j in group:
-            cs = self._configs(j, cap)
+            cs = self._configs(j, cap, hi=j.max_np if j.goal else None)
+            if j.goal and j.goal.get("types"):  # --types: only these
+                cs = [c for c in cs if all(k[0] in j.goal["types"] for k in c)]
             cur = _config_of(held[j.id], klass) if j.id in held else None
             if cur is not None:
                 r_cur = ring_speed(j.speed_of, _by_type(cur))
@@ -357,7 +449,16 @@ class TypedPolicy(Policy):
             if c not in uses:
                 uses.append(c)
         val = np.zeros((len(group), len(uses)))
+        self._goal_rows = {}
         for i, (j, cs, cur) in enumerate(zip(group, cfgs, curs)):
+            if j.goal and cur is None:  # an objective: its own row (goal_program)
+                preds = [self._predict_config(snap, j, c) for c in cs]
+                waits = self._waits(snap, j, cap)
+                vals, best = goal_values(Goal.from_dict(dict(j.goal)), snap.now, preds, waits)
+                for c, v in zip(cs, vals):  # equal rows: the earlier in the queue first
+                    val[i, uses.index(c)] = v * (1.0 - QUEUE_TIE * i)
+                self._goal_rows[j.id] = ({_frozen(c): p for c, p in zip(cs, preds)}, best)
+                continue
             ref = min(single_speed(j.speed_of, t, j.min_np) for t, _ in cap) if cap \
                 else float(j.min_np)
             for c in cs:
@@ -407,6 +508,10 @@ class TypedPolicy(Policy):
                 free[h] -= m
             alloc[j.id] = got
             self._why[j.id] = f"typed: starts on {j.np} slots of several types"
+
+
+def _frozen(c: Dict[Klass, int]) -> tuple:
+    return tuple(sorted(c.items()))
 
 
 def _config_of(hosts: Dict[str, int], klass) -> Dict[Klass, int]:

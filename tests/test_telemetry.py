@@ -202,12 +202,24 @@ def test_metrics_status_and_top_of_a_running_elastic_job(tmp_path, job_factory):
             os.waitpid(pid, 0)
         os.close(fd)
 
-    # piped: one plain frame per interval, and a last line when the job ends
-    piped = subprocess.Popen([ctl, "--job", str(job_file), "top", "--interval", "0.5"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    job.end_training()
-    assert job.finish() == 0, job.output()[-3000:]
-    out, _ = piped.communicate(timeout=30)
+    # piped: one plain frame per interval, and a last line when the job ends; the job ends
+    # only once top has shown its first frame (under load top's start can outlast the job's
+    # last epoch, and a top that first asks an ended job exits 3, as it should)
+    top_out = tmp_path / "top.out"
+    with open(top_out, "w") as sink:
+        piped = subprocess.Popen([ctl, "--job", str(job_file), "top", "--interval", "0.5"],
+                                 stdout=sink, stderr=subprocess.STDOUT, text=True)
+    try:
+        job.wait_for("piped top's first frame", lambda: "worker  rank  host:slot" in
+                     top_out.read_text() or piped.poll() is not None, 60)
+        job.end_training()
+        assert job.finish() == 0, job.output()[-3000:]
+        piped.wait(timeout=30)
+    finally:
+        if piped.poll() is None:
+            piped.kill()
+            piped.wait()
+    out = top_out.read_text()
     assert piped.returncode == 0, out
     assert "\x1b[" not in out and "worker  rank  host:slot" in out
     assert out.rstrip().splitlines()[-1].startswith("hvd-edl-ctl: the job ended")

@@ -117,8 +117,10 @@ def test_rendezvous_keys_planted_during_a_scale_change_nothing_and_the_job_survi
     generation's rendezvous made all 3 workers abort (gloo::EnforceNotMet), STATE LOST, a slot
     retired.  Now every request without the generation's token gets 401 and stores nothing."""
     before = job.generations()
-    ports = job.rendezvous_ports()  # the current generation's and the spare (the next one's)
-    assert len(ports) >= 2, ports
+    # the current generation's and the spare (the next one's), which the launcher opens on a
+    # thread of its own after a generation formed: under load it can come a while later
+    ports = job.job.wait_for("the rendezvous and its spare listening", lambda: (
+        lambda p: p if len(p) >= 2 else None)(job.rendezvous_ports()), 30)
     stop, codes = threading.Event(), []
     planters = [threading.Thread(target=_plant, args=(ports, stop, codes)) for _ in range(2)]
     for t in planters:

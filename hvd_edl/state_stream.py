@@ -541,6 +541,13 @@ class _Door:
                         self.ready.append((conn, request))
                     else:  # stale: meant for a sync of an earlier generation
                         _untrack(conn)
+            # accepted by the sync before this one, whose last receiver came before their
+            # token had arrived: read on here (their token deadline unchanged)
+            carried, server.shared.unread = server.shared.unread, []
+            for conn, entry in carried:
+                self.pending[conn] = entry
+                self.sel.register(conn, selectors.EVENT_READ)
+                self._read(conn)
 
     def next(self, deadline: float, stop: Callable[[], bool]
              ) -> Optional[Tuple[socket.socket, bytes]]:
@@ -573,9 +580,17 @@ class _Door:
         return self.ready.popleft()
 
     def close(self) -> None:
-        """Close every connection not handed out yet, and the selector (not the listener)."""
+        """Close every connection not handed out yet, and the selector (not the listener); on a
+        shared :class:`Listener` (unless :func:`release` was called) the ones still waiting for
+        their token stay open for the next server on it: under load a receiver already at the
+        next sync can be accepted here a moment before its token arrives (closing it failed
+        that receiver's sync: a reset connection, a rollback)."""
+        carry = self.server.shared is not None and _released == self.released
         for conn in list(self.pending):
-            _untrack(conn)
+            if carry:
+                self.server.shared.unread.append((conn, self._forget(conn)))
+            else:
+                _untrack(conn)
         self.pending.clear()
         while self.ready:
             _untrack(self.ready.popleft()[0])
@@ -788,7 +803,9 @@ MAX_HEADER_BYTES = 64 << 20
 class Listener:
     """This process's listening socket for the state syncs in which it is rank 0, open for the
     process's life on ``address`` (an ephemeral port).  ``early`` holds connections that came
-    while an earlier sync was still being served (:class:`StreamServer` ``next_token``).
+    while an earlier sync was still being served (:class:`StreamServer` ``next_token``);
+    ``unread`` those an earlier sync's server accepted but had not read a whole token from when
+    it finished (socket, [token deadline (monotonic s), bytes so far, peer]).
 
     Raises:
         StreamError: the socket cannot be opened.
@@ -799,6 +816,7 @@ class Listener:
         self.address = address
         self.port = self.sock.getsockname()[1]
         self.early: Dict[bytes, List[Tuple[socket.socket, bytes]]] = {}
+        self.unread: List[Tuple[socket.socket, list]] = []
 
 
 _listener: Optional[Listener] = None

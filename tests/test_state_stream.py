@@ -247,6 +247,53 @@ def test_header_over_the_stream_reaches_key_holders_and_an_early_receiver_waits_
     assert UNPICKLED == []
 
 
+def test_a_receiver_accepted_before_its_token_arrived_is_served_by_the_next_sync():
+    """Under load a receiver already at the next sync can be accepted by this sync's server a
+    moment before its token arrives, and this sync's last receiver can come first.  Before: the
+    server closed it when done (the early receiver's fetch failed, ``Connection reset by peer``:
+    a rollback in a job; seen in make test).  Now the connection stays on the process's listener
+    and the next sync's server reads its token on and serves it, with that sync's header."""
+    import hmac
+    import pickle
+    import socket
+    import torch
+    from hvd_edl import state_stream as ss
+    listener = ss.Listener("127.0.0.1")
+    tensors = [torch.arange(6, dtype=torch.float32)]
+    keys = [ss.sync_keys("secret", "token", seq) for seq in (1, 2, 3)]
+
+    def server(seq):
+        return ss.HeaderStreamServer(tensors, listener, keys[seq - 1], keys[seq][0],
+                                     {"seq": seq}, (7, 3), timeout_s=10)
+    early = socket.create_connection((listener.address, listener.port), timeout=10)
+    request = keys[1][0] + ss._HELD.pack(-1, 0)   # sync 2's key; holds nothing: everything
+    early.sendall(request[:5])                     # accepted by sync 1's server, token unfinished
+    first = server(1)
+    done = {}
+    th = threading.Thread(target=lambda: done.update(n=first.serve(1)))
+    th.start()
+    got = ss.fetch(listener.address, listener.port, keys[0], (-1, 0),
+                   lambda header, part: [torch.empty(6)], timeout_s=10)
+    th.join(10)
+    assert got["header"]["seq"] == 1 and done["n"] == 24
+    early.sendall(request[5:])
+    second = server(2)
+    th = threading.Thread(target=lambda: done.update(n2=second.serve(1)))
+    th.start()
+    assert early.recv(1) == ss._ACCEPTED
+    lengths = ss._recv_exactly(early, 1 + 2 * ss._LENGTH.size)
+    nbytes, length = ss._LENGTH.unpack(lengths[1:9])[0], ss._LENGTH.unpack(lengths[9:])[0]
+    blob = ss._recv_exactly(early, length)
+    mac = ss._recv_exactly(early, 32)
+    assert hmac.compare_digest(mac, hmac.new(keys[1][1], lengths + blob, "sha256").digest())
+    assert pickle.loads(blob) == {"seq": 2} and nbytes == 24
+    assert ss._recv_exactly(early, nbytes) == tensors[0].numpy().tobytes()
+    early.sendall(ss._DONE)
+    th.join(10)
+    early.close()
+    assert done["n2"] == 24 and second.receivers == 1 and second.silent == 0
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--worker", action="store_true")

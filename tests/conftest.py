@@ -14,6 +14,15 @@ from typing import Callable, List, Optional
 
 import pytest
 
+# One intra-op thread per process (torchrun's default for several processes a host): the tests'
+# models are tiny, and torch's default pool (one OpenMP thread per core) spin-waits after each
+# op, so every worker, and every test process that imports torch, burned a second core that the
+# other tests' processes needed (Horovod's elastic script, one worker, 250 steps, load 20-28 on 2
+# cores: 11.3 CPU-s and 111-123 s with the default pool, 5.0 CPU-s and 34-59 s with one thread).
+# Set before torch is imported here, and inherited by every process a test starts; a value
+# already in the environment wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
 LAUNCHER = str(VENV_BIN / "hvd-edl-run")

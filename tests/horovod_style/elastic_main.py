@@ -53,7 +53,9 @@ parser.add_argument("--broadcast-at-start", action="store_true",
 parser.add_argument("--commit-log", default=None,
                     help="rank 0 appends the wall-clock time of each commit here")
 parser.add_argument("--stop-file", default=None,
-                    help="with --epochs 0: train until this file exists (then to the epoch end)")
+                    help="with --epochs 0: train until this file exists (then to the epoch end, "
+                         "without --step-delay: the delay paces training for a test's changes, "
+                         "and none come once the file exists)")
 args = parser.parse_args()
 
 
@@ -126,7 +128,7 @@ def one_step(state, batch_idx):
                  "global": state.global_step}[args.record_index]
         state.sampler.record_batch(index, args.batch_size)
         state.global_step += 1
-    if args.step_delay:
+    if args.step_delay and not stop_asked():
         time.sleep(args.step_delay)
     state.batch += 1
     if state.batch % args.batches_per_commit == 0:
@@ -151,10 +153,20 @@ def batches(state):
         yield batch_idx
 
 
+_stop_seen = []
+
+
+def stop_asked():
+    """``--stop-file`` exists (remembered once seen)."""
+    if not _stop_seen and args.stop_file and os.path.exists(args.stop_file):
+        _stop_seen.append(True)
+    return bool(_stop_seen)
+
+
 def more_epochs(state):
     if args.epochs:
         return state.epoch < args.epochs
-    return not (args.stop_file and os.path.exists(args.stop_file))
+    return not stop_asked()
 
 
 @hvd.elastic.run

@@ -24,9 +24,13 @@ that the quotas, not the load, bind.  Price table: fast 3.06 on demand, slow 0.9
 
 Calibration, in the same run (the machine is shared): one job per (type, size), two at a time
 (fast and slow at one size), gives the job's speed per type and size (samples over its first to
-last batch, from the step log) and its start per type and size (the rest of its run: to the
-first batch, after the last; two workers start slower than one, their imports sharing the CPUs); the stream's jobs are submitted with that speed profile, the service with the
-mean start as ``--start-cost``.  The revocation risk the service is told
+last batch, from the step log); a start (the rest of its run: to the first batch, after the
+last) depends on how many workers start at once, across jobs (their imports share the CPUs),
+so it is measured for 1 worker alone (one short job per type, one at a time) and for 2 and 4
+at once (the pairs at sizes 1 and 2) and given per number starting at once (``start_s``
+``{"1": .., "2": .., "4": ..}``: the policy reads it at the job's workers plus those of other
+jobs starting with it, :mod:`launcher.cluster.goal_program`); the stream's jobs are submitted
+with that speed profile, the service with the mean start as ``--start-cost``.  The revocation risk the service is told
 (``--revocation-risk``) is the stream's own: two revocations of the two spot hosts in about
 ``--window`` seconds, a replacement host back after 20 s.
 
@@ -77,7 +81,9 @@ BACK_S = 20.0           # a revoked host is back (a fresh VM) this long after it
 
 # ---- outside: the cluster and the cgroups --------------------------------------------------------
 
-def outer(a) -> int:
+def outer(a, script: str = __file__) -> int:
+    """Build the cluster and the cgroups, run ``script`` ``--inner`` in the launcher's
+    namespace (its own benchmark: this one's or one that imports it), tear down."""
     sys.path.insert(0, str(ROOT / "tests"))
     from cluster import Cluster
     groups = {h: CGROUP / f"hvdedl-t42-gpu-{h}" for h in TYPES}
@@ -95,7 +101,7 @@ def outer(a) -> int:
             for name in c.hosts:
                 for pid in c.pids(name):  # its sshd: everything the host starts inherits it
                     (machines / "cgroup.procs").write_text(str(pid))
-            inner = [sys.executable, str(Path(__file__).resolve()), *sys.argv[1:], "--inner",
+            inner = [sys.executable, str(Path(script).resolve()), *sys.argv[1:], "--inner",
                      json.dumps({"ssh": ["-i", c.identity_file, "--network-interface", c.nic],
                                  "devices": str(devices)})]
             ctl = Control(c, devices, groups)
@@ -201,10 +207,10 @@ def ask(verb: str, host: str) -> None:
 class Pool:
     """The pool file the service's discovery script prints (``cat``)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, hosts=None):
         self.path = path
         self.lines = {h: f"{h}:1 type={t}" + (" spot" if t == "slow" else "")
-                      for h, t in TYPES.items()}
+                      for h, t in TYPES.items() if hosts is None or h in hosts}
         self.write()
 
     def write(self):
@@ -215,11 +221,11 @@ class Pool:
 
 class Service:
     def __init__(self, tmp: Path, policy: str, ssh, prices: Path, start_cost: float,
-                 risk: Path, devices: str):
+                 risk: Path, devices: str, hosts=None):
         self.tmp, self.state, self.cluster = tmp, tmp / "state", tmp / "cluster.json"
         self.devices = devices
         tmp.mkdir(parents=True, exist_ok=True)
-        self.pool = Pool(tmp / "pool")
+        self.pool = Pool(tmp / "pool", hosts)
         self.proc = subprocess.Popen(
             CLI + ["serve", "--host-discovery-script", f"cat {self.pool.path}",
                    "--discovery-interval", "0.3", *ssh, "--state-dir", str(self.state),
@@ -294,31 +300,38 @@ def steps(path: Path) -> list:
 
 
 def calibrate(tmp: Path, ssh, prices: Path, risk: Path, devices: str, samples: int) -> tuple:
-    """The job's samples/s per (type, size) and its start per type and size, from four real
-    runs (two at a time: fast and slow at one size).  Speed: the samples over the time from the job's
-    first batch to its last (its step log: joins and commits included, as a job lives them);
-    start: the rest of the run (from the run's start to the first batch: the launcher, ssh,
-    the workers' imports, the first ring; after the last batch: the workers' and launcher's
-    exit), which is what the choice adds to samples / speed."""
+    """The job's samples/s per (type, size) and its start per type and number of workers
+    starting at once, from six real runs: fast and slow at one size two at a time (sizes 2
+    and 1: 4 and 2 workers starting at once), then one short job of one worker per type alone
+    (1 at once).  Speed: the samples over the time from the job's first batch to its last
+    (its step log: joins and commits included, as a job lives them), from the pairs; start:
+    the rest of the run (from the run's start to the first batch: the launcher, ssh, the
+    workers' imports, the first ring; after the last batch: the workers' and launcher's exit),
+    which is what the choice adds to samples / speed."""
     svc = Service(tmp / "calibration", "typed", ssh, prices, 10.0, risk, devices)
     profile, runs = {}, []
+    rounds = [((("fast", 2), ("slow", 2)), samples), ((("fast", 1), ("slow", 1)), samples),
+              ((("fast", 1),), samples // 4), ((("slow", 1),), samples // 4)]
     try:
-        for n in (2, 1):
-            ids = {svc.submit(f"cal-{t}-{n}", samples, "--objective", "time", "--samples",
-                              str(samples), "--types", t, "--min-np", str(n), "--max-np",
-                              str(n)): (t, n) for t in ("fast", "slow")}
+        for which, m in rounds:
+            at_once = sum(n for _, n in which)
+            ids = {svc.submit(f"cal-{t}-{n}-{at_once}", m, "--objective", "time", "--samples",
+                              str(m), "--types", t, "--min-np", str(n), "--max-np",
+                              str(n)): (t, n) for t, n in which}
             jobs = {j["id"]: j for j in svc.wait_all(900)}
             sp = svc.speed()
             for jid, (t, n_) in ids.items():
                 j = jobs[jid]
-                st = steps(svc.tmp / f"cal-{t}-{n_}.steps")
+                st = steps(svc.tmp / f"cal-{t}-{n_}-{at_once}.steps")
                 if len(st) < 2 or j["state"] != "done":
                     raise RuntimeError(f"calibration {t} x {n_}: {j['state']}, {len(st)} steps")
-                thr = samples / (st[-1] - st[0])
+                thr = m / (st[-1] - st[0])
                 tel = [p for p in sp[jid].values() if p.get("type") == t
                        and p["world_size"] == n_]
-                profile.setdefault(t, {})[str(n_)] = round(thr, 2)
-                runs.append({"type": t, "n": n_, "samples_per_s": round(thr, 2),
+                if len(which) > 1:  # the speeds: from the full-length pairs
+                    profile.setdefault(t, {})[str(n_)] = round(thr, 2)
+                runs.append({"type": t, "n": n_, "starting_at_once": at_once, "samples": m,
+                             "samples_per_s": round(thr, 2),
                              "telemetry_samples_per_s": round(max(
                                  tel, key=lambda p: p["at"])["samples_per_s"], 2) if tel else None,
                              "queue_s": round(j["started_at"] - j["submitted_at"], 2),
@@ -329,9 +342,9 @@ def calibrate(tmp: Path, ssh, prices: Path, risk: Path, devices: str, samples: i
     finally:
         svc.stop()
         stop_jobs(svc)
-    for r in runs:  # the job's start per type and size (two workers' imports share the CPUs)
-        profile[r["type"]].setdefault("start_s", {})[str(r["n"])] = round(
-            r["to_first_batch_s"] + r["after_last_batch_s"], 2)
+    for r in runs:  # the start per type and number of workers starting at once (imports share
+        profile[r["type"]].setdefault("start_s", {})[str(r["starting_at_once"])] = round(
+            r["to_first_batch_s"] + r["after_last_batch_s"], 2)  # the CPUs)
     every = [v for t in profile for v in profile[t]["start_s"].values()]
     return profile, sum(every) / len(every), runs
 
@@ -563,6 +576,9 @@ def run_stream(policy: str, tmp: Path, ssh, prices: Path, risk: Path, devices: s
             p, m = rows[-1][f"pred_{k}_s" if k == "time" else "pred_cost_usd"], \
                 rows[-1]["time_s" if k == "time" else "cost_usd"]
             rows[-1][f"{k}_error"] = round(abs(p - m) / m, 4) if p and m else None
+        last = rows[-1]["pred_time_after_move_s"] or rows[-1]["pred_time_s"]  # what ran to the end
+        rows[-1]["time_error_final"] = round(abs(last - rows[-1]["time_s"]) / rows[-1]["time_s"],
+                                             4) if last else None
     drains = [{k: e.get(k) for k in ("host", "took_s", "spare_s")} for e in events
               if e["kind"] == "drained"]
     late = [e.get("host") for e in events if e["kind"] == "drain_late"]
@@ -571,7 +587,10 @@ def run_stream(policy: str, tmp: Path, ssh, prices: Path, risk: Path, devices: s
             "mean_jct_s": round(sum(r["jct_s"] for r in rows) / len(rows), 2),
             "total_cost_usd": round(sum(r["cost_usd"] for r in rows), 6),
             "makespan_s": round(max(final[j]["finished_at"] for j in ids) - t0, 2),
-            "limits_met": sum(bool(r["met"]) for r in rows)}
+            "limits_met": sum(bool(r["met"]) for r in rows),
+            "time_within_20pct": sum(1 for r in rows if r["time_error_final"] is not None
+                                     and r["time_error_final"] <= 0.2),
+            "load_1min_at_end": round(os.getloadavg()[0], 1)}
 
 
 def inner(a) -> int:
@@ -600,8 +619,8 @@ def inner(a) -> int:
         print(f"  stream: {j}", flush=True)
     out = {"command": "sudo .venv/bin/python benchmarks/cluster/transient_real.py "
                       + " ".join(sys.argv[1:sys.argv.index("--inner")]),
-           "machine": "2 cores shared with six other sessions' work (loaded); calibrated in "
-                      "the same run",
+           "machine": f"2 cores shared with other sessions' work (load {os.getloadavg()[0]:.1f} "
+                      "at the start); calibrated in the same run",
            "emulated_gpu": "a worker thread doing --busy-s CPU seconds per step under its "
                            "host's cgroup v1 CPU quota; imports, Python and Gloo unthrottled",
            "quotas_us": {"period": PERIOD_US, **QUOTA_US}, "cpu_shares": SHARES,
@@ -641,6 +660,8 @@ def print_run(r: dict) -> None:
               f"{x['cost_usd']:>9.5f}{(x['cost_error'] or 0) * 100:>5.0f}%"
               f"{'yes' if x['met'] else 'no':>5}{x['repeated']:>5}/{x['missing']}")
     print(f"revocations: {r['revocations']}; drained: {r['drained']}; late: {r['drain_late']}")
+    print(f"time predicted within 20 % (the prediction that ran to the end): "
+          f"{r['time_within_20pct']}/{len(r['jobs'])}; load {r['load_1min_at_end']}")
 
 
 def main() -> int:

@@ -57,7 +57,12 @@ def test_waits_in_commit_are_wait_so_a_healthy_worker_shows_its_compute_and_a_sl
     every agreement waited for at once as with commits >= 0.5 s apart); worker w2 is stopped
     0.6 s of every 0.9 s (SIGSTOP bursts, about 3x slower).  The healthy w1's telemetry compute
     stays within 15 % of what it measured itself, and w2 is found.  Before: w1 showed 1.6-3.2x
-    its compute (it waited for w2 inside the agreement) and w2 was never found."""
+    its compute (it waited for w2 inside the agreement) and w2 was never found.
+
+    The launcher's liveness bound is 10 s here, not 1.5 s: a burst's stop lasts as long as this
+    test's thread takes to wake up and send SIGCONT, which on a loaded machine outlasted 1.5 s,
+    and w2 was then rightly fenced as dead (seen in make test); a straggler is what this test is
+    about (liveness: tests/test_liveness.py)."""
     import json
     import os
     import signal
@@ -67,6 +72,7 @@ def test_waits_in_commit_are_wait_so_a_healthy_worker_shows_its_compute_and_a_sl
     from pathlib import Path
     from launcher.serve.control import ControlClient, default_job_dir
     monkeypatch.setenv("HVD_EDL_SYNC_AGREE_S", "0")
+    monkeypatch.setenv("HVD_EDL_SILENT_AFTER_S", "10")
     script = str(Path(__file__).parent / "known_compute.py")
     job = job_factory(["-np", "2", "--min-np", "2", "--max-np", "2",
                        "--straggler-window", "3"],
@@ -78,11 +84,14 @@ def test_waits_in_commit_are_wait_so_a_healthy_worker_shows_its_compute_and_a_sl
     done = threading.Event()
 
     def bursts():
-        while not done.is_set():
-            os.kill(pid, signal.SIGSTOP)
-            done.wait(0.6)
-            os.kill(pid, signal.SIGCONT)
-            done.wait(0.3)
+        try:
+            while not done.is_set():
+                os.kill(pid, signal.SIGSTOP)
+                done.wait(0.6)
+                os.kill(pid, signal.SIGCONT)
+                done.wait(0.3)
+        except ProcessLookupError:
+            pass   # w2 is gone: the wait below says why
     t = threading.Thread(target=bursts, daemon=True)
     t.start()
     try:
@@ -93,6 +102,9 @@ def test_waits_in_commit_are_wait_so_a_healthy_worker_shows_its_compute_and_a_sl
     finally:
         done.set()
         t.join()
-        os.kill(pid, signal.SIGCONT)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
     assert abs(w1["compute_s"] - own) <= 0.15 * own, (w1, own)
     assert found["compute_ms"] > 2 * found["median_ms"], found

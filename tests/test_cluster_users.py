@@ -57,7 +57,10 @@ def team():
     shared = Path(tempfile.mkdtemp(prefix="hvdedl-team-"))
     os.chmod(shared, 0o755)
     try:
-        bin_dir = team_install(shared / "prefix")
+        try:
+            bin_dir = team_install(shared / "prefix")
+        except UsersUnavailable as e:
+            pytest.skip(str(e))
         yield users.users, shared, bin_dir
     finally:
         users.close()

@@ -155,11 +155,21 @@ def team_install(prefix: Path) -> Path:
     readable by all (``chmod -R a+rX``).  Returns ``prefix / "bin"``.
 
     Raises:
-        UsersUnavailable: there is no such Python here.
+        UsersUnavailable: there is no such Python here, or other users cannot reach this
+            checkout or its packages (a folder above them closed to others).
         subprocess.CalledProcessError: the environment cannot be made.
     """
     if not os.path.exists(SHARED_PYTHON):
         raise UsersUnavailable(f"no {SHARED_PYTHON} (a Python every user can run)")
+    for needed in (ROOT, SITE_PACKAGES):   # what the install's .pth names
+        p = Path(os.path.realpath(needed))
+        while p != p.parent:
+            if not os.stat(p).st_mode & 0o001:
+                raise UsersUnavailable(
+                    f"{p} (mode {os.stat(p).st_mode & 0o777:04o}) does not let other users "
+                    f"through to {needed}: they cannot import this checkout (a clone under "
+                    f"`mktemp -d`; clone it under a folder others can enter)")
+            p = p.parent
     prefix = Path(prefix)
     subprocess.run([SHARED_PYTHON, "-m", "venv", "--without-pip", str(prefix)], check=True,
                    capture_output=True, timeout=60)

@@ -48,8 +48,10 @@ class Service:
                                             "--cluster-file", str(self.cluster)] + self.args,
                                      stdout=open(log, "w"), stderr=subprocess.STDOUT,
                                      cwd=str(ROOT))
+        # a bound for a loaded machine: importing the service's modules alone took 19 s of wall
+        # time (0.3 CPU-s) at load average 32, and a restarted service's 30 s ran out once
         wait_for("the cluster file", lambda: self.cluster.exists() or self.proc.poll() is not None,
-                 30, self.output)
+                 90, self.output)
         assert self.proc.poll() is None, self.output()
 
     def output(self) -> str:

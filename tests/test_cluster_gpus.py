@@ -45,7 +45,8 @@ def _j1_on_four(svc, tmp: Path, marker: str, audit_dir: Path, linger_s: float) -
 
 def _both_done_once_j2_runs(svc, tmp: Path, j2: str) -> dict:
     """j1 trains on until j2 runs, then to its epoch's end; the jobs once both are done."""
-    wait_for("j2 started", lambda: svc.events(j2, "run"), 90, svc.output)
+    wait_for("j2 started", lambda: svc.events(j2, "run"), 90,
+             lambda: json.dumps(svc.events()[-12:]) + svc.output() + svc.job_logs())
     (tmp / "stop1").touch()
     return svc.wait_jobs(lambda j: all(x["state"] == "done" for x in j.values()),
                          "both done", timeout_s=150)
@@ -78,12 +79,13 @@ def test_two_jobs_on_one_host_never_share_a_gpu_through_a_shrink(service, tmp_pa
         if sampler is not None:
             sampler.stop()
     assert sampler.shared_gpus() == [], sampler.shared_gpus()[:5]
-    launchers: Dict[int, List[str]] = {}
-    for (launcher, worker), gpu in sampler.workers.items():
-        launchers.setdefault(launcher, []).append(gpu)
-    first, second = sorted(launchers.values(), key=len, reverse=True)
-    assert sorted(first) == ["0", "1", "2", "3"], sampler.workers   # j1: all four, then 0, 1
-    assert sorted(second) == ["2", "3"], sampler.workers             # j2: the two given back
+    by_run: Dict[str, List[str]] = {}
+    for (run, worker), row in sampler.runs.items():
+        by_run.setdefault(run, []).append(row[1])
+    seen = {run.rsplit("/", 2)[-2]: sorted(g) for run, g in by_run.items()}
+    why = (seen, sampler.runs, sampler.unreadable[:5], svc.job_logs()[-6000:])
+    assert seen == {j1: ["0", "1", "2", "3"],  # j1: all four, then 0, 1
+                    j2: ["2", "3"]}, why       # j2: the two given back
     assert svc.events(j1, "released"), svc.events(j1)
     assert jobs[j1]["runs"] == 1 and jobs[j2]["runs"] == 1, jobs
     assert_exactly_once(a1, 256)

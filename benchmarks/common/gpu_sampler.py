@@ -54,7 +54,8 @@ class GpuSampler:
         self.hosts: Dict[int, str] = {}
         self.runs: Dict[Tuple[str, str], list] = {}
         self._identity: Dict[int, Tuple[str, str]] = {}  # pid -> (run, worker id)
-        self.unreadable: List[Tuple[int, str, Optional[str]]] = []  # (pid, devices, local rank)
+        # (pid, devices, local rank, worker id, cluster run, parent pid, command line[:4])
+        self.unreadable: List[tuple] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -82,7 +83,14 @@ class GpuSampler:
                     # no GPU this process could select (seen once under load in make test, not
                     # reproduced: a process whose environment names more local ranks than
                     # devices); kept for the test to show, never a crash of the sampler
-                    self.unreadable.append((pid, devices, env.get("HOROVOD_LOCAL_RANK")))
+                    try:
+                        proc = psutil.Process(pid)
+                        who = (proc.ppid(), proc.cmdline()[:4])
+                    except psutil.Error:
+                        who = (None, [])
+                    self.unreadable.append((pid, devices, env.get("HOROVOD_LOCAL_RANK"),
+                                            env.get("HVD_EDL_WORKER_ID"),
+                                            env.get("HVD_EDL_CLUSTER_RUN"), *who))
                     continue
                 try:
                     proc = psutil.Process(pid)

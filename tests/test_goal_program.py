@@ -130,3 +130,20 @@ def test_a_config_outside_the_limit_is_taken_only_when_the_ones_within_it_are_no
     tight = Goal("time", 1000, budget_usd=0.01)  # fast $0.0083 fits, slow $0.0139 does not
     vals, best = goal_values(tight, NOW, preds, [])
     assert best.gpu_type == "fast" and vals[1] < 1e-2 * vals[0]
+
+
+def test_a_running_objective_job_moves_in_the_program_only_for_a_quarter_or_more():
+    # running on slow with 3000 of 4000 samples left; fast free.  fast 3x: 10 s + its start
+    # (5 s) against 30 s where it is: moves; fast 1.2x: 25 + 5 s against 30 s: stays
+    for gain, moves in ((3.0, True), (1.2, False)):
+        j = JobView("j", 1.0, 1, 1, 1, started=True, allocation={"s1": 1},
+                    last_change_at=NOW - 100, speed_of=_speed(100 * gain, 100),
+                    goal=_goal("time", 4000, done=1000))
+        alloc, policy = _round({"f1": 1, "s1": 1}, j, start_s=5.0)
+        c = policy.choices["j"]
+        if moves:
+            assert alloc["j"] == {"f1": 1} and c.gpu_type == "fast", alloc
+            assert "moves (" in policy.explain("j") and math.isclose(c.time_s, 15.0)
+        else:
+            assert alloc["j"] == {"s1": 1} and c.gpu_type == "slow", alloc
+            assert c.why.startswith("stays on 1 x slow spot") and math.isclose(c.time_s, 30.0)

@@ -52,7 +52,7 @@ QUEUE_TIE = 1e-4
 def config_prediction(remaining: float, speed_of, parts: Config,
                       offers: Mapping[Klass, Offer], start=0.0, starting: int = 0,
                       spent_usd: float = 0.0, commit_s: float = 2.0, switch_s: float = 0.5,
-                      notice: bool = False) -> Optional[Prediction]:
+                      notice: bool = False, stay: bool = False) -> Optional[Prediction]:
     """CM-DARE's time and cost (:func:`launcher.cluster.choice.predict`) of finishing
     ``remaining`` samples on ``parts`` (class -> workers; one class, or several: a mixed ring).
 
@@ -64,6 +64,7 @@ def config_prediction(remaining: float, speed_of, parts: Config,
             (:func:`launcher.cluster.choice.start_of`).
         starting: other workers starting at the same time (their starts share the CPUs).
         spent_usd, commit_s, switch_s, notice: as :func:`launcher.cluster.choice.predict`.
+        stay: the job runs there already (no start; a replacement's start still counts).
 
     Returns:
         the prediction (``parts`` set for a mixed ring; ``gpu_type`` its types joined by
@@ -81,7 +82,7 @@ def config_prediction(remaining: float, speed_of, parts: Config,
         speeds = [speed_of(t, m) for t in types]
         return None if any(s is None for s in speeds) else min(speeds)
 
-    start_s = max(start_of(start, t, n + starting) for t in types)
+    start_s = 0.0 if stay else max(start_of(start, t, n + starting) for t in types)
     join_s = max(start_of(start, t, 1 + starting) for t in types)
     if len(parts) == 1:
         (k, _), = parts.items()

@@ -14,8 +14,8 @@ Each round, in order:
 3. a waiting job with an objective (``submit --objective time|cost``) whose speed is unknown
    on every type it may use starts at ``--np`` on the type with the most free slots, to be
    measured (and moved once that pays back);
-4. the other jobs (waiting, and running ones without an objective whose last change is
-   ``hold_s`` old) by the round's program the simulator solves
+4. the other jobs (waiting, and running ones whose last change is ``hold_s`` old) by the
+   round's program the simulator solves
    (:mod:`launcher.cluster.round_program`, as :mod:`launcher.cluster.policies.hetero_goodput`
    does for Sia's cluster): each one configuration, ``n`` GPUs of one class (type, spot), or
    of two classes where mixed types pay (:mod:`launcher.cluster.mixed_types`: the ring runs
@@ -27,9 +27,12 @@ Each round, in order:
    predicted as CM-DARE predicts, valued by its objective, and only those its objective ranks
    at least as well as waiting for busy slots of a better class (soonest within its budget,
    or cheapest within its deadline: it then waits); a start is predicted at the number of
-   workers starting at once (its own and other jobs');
-5. a running job with an objective moves (stop-free) to slots still free when that serves its
-   objective better by :attr:`TypedPolicy.move_gain` or more, counting the new workers' start
+   workers starting at once (its own and other jobs'); a running one keeps where it runs or
+   moves to a configuration its objective ranks :attr:`TypedPolicy.move_gain` better, the
+   new workers' start counted in full, never out of its limit while where it runs is within;
+5. a running job with an objective that the program could not weigh (where it runs is not
+   predictable) moves (stop-free) to slots still free when that serves its objective better
+   by :attr:`TypedPolicy.move_gain` or more, counting the new workers' start
    in full (pessimistic: the job trains on meanwhile), fits its budget or deadline (or its
    current choice does not), and its last change is ``hold_s`` old.
 
@@ -46,7 +49,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from launcher.cluster.choice import (Goal, Offer, Prediction, better, choose, pick, predict,
-                                     start_of)
+                                     rank_key, start_of)
 from launcher.cluster.goal_program import (QUEUE_TIE, config_prediction, goal_values, running_releases,
                                            wait_options)
 from launcher.cluster.make_before_break import donor_order, lent_reason, make_room
@@ -124,11 +127,15 @@ class TypedPolicy(Policy):
         rest = sorted((j for j in waiting if j.id not in alloc),  # 4. the round's program
                       key=lambda j: (not j.started, -j.priority, -_gain(j, klass),
                                      j.submitted_at, j.id))
-        movable = [j for j in snap.jobs if j.id in running and j.id in alloc and not j.goal
-                   and not j.displaced and snap.now - j.last_change_at >= self.hold_s]
+        movable = [j for j in snap.jobs if j.id in running and j.id in alloc
+                   and not j.displaced and snap.now - j.last_change_at >= self.hold_s
+                   and (not j.goal or self._predict_config(
+                       snap, j, _config_of(alloc[j.id], klass), stay=True) is not None)]
         self._place_program(snap, rest, alloc, free, klass, movable)
-        for j in snap.jobs:  # 5. moves that pay back, on what is left
-            if j.id in running and j.goal and snap.now - j.last_change_at >= self.hold_s:
+        in_program = {j.id for j in movable}
+        for j in snap.jobs:  # 5. the others with an objective: moves that pay back
+            if j.id in running and j.goal and j.id not in in_program and \
+                    snap.now - j.last_change_at >= self.hold_s:
                 self._maybe_move(snap, j, alloc, free, klass)
         return alloc
 
@@ -344,15 +351,34 @@ class TypedPolicy(Policy):
                 alloc[j.id] = got
                 self._why[j.id] = self._started_why(
                     j, c, moved=sum(held[j.id].values()) if j.id in held else 0)
-            self._note_goals(snap, waiting, alloc, placed or {})
+            self._note_goals(snap, waiting, alloc, placed or {}, moving)
 
-    def _note_goals(self, snap, waiting: List[JobView], alloc, placed) -> None:
-        """The choice and reason of each waiting job with an objective after the program: the
-        configuration it got, its prediction made again with every worker the round starts
-        (their starts share the CPUs: :func:`launcher.cluster.goal_program`), or what it waits
-        for."""
+    def _note_goals(self, snap, waiting: List[JobView], alloc, placed,
+                    moving: List[JobView] = ()) -> None:
+        """The choice and reason of each job with an objective after the program: the
+        configuration a waiting one got, its prediction made again with every worker the round
+        starts (their starts share the CPUs: :func:`launcher.cluster.goal_program`), or what
+        it waits for; a running one's move (how much better), or that it stays."""
         starting = self._starting + sum(
             sum(alloc[j.id].values()) for j in waiting if j.id in alloc)
+        for j in moving:
+            if not j.goal or j.id not in getattr(self, "_goal_rows", {}):
+                continue
+            preds, best = self._goal_rows[j.id]
+            g = Goal.from_dict(dict(j.goal))
+            c = (placed.get(j.id) or (None, None))[1]
+            here = next(iter(preds.values()), None)  # the first: where it runs
+            if c is None or here is None:
+                if here is not None:
+                    self.choices[j.id] = _keep(here, best or here)
+                continue
+            p = preds.get(_frozen(c))
+            if p is None:
+                continue
+            p = pick(g, [p], snap.now)
+            self.choices[j.id] = p
+            self._why[j.id] = (f"typed: moves ({better(g.objective, p, here):.0%} better): "
+                               f"{p.why}")
         for j in waiting:
             if not j.goal or j.id not in getattr(self, "_goal_rows", {}):
                 continue
@@ -385,13 +411,36 @@ class TypedPolicy(Policy):
             else self._start_s
 
     def _predict_config(self, snap, j: JobView, c: Dict[Klass, int],
-                        starting: Optional[int] = None) -> Optional[Prediction]:
+                        starting: Optional[int] = None, stay: bool = False
+                        ) -> Optional[Prediction]:
+        """``j``'s prediction on configuration ``c`` (:func:`launcher.cluster.goal_program.
+        config_prediction`): from a start (the workers starting at once: ``starting`` others,
+        default those still starting), or, ``stay``, where it runs now (no start)."""
         g = Goal.from_dict(dict(j.goal))
         remaining = max(0.0, g.samples - float(j.goal.get("done_samples") or 0.0))
         return config_prediction(remaining, j.speed_of or (lambda t, n: None), c, self._terms,
                                  self._start_spec(j),
                                  self._starting if starting is None else starting,
-                                 j.spent_usd, self.commit_s, self._switch_s, self.notice)
+                                 j.spent_usd, self.commit_s, self._switch_s, self.notice,
+                                 stay=stay)
+
+    def _moves_that_pay(self, snap, j: JobView, cs, cur, preds) -> List[Optional[Prediction]]:
+        """A running job's row: where it runs (``cs[0] == cur``) and the configurations its
+        objective ranks better by :attr:`move_gain` or more (time or cost,
+        :func:`launcher.cluster.choice.better`; the new workers' start counted in full:
+        pessimistic, the job trains on meanwhile), none that leaves its limit while where it
+        runs is within it; the others None."""
+        g = Goal.from_dict(dict(j.goal))
+        here = preds[0]
+        if here is None:
+            return [None] * len(preds)
+        here_fits = rank_key(g, here, snap.now)[0] == 0
+        out: List[Optional[Prediction]] = [here]
+        for c, p in zip(cs[1:], preds[1:]):
+            ok = p is not None and better(g.objective, p, here) >= self.move_gain and not (
+                here_fits and rank_key(g, p, snap.now)[0] != 0)
+            out.append(p if ok else None)
+        return out
 
     def _waits(self, snap, j: JobView, cap: Dict[Klass, int]) -> List[Prediction]:
         """``j``'s options of waiting for busy slots (:func:`launcher.cluster.goal_program.
@@ -435,7 +484,9 @@ class TypedPolicy(Policy):
             if j.goal and j.goal.get("types"):  # --types: only these
                 cs = [c for c in cs if all(k[0] in j.goal["types"] for k in c)]
             cur = _config_of(held[j.id], klass) if j.id in held else None
-            if cur is not None:
+            if cur is not None and j.goal:  # its objective says which moves pay (below)
+                cs = [cur] + [c for c in cs if c != cur]
+            elif cur is not None:
                 r_cur = ring_speed(j.speed_of, _by_type(cur))
                 cs = [c for c in cs if set(c) == set(cur) or ring_speed(
                     j.speed_of, _by_type(c)) >= (1 + self.move_gain) * r_cur]
@@ -450,11 +501,21 @@ class TypedPolicy(Policy):
                 uses.append(c)
         val = np.zeros((len(group), len(uses)))
         self._goal_rows = {}
+        idle = dict(cap)  # free now: not the running jobs' (theirs free at their predicted end)
+        for hosts in held.values():
+            for h, k in hosts.items():
+                idle[klass[h]] = idle.get(klass[h], 0) - k
         for i, (j, cs, cur) in enumerate(zip(group, cfgs, curs)):
-            if j.goal and cur is None:  # an objective: its own row (goal_program)
-                preds = [self._predict_config(snap, j, c) for c in cs]
-                waits = self._waits(snap, j, cap)
+            if j.goal:  # an objective: its own row (goal_program)
+                preds = [self._predict_config(snap, j, c, stay=c == cur) for c in cs]
+                waits = self._waits(snap, j, idle) if cur is None else []
+                if cur is not None:  # running: a move only for move_gain, never out of its limit
+                    preds = self._moves_that_pay(snap, j, cs, cur, preds)
                 vals, best = goal_values(Goal.from_dict(dict(j.goal)), snap.now, preds, waits)
+                if cur is None:  # its best among what is idle now and its waits
+                    best = pick(Goal.from_dict(dict(j.goal)), [p for c, p in zip(cs, preds) if (
+                        p is not None and all(idle.get(k, 0) >= n for k, n in c.items()))]
+                        + waits, snap.now) or best
                 for c, v in zip(cs, vals):  # equal rows: the earlier in the queue first
                     val[i, uses.index(c)] = v * (1.0 - QUEUE_TIE * i)
                 self._goal_rows[j.id] = ({_frozen(c): p for c, p in zip(cs, preds)}, best)

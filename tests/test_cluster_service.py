@@ -48,11 +48,26 @@ class Service:
                                             "--cluster-file", str(self.cluster)] + self.args,
                                      stdout=open(log, "w"), stderr=subprocess.STDOUT,
                                      cwd=str(ROOT))
-        # a bound for a loaded machine: importing the service's modules alone took 19 s of wall
-        # time (0.3 CPU-s) at load average 32, and a restarted service's 30 s ran out once
-        wait_for("the cluster file", lambda: self.cluster.exists() or self.proc.poll() is not None,
-                 90, self.output)
-        assert self.proc.poll() is None, self.output()
+        try:
+            # a bound for a loaded machine: importing the service's modules alone took 19 s of
+            # wall time (0.3 CPU-s) at load average 32, and a restarted service's 30 s ran out
+            wait_for("the cluster file",
+                     lambda: self.cluster.exists() or self.proc.poll() is not None, 90,
+                     self.output)
+            assert self.proc.poll() is None, self.output()
+        except BaseException:
+            self._end_service()  # a start that failed in the constructor had no stop(): the
+            raise                # service lived on after its test (seen: orphaned, serving)
+
+    def _end_service(self) -> None:
+        """SIGTERM the service process, SIGKILL it after 20 s."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
 
     def output(self) -> str:
         return "\n".join(p.read_text() for p in self.logs if p.exists())[-4000:]
@@ -97,12 +112,7 @@ class Service:
         self.proc.wait(10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        self._end_service()
         from launcher.cluster.runs import JobFiles, Run
         runs = []
         for pid_file in self.state.glob("jobs/*/run*.pid"):

@@ -189,6 +189,22 @@ def rdv():
 NAMESPACE_CLUSTER_FILES = {"test_cluster.py", "test_ray.py"}
 
 
+def pytest_configure(config):
+    """The run's first process (xdist's controller, or the only one) marks the session: what
+    it left behind is said at its end (tests/leftovers.py)."""
+    if not hasattr(config, "workerinput"):
+        import leftovers
+        leftovers.start()
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):
+        import leftovers
+        lines = leftovers.report()
+        if lines:
+            print("\n" + "\n".join(lines), file=sys.stderr, flush=True)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in NAMESPACE_CLUSTER_FILES:

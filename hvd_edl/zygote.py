@@ -20,6 +20,12 @@ Protocol, one Unix stream connection per worker, from its stub (``zygote_client.
   a death by signal N).
 * The stub's connection closing before the worker's exit (the stub died, even of SIGKILL) kills
   the worker's process group; the zygote's death kills every worker (``PR_SET_PDEATHSIG``).
+* Only processes of the zygote's own user are served (``SO_PEERCRED``; a kept zygote's socket
+  also lies in a 0700 folder of that user): root's or another user's stub is refused.
+
+A zygote without a parent pipe (a *kept* one: per user and key, shared by launchers, see
+``docs/zygote.md``) stops taking stubs on SIGTERM or once its modules went stale (its socket is
+removed, so the next launcher starts a fresh one) and exits when its last worker has.
 
 The child becomes what ``exec`` of the command would have made: the environment (the C
 ``environ`` too), ``sys.argv``, ``sys.path[0]``, the working directory, standard streams built
@@ -38,6 +44,7 @@ import os
 import selectors
 import signal
 import socket
+import struct
 import sys
 import time
 import zipfile
@@ -293,10 +300,14 @@ class Zygote:
     worker's exit; exit itself after ``idle_s`` with no worker and no stub (None: never)."""
 
     def __init__(self, listener: socket.socket, idle_s: Optional[float],
-                 parent_fd: Optional[int] = None):
+                 parent_fd: Optional[int] = None, path: Optional[str] = None,
+                 path_ino: Optional[int] = None):
         self.listener = listener
         self.idle_s = idle_s
         self.parent_fd = parent_fd
+        self.path, self.path_ino = path, path_ino   # the socket's name and its inode, once bound
+        self.draining = False   # no new stubs: exit when the last worker has
+        self.drain_asked = False   # SIGTERM came
         self.sel = selectors.DefaultSelector()
         self.workers: Dict[int, _Worker] = {}
         self.by_conn: Dict[socket.socket, _Worker] = {}
@@ -306,6 +317,7 @@ class Zygote:
 
     def serve(self) -> None:
         signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.signal(signal.SIGTERM, lambda *_: setattr(self, "drain_asked", True))
         signal.set_wakeup_fd(self.wake_w)
         self.sel.register(self.listener, selectors.EVENT_READ, "accept")
         self.sel.register(self.wake_r, selectors.EVENT_READ, "reap")
@@ -325,15 +337,25 @@ class Zygote:
                 else:
                     self._from_stub(key.fileobj)
             self._reap()
+            if self.drain_asked:
+                self._drain()
+            if self.draining and not (self.workers or self.by_conn):
+                return
             if self.workers or self.by_conn:
                 idle_since = time.monotonic()
             elif self.idle_s is not None and time.monotonic() - idle_since > self.idle_s:
                 return
 
     def _accept(self) -> None:
+        if self.draining:
+            return
         try:
             conn, _ = self.listener.accept()
         except OSError:
+            return
+        if peer_uid(conn) != os.getuid():   # not this user's stub: its fds die with conn
+            _send(conn, "refused not this user's zygote\n")
+            conn.close()
             return
         try:
             fds, request = _read_request(conn)
@@ -342,6 +364,8 @@ class Zygote:
             conn.close()
             return
         why = refusal(request)
+        if why is not None and why.startswith("stale") and self.parent_fd is None:
+            self._drain()   # a kept zygote: the next launcher starts one with the code on disk
         if why is not None:
             _send(conn, f"refused {why}\n")
             for fd in fds:
@@ -400,6 +424,19 @@ class Zygote:
                 os._exit(127)
         _run(state["what"])
 
+    def _drain(self) -> None:
+        """Take no more stubs (the socket closed and, when it is still this zygote's, removed);
+        :meth:`serve` returns once the last worker has exited."""
+        if self.draining:
+            return
+        self.draining = True
+        try:
+            self.sel.unregister(self.listener)
+        except (KeyError, ValueError):
+            pass
+        self.listener.close()
+        unlink_own(self.path, self.path_ino)
+
     def _from_stub(self, conn: socket.socket) -> None:
         w = self.by_conn[conn]
         try:
@@ -446,6 +483,28 @@ class Zygote:
             w.conn.close()
 
 
+def peer_uid(conn: socket.socket) -> Optional[int]:
+    """The uid of the process at the other end of a Unix socket (``SO_PEERCRED``: the kernel's
+    word, fixed at ``connect``); None if it cannot be read."""
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", creds)[1]
+    except OSError:
+        return None
+
+
+def unlink_own(path: Optional[str], ino: Optional[int]) -> None:
+    """Remove the socket ``path`` if it is still the one this zygote bound (inode ``ino``):
+    a newer zygote of the same key may have taken the name since."""
+    if path is None:
+        return
+    try:
+        if ino is None or os.stat(path).st_ino == ino:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
 def _killpg(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
@@ -477,6 +536,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         listener.bind(tmp)
         listener.listen(64)
         os.rename(tmp, path)
+        ino = os.stat(path).st_ino
     except BaseException as e:  # noqa: B902 - any failure means: use the exec path
         try:
             with open(f"{path}.failed", "w") as f:
@@ -485,11 +545,8 @@ def main(argv: Optional[List[str]] = None) -> None:
             os._exit(1)
     zygote_pid = os.getpid()
     try:
-        Zygote(listener, idle_s, parent_fd).serve()   # a forked worker leaves it by SystemExit
+        Zygote(listener, idle_s, parent_fd, path, ino).serve()   # a worker leaves by SystemExit
     finally:
         if os.getpid() == zygote_pid:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
+            unlink_own(path, ino)
             os._exit(0)   # nothing to flush; finalising torch's modules takes seconds

@@ -44,6 +44,17 @@ def positive_float(text: str) -> float:
     return v
 
 
+def nonnegative_float(text: str) -> float:
+    """A finite number from 0 (seconds; 0 often meaning "none")."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number from 0, got {text!r}") from None
+    if not 0 <= v < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number from 0, got {text}")
+    return v
+
+
 def tcp_port(text: str) -> int:
     """A TCP port from 0 to 65535 (0: any free one)."""
     try:

@@ -37,9 +37,11 @@ from launcher.job.driver import Driver, JobSpec
 from launcher.discovery.hosts import HostSpecError, parse_hosts_arg
 
 
+from launcher.arg_types import nonnegative_float as _nonnegative_float
 from launcher.arg_types import positive_float as _positive_float
 from launcher.arg_types import positive_int as _positive_int
 from launcher.arg_types import tcp_port as _tcp_port
+KEEP_ZYGOTE_S = 600.0  # --keep-zygote without a value: a kept zygote's idle life (docs/zygote.md)
 LOG_LEVELS = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")  # horovodrun's choices
 
 
@@ -220,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start Python workers by forking them from a server that imported "
                         "hvd_edl.torch once (docs/zygote.md: a joiner is ready sooner); "
                         "--no-zygote: exec every worker (default: HVD_EDL_ZYGOTE=0|1, else on)")
+    p.add_argument("--keep-zygote", type=_nonnegative_float, default=None, metavar="SECONDS",
+                   help="(also bare: --keep-zygote) fork local workers from this user's kept "
+                        "zygote, shared with your "
+                        "later runs: it outlives this command and exits after SECONDS without "
+                        f"workers (default {KEEP_ZYGOTE_S:g}; 0: keep none; docs/zygote.md); "
+                        "without the flag: HVD_EDL_ZYGOTE_KEEP=SECONDS, else none")
     p.add_argument("--verbose", action="store_true",
                    help="horovodrun's meaning: extra messages (here: the coordinator's and the "
                         "rendezvous' requests, host set changes)")
@@ -255,10 +263,19 @@ def _refuse(message: str) -> None:
     sys.exit(2)
 
 
+def _bare_keep_zygote(argv: List[str]) -> List[str]:
+    """``--keep-zygote`` without ``=SECONDS`` (before the training command's ``--``, if any)
+    as ``--keep-zygote=DEFAULT``: else argparse would take the training command's first word
+    for its value."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    return [f"--keep-zygote={KEEP_ZYGOTE_S:g}" if i < end and a == "--keep-zygote" else a
+            for i, a in enumerate(argv)]
+
+
 def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
     """Parse and validate ``argv``; exits with code 2 and a clear message on bad input."""
     parser = build_parser()
-    a = parser.parse_args(argv)
+    a = parser.parse_args(_bare_keep_zygote(sys.argv[1:] if argv is None else list(argv)))
     if a.check_build:  # horovodrun's table, exit 0 (no training command needed)
         horovodrun_flags.check_build(a.verbose)
     for flag, instead in horovodrun_flags.REFUSED.items():
@@ -427,7 +444,7 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                    horovod_env=horovodrun_flags.horovod_env(a), engine=engine,
                    failure_blacklist=a.failure_blacklist,
                    prefix_output_with_timestamp=a.prefix_output_with_timestamp,
-                   timestamps=a.timestamps, zygote=a.zygote)
+                   timestamps=a.timestamps, zygote=a.zygote, keep_zygote=a.keep_zygote)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

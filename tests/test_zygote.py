@@ -297,7 +297,8 @@ def test_the_import_time_environment_keys_the_zygote():
 def _launch(tmp_path, flag, probe):
     out = subprocess.run([LAUNCHER, flag, "-np", "2", sys.executable, str(probe)],
                          capture_output=True, text=True, timeout=240, cwd=str(tmp_path),
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         env={k: v for k, v in dict(os.environ, PYTHONPATH=str(ROOT)).items()
+                              if k not in (zygote_client.KEEP_ENV, zygote_client.KEEP_DIR_ENV)})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return [json.loads(line.split(">:", 1)[1]) for line in out.stdout.splitlines()
             if "<stdout>:{" in line]
@@ -308,11 +309,14 @@ def test_the_launcher_forks_workers_from_a_zygote_unless_told_not_to(tmp_path):
     probe.write_text("import json, os, psutil\n"
                      "p = psutil.Process(os.getppid())\n"
                      "print(json.dumps({'rank': os.environ['HOROVOD_RANK'],"
-                     " 'parent': p.cmdline()[:3]}))\n")
+                     " 'parent': p.cmdline()[:3], 'ppid': p.pid}))\n")
     forked = _launch(tmp_path, "--zygote", probe)
     execd = _launch(tmp_path, "--no-zygote", probe)
     assert sorted(w["rank"] for w in forked) == sorted(w["rank"] for w in execd) == ["0", "1"]
     assert all(zygote_client.ZYGOTE_BOOT in w["parent"] for w in forked), forked
+    # not asked to keep it (the default), the launcher's zygote ended with the launcher
+    assert not any(psutil.pid_exists(w["ppid"]) and psutil.Process(w["ppid"]).status() !=
+                   psutil.STATUS_ZOMBIE for w in forked), forked
     assert all("hvd-edl-run" in " ".join(w["parent"]) for w in execd), execd
 
 
@@ -332,3 +336,123 @@ def test_an_interpreter_whose_zygote_fails_runs_its_workers_by_exec(tmp_path, pr
         assert zygotes.stub_command([python, "probe.py"], env, {}) is None
     finally:
         zygotes.close()
+
+
+# ---- kept zygotes: one per user and key, shared by launchers (docs/zygote.md) -----------------
+
+def _kept_folder(monkeypatch):
+    import tempfile
+    folder = tempfile.mkdtemp(prefix="hvd-edl-kz-test-")   # short: a socket path's limit
+    monkeypatch.setenv(zygote_client.KEEP_DIR_ENV, folder)
+    monkeypatch.delenv(zygote_client.KEEP_ENV, raising=False)
+    return folder
+
+
+def _end_kept(folder):
+    from conftest import end_kept_zygotes
+    import shutil
+    end_kept_zygotes(folder)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, probe, tmp_path):
+    """Two launchers (two LocalZygotes) asking to keep one use the same zygote; job 2's worker
+    sees what its exec'd twin sees and nothing of job 1's environment; the zygote's own
+    environment holds nothing of job 1's (no secret, no cluster run marker); SIGTERM ends it
+    once its last worker has, and a stub of another user is refused (SO_PEERCRED)."""
+    folder = _kept_folder(monkeypatch)
+    try:
+        job1 = _env(PROBE_JOB1="secret-of-job-1", HVD_EDL_SECRET="s1", HVD_EDL_CLUSTER_RUN="r1")
+        job2 = _env(PROBE_JOB2="two")
+        first, second = LocalZygotes(), LocalZygotes()
+        command = [sys.executable, "probe.py", "a"]
+        for z, env in ((first, job1), (second, job2)):
+            argv = z.stub_command(command, env, {"HOROVOD_RANK": "1"}, keep_s=60)
+            assert argv is not None and argv[4].startswith(folder), argv
+            p = subprocess.Popen(argv, cwd=str(tmp_path), env=env, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True)
+            out, err = p.communicate(timeout=120)
+            execd = _run(None, command, str(tmp_path), env)
+            assert (p.returncode, out.decode(), err.decode()) == execd, (out, err, execd)
+        seen = _seen(out.decode())
+        assert "PROBE_JOB1" not in json.dumps(seen) and seen["env"]["PROBE_JOB2"] == "two"
+        (pid_file,) = Path(folder).glob("*.pid")
+        zygote = psutil.Process(int(pid_file.read_text()))
+        assert zygote.uids().real == os.getuid() and zygote_client.ZYGOTE_BOOT in zygote.cmdline()
+        assert not {"PROBE_JOB1", "HVD_EDL_SECRET", "HVD_EDL_CLUSTER_RUN", "HOROVOD_RANK"} & \
+            set(zygote.environ()), zygote.environ()
+        assert zygote.children() == [] and first._zygotes == second._zygotes == {}
+        if os.getuid() == 0 and os.path.exists("/usr/bin/python3"):
+            # another user's stub is refused, even with the socket open to it (the venv may not
+            # be theirs to run: the system's interpreter)
+            sock = str(pid_file)[:-4] + ".sock"
+            os.chmod(folder, 0o711)
+            os.chmod(sock, 0o777)
+
+            def as_nobody():
+                os.setgid(65534)
+                os.setuid(65534)
+            asked = subprocess.run(
+                ["/usr/bin/python3", "-I", "-S", "-c",
+                 "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]);"
+                 " print(s.recv(100).decode())", sock],
+                preexec_fn=as_nobody, capture_output=True, text=True, timeout=60)
+            assert asked.stdout.strip() == "refused not this user's zygote", asked
+            os.chmod(folder, 0o700)   # a folder open to others is not used (own zygote then)
+        # SIGTERM: no more stubs, exits once its last worker has
+        pid_file_w = tmp_path / "pid"
+        stub = _start(None, second.stub_command([sys.executable, "probe.py", "wait",
+                                                 str(pid_file_w)], job2, {}, keep_s=60),
+                      str(tmp_path), job2)
+        worker = psutil.Process(int(wait_for("the worker's pid", lambda: pid_file_w.exists()
+                                             and pid_file_w.read_text(), 60)))
+        assert worker.ppid() == zygote.pid
+        assert zygote_client.end_kept(folder) == [zygote.pid]
+        wait_for("the socket removed", lambda: not list(Path(folder).glob("*.sock")), 30)
+        assert zygote.is_running() and worker.is_running()   # it waits for its worker
+        worker.kill()
+        assert stub.wait(timeout=60) == -signal.SIGKILL
+        psutil.wait_procs([zygote], timeout=30)
+        assert not zygote.is_running() or zygote.status() == psutil.STATUS_ZOMBIE
+    finally:
+        _end_kept(folder)
+
+
+def test_a_kept_zygote_ends_after_its_idle_time_and_a_stale_one_makes_way(monkeypatch,
+                                                                          tmp_path):
+    """Idle for its keep time, a kept zygote exits; one whose modules changed on disk refuses
+    (the exec path, as today) and gives up its socket, so the next launcher starts a fresh one
+    that imports the code now on disk."""
+    folder = _kept_folder(monkeypatch)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "sitecustomize.py").write_text("VERSION = 1\n")
+    (tmp_path / "pid.py").write_text("import os, sitecustomize\n"
+                                     "print(os.getppid(), sitecustomize.VERSION)\n")
+    env = _env(PYTHONPATH=f"{ROOT}{os.pathsep}{lib}")
+    z = LocalZygotes()
+    try:
+        def run(keep_s):
+            p = _start(None, z.stub_command([sys.executable, "pid.py"], env, {}, keep_s=keep_s),
+                       str(tmp_path), env)
+            out = p.communicate(timeout=120)[0].decode().split()
+            assert p.returncode == 0, out
+            return int(out[0]), out[1], p.pid
+        zpid, version, _ = run(60)
+        assert version == "1" and zygote_client.kept_pid(
+            str(next(Path(folder).glob("*.sock")))) == zpid
+        time.sleep(0.05)   # a later mtime than the zygote's start (1-s clocks on some file systems)
+        (lib / "sitecustomize.py").write_text("VERSION = 2\n")
+        ppid, version, stub_pid = run(60)
+        assert version == "2" and ppid != zpid   # exec'd by its stub: the code on disk
+        psutil.wait_procs([psutil.Process(zpid)], timeout=30)   # it made way, and ended
+        assert not psutil.pid_exists(zpid) or psutil.Process(zpid).status() == \
+            psutil.STATUS_ZOMBIE
+        fresh, version, _ = run(1)   # a fresh one, with 1 s of idle life
+        assert version == "2" and fresh != zpid
+        psutil.wait_procs([psutil.Process(fresh)], timeout=30)
+        assert not psutil.pid_exists(fresh) or psutil.Process(fresh).status() == \
+            psutil.STATUS_ZOMBIE
+    finally:
+        _end_kept(folder)

@@ -93,6 +93,7 @@ class JobSpec:
     prefix_output_with_timestamp: bool = False  # workers' lines start with the time
     timestamps: bool = False                 # --timestamps: the launcher's lines too
     zygote: Optional[bool] = None            # --zygote / --no-zygote (None: HVD_EDL_ZYGOTE)
+    keep_zygote: Optional[float] = None      # --keep-zygote (None: HVD_EDL_ZYGOTE_KEEP)
     engine: Optional[object] = None          # --ray: a launcher.ray.engine.RayEngine (its
                                              # nodes are the hosts, it starts the workers)
 
@@ -243,7 +244,8 @@ class Driver:
                                       ssh_identity_file=self.spec.ssh_identity_file,
                                       engine=self.spec.engine,
                                       timestamps=self.spec.prefix_output_with_timestamp
-                                      or self.spec.timestamps, zygote=self.spec.zygote)
+                                      or self.spec.timestamps, zygote=self.spec.zygote,
+                                      keep_zygote=self.spec.keep_zygote)
         if self.spec.elastic:
             threading.Thread(target=self._discovery_loop, daemon=True).start()
         self._initial_np = initial

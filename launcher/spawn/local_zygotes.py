@@ -1,7 +1,13 @@
-"""The launcher's own zygotes for local workers (``hvd_edl/zygote.py``): one per worker
+"""The launcher's zygotes for local workers (``hvd_edl/zygote.py``): one per worker
 interpreter and import-time environment (:func:`launcher.spawn.zygote_client.zygote_key`),
 started on the first worker that needs it, in a private 0700 directory of this launcher, and
-gone with the launcher (its end of a pipe closes: the zygote kills its workers and exits)."""
+gone with the launcher (its end of a pipe closes: the zygote kills its workers and exits).
+
+Or, when asked to keep one (``hvd-edl-run --keep-zygote[=SECONDS]``, ``HVD_EDL_ZYGOTE_KEEP``;
+a cluster service's jobs), this user's *kept* zygote for the key, found in a per-user folder
+(``HVD_EDL_ZYGOTE_DIR``, else ``$TMPDIR/hvd-edl-zygote-UID``) and started there if none serves:
+it outlives the launcher, serves the next launchers of the same user and key, and exits after
+SECONDS without workers (:func:`launcher.spawn.zygote_client.kept_zygote`)."""
 from __future__ import annotations
 
 import atexit
@@ -32,12 +38,19 @@ class LocalZygotes:
         self._zygotes: Dict[str, Tuple[str, object, int]] = {}  # key -> socket, Popen, pipe fd
 
     def stub_command(self, command: List[str], env: Dict[str, str],
-                     per_worker: Dict[str, str]) -> Optional[List[str]]:
+                     per_worker: Dict[str, str], keep_s: Optional[float] = None
+                     ) -> Optional[List[str]]:
         """The stub's argv for a worker with ``command`` and full environment ``env`` (of which
         ``per_worker`` are the worker's own variables, left out of the zygote's environment);
-        None when the command is not one a zygote runs or no zygote could be started."""
+        None when the command is not one a zygote runs or no zygote could be started.
+        ``keep_s``: use this user's kept zygote (started if none, idle life ``keep_s``
+        seconds; :func:`launcher.spawn.zygote_client.keep_seconds`), else this launcher's."""
         if not zygote_client.eligible(command, env):
             return None
+        if keep_s is not None:
+            kept = self._kept(command, env, keep_s)
+            if kept is not None:
+                return kept
         key = zygote_client.zygote_key(command[0], env)
         with self._lock:
             sock = self._running(key, command[0], zygote_client.zygote_env(env, per_worker))
@@ -45,6 +58,21 @@ class LocalZygotes:
             return None
         return [sys.executable, "-I", "-S", STUB, sock, str(zygote_client.WAIT_S), "--",
                 *command]
+
+    def _kept(self, command: List[str], env: Dict[str, str], keep_s: float
+              ) -> Optional[List[str]]:
+        """The stub's argv through the kept zygote (None: none can be had: this launcher's own
+        then, as without keeping)."""
+        try:
+            sock = zygote_client.kept_zygote(command[0], env, zygote_client.keep_folder(env),
+                                             keep_s)
+        except OSError as e:
+            log.info("no kept zygote (%s): this launcher's own", e)
+            return None
+        if sock is None:
+            return None
+        return [sys.executable, "-I", "-S", STUB, sock, str(zygote_client.wait_for(sock)),
+                "--", *command]
 
     def _running(self, key: str, python: str, env: Dict[str, str]) -> Optional[str]:
         known = self._zygotes.get(key)

@@ -36,6 +36,7 @@ class WorkerSpec:
     engine: Optional[object] = None
     timestamps: bool = False  # --prefix-output-with-timestamp: lines start with the local time
     zygote: Optional[bool] = None  # --zygote / --no-zygote; None: HVD_EDL_ZYGOTE, default yes
+    keep_zygote: Optional[float] = None  # --keep-zygote=S (0: off); None: HVD_EDL_ZYGOTE_KEEP
 
 
 class WorkerProcess:

@@ -32,8 +32,12 @@ PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?")
 # set per worker)
 ZYGOTE_BOOT = "import sys; del sys.path[0]; import hvd_edl.zygote as z; z.main()"
 WAIT_S = 120.0        # a stub waits this long for its zygote's import, then execs itself
+READY_WAIT_S = 5.0    # ... or this long for a kept zygote that was serving a moment ago
 REMOTE_IDLE_S = 60.0  # a per-user zygote on a remote host exits after this long without workers
 SWITCH_ENV = "HVD_EDL_ZYGOTE"
+KEEP_ENV = "HVD_EDL_ZYGOTE_KEEP"      # seconds a kept zygote lives idle (opt-in: keep_seconds)
+KEEP_DIR_ENV = "HVD_EDL_ZYGOTE_DIR"   # the folder of this user's kept zygotes (keep_folder)
+KEPT_NAMES = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "SHELL")  # kept_env
 
 
 def wanted(flag=None, env=None) -> bool:
@@ -100,36 +104,147 @@ def zygote_env(env, per_worker) -> dict:
 
 
 def remote_session(command, env, cwd, per_worker, fds):
-    """On a remote host (the ssh supervisor): run the worker through this user's zygote for
-    its key, starting that zygote on first use (one starter at a time: a lock file; stubs wait
-    at most :data:`WAIT_S` for its import); idle for :data:`REMOTE_IDLE_S` it exits.  Returns a
-    started :class:`Session`, or None: exec the command instead."""
+    """On a remote host (the ssh supervisor): run the worker through this user's kept zygote for
+    its key (:func:`kept_zygote`, idle for :data:`REMOTE_IDLE_S` it exits; stubs wait at most
+    :data:`WAIT_S` for its import).  Returns a started :class:`Session`, or None: exec the
+    command instead.  ``per_worker``: unused (a kept zygote's environment is
+    :func:`kept_env`'s)."""
     if not eligible(command, env):
         return None
-    import fcntl
-    key = zygote_key(command[0], env)
-    folder = private_dir()
-    sock = os.path.join(folder, f"{key}.sock")
+    sock = kept_zygote(command[0], env, private_dir(), REMOTE_IDLE_S)
     session = Session()
-    if not session.connect(sock, 0):
-        with open(os.path.join(folder, f"{key}.lock"), "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not session.connect(sock, 0):
-                failed = sock + ".failed"
-                if os.path.exists(failed) and time.time() - os.path.getmtime(failed) < 600:
-                    return None   # it failed lately: do not pay for the import again
-                for stale in (sock, failed):
-                    try:
-                        os.unlink(stale)
-                    except FileNotFoundError:
-                        pass
-                start_zygote(command[0], sock, zygote_env(env, per_worker),
-                             idle_s=REMOTE_IDLE_S)
-        if session.sock is None and not session.connect(sock, WAIT_S):
-            return None
+    if sock is None or not session.connect(sock, wait_for(sock)):
+        return None
     if session.start(command, env, cwd, fds=fds, kill_group_on_exit=True) is None:
         return None
     return session
+
+
+def keep_seconds(flag=None, env=None):
+    """How long a kept zygote lives without workers (seconds), or None: keep none (the
+    default).  ``flag``: ``hvd-edl-run --keep-zygote[=SECONDS]`` if given, else
+    ``HVD_EDL_ZYGOTE_KEEP=SECONDS`` in ``env`` (the launcher's environment; 0, empty or not a
+    number: none)."""
+    if flag is not None:
+        return float(flag) if flag > 0 else None
+    value = (os.environ if env is None else env).get(KEEP_ENV, "").strip()
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if 0 < seconds < float("inf") else None
+
+
+def keep_folder(env=None) -> str:
+    """Where this user's kept zygotes live: ``HVD_EDL_ZYGOTE_DIR`` in ``env`` (a cluster
+    service's per-user folder, a test session's), else :func:`private_dir`'s default.
+
+    Raises:
+        OSError: that folder is not a private folder of this user (:func:`private_dir`).
+    """
+    return private_dir((os.environ if env is None else env).get(KEEP_DIR_ENV) or None)
+
+
+def kept_env(env) -> dict:
+    """A kept zygote's own environment: ``env``'s import-time variables (the key's) and
+    :data:`KEPT_NAMES`, nothing of the job that started it (its secret, a cluster run's
+    marker: the service finds a run's processes by it, and a zygote shared by later jobs is
+    none of them)."""
+    out = import_env(env)
+    out.update({k: env[k] for k in KEPT_NAMES if k in env})
+    return out
+
+
+def kept_zygote(python, env, folder, idle_s):
+    """The socket of this user's kept zygote for ``python`` and ``env``'s key in ``folder``
+    (``KEY.sock``), started now if none serves or is starting (one starter at a time: the
+    ``KEY.lock`` file; its pid in ``KEY.pid``), to exit after ``idle_s`` seconds without
+    workers.  None when it failed to start within the last 10 minutes (``KEY.sock.failed``):
+    the exec path, without paying the import again.  The socket may not be bound yet (the
+    zygote is importing): :meth:`Session.connect` waits for it."""
+    import fcntl
+    key = zygote_key(python, env)
+    sock = os.path.join(folder, f"{key}.sock")
+    if listening(sock):
+        return sock
+    with open(os.path.join(folder, f"{key}.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if listening(sock) or kept_pid(sock) is not None:
+            return sock   # ready, or importing
+        failed = sock + ".failed"
+        if os.path.exists(failed) and time.time() - os.path.getmtime(failed) < 600:
+            return None
+        for stale in (sock, failed):
+            try:
+                os.unlink(stale)
+            except FileNotFoundError:
+                pass
+        popen = start_zygote(python, sock, kept_env(env), idle_s=idle_s)
+        tmp = f"{sock[:-5]}.pid.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(str(popen.pid))
+        os.replace(tmp, f"{sock[:-5]}.pid")
+    return sock
+
+
+def wait_for(sock_path) -> float:
+    """How long a stub waits for a kept zygote's socket: :data:`WAIT_S` while it imports, a few
+    seconds when it served a moment ago (it may have just ended: then exec soon)."""
+    return READY_WAIT_S if listening(sock_path) else WAIT_S
+
+
+def listening(sock_path) -> bool:
+    """Whether a zygote serves ``sock_path`` now (a connection that is closed at once)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(sock_path)
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def kept_pid(sock_path, uid=None):
+    """The pid of the live zygote of user ``uid`` (default: this one) that ``KEY.pid`` beside ``sock_path`` names
+    (its command line must name ``sock_path``: a pid file outlives its process, and pids are
+    reused), else None."""
+    try:
+        with open(f"{sock_path[:-5]}.pid") as f:
+            pid = int(f.read(32))
+        if os.stat(f"/proc/{pid}").st_uid != (os.getuid() if uid is None else uid):
+            return None
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return None
+    except (OSError, ValueError):
+        return None
+    return pid if ZYGOTE_BOOT.encode() in argv and os.fsencode(sock_path) in argv else None
+
+
+def end_kept(folder):
+    """SIGTERM every kept zygote in ``folder`` (by its pid file, checked as :func:`kept_pid`
+    does, as the folder's owner's): each stops taking workers and exits when its last worker
+    has.  Returns the pids signalled."""
+    ended = []
+    try:
+        owner = os.lstat(folder).st_uid
+        names = os.listdir(folder)
+    except OSError:
+        return ended
+    for name in sorted(names):
+        if not name.endswith(".pid"):
+            continue
+        pid = kept_pid(os.path.join(folder, name[:-4] + ".sock"), owner)
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                ended.append(pid)
+            except OSError:
+                pass
+    return ended
 
 
 def private_dir(path=None) -> str:

@@ -155,7 +155,8 @@ def launch(svc, job: JobRecord, hosts: Dict[str, int], number: int,
         spec = RunSpec(argv=tuple(job.argv), cwd=job.cwd, env=tuple(sorted(job.env.items())),
                        np=sum(hosts.values()), min_np=job.min_np, max_np=job.max_np,
                        checkpoint_dir=job.checkpoint_dir, launcher_args=svc.launcher_args,
-                       environ=tuple(sorted(job.environ.items())), uid=job.uid)
+                       environ=tuple(sorted(job.environ.items())), uid=job.uid,
+                       kept_zygote=tuple(sorted(svc.kept_zygotes.environment(job.uid).items())))
         run = Run.start(files, number, spec)
     except Exception as e:  # noqa: BLE001 - whatever a stored job holds: that job fails
         cannot_start(svc, job, number, e)

@@ -38,9 +38,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from hvd_edl.private_file import MISSING
 from launcher.cluster import allocation, user_files, users
 from launcher.cluster.exec_input import NAME
+from launcher.spawn import zygote_client
 
 log = logging.getLogger(__name__)
 
+KEPT_DIR_ENV = zygote_client.KEEP_DIR_ENV
 MARKER_ENV = "HVD_EDL_CLUSTER_RUN"  # a run's marker (Run.marker), inherited by its processes
 DISCOVERY_INTERVAL_S = 0.2  # the jobs' --discovery-interval: a shrink is seen this fast
 
@@ -120,7 +122,8 @@ class RunSpec:
     ``--network-interface``: how to reach its hosts), the same for every job, except that a job
     run as another user than the service's reaches them with its own ssh keys (no ``-i``);
     ``environ``: the environment it was submitted from (empty: the service's); ``uid``: its
-    user (None: the service's)."""
+    user (None: the service's); ``kept_zygote``: where its launcher finds the service's kept
+    zygote for its user (:mod:`.kept_zygotes`)."""
     argv: Tuple[str, ...]
     cwd: str
     env: Tuple[Tuple[str, str], ...]
@@ -132,6 +135,7 @@ class RunSpec:
     launcher_args: Tuple[str, ...] = ()
     environ: Tuple[Tuple[str, str], ...] = ()
     uid: Optional[int] = None
+    kept_zygote: Tuple[Tuple[str, str], ...] = ()
 
     def own_launcher_args(self) -> List[str]:
         """``launcher_args`` as this job uses them: ``-i KEY`` (the service user's key) left
@@ -149,8 +153,11 @@ class RunSpec:
     def environment(self, marker: str) -> Dict[str, str]:
         """The run's environment: the submitter's (else the service's), its ``--env`` pairs,
         ``MARKER_ENV`` = ``marker``; under a root service the user's ``HOME``, ``USER`` and
-        ``LOGNAME`` when the submitter's environment did not name them."""
+        ``LOGNAME`` when the submitter's environment did not name them; ``kept_zygote``'s
+        variables unless it named its own kept zygotes' folder."""
         env = dict(self.environ) if self.environ else dict(os.environ)
+        if self.kept_zygote and KEPT_DIR_ENV not in env:
+            env.update(dict(self.kept_zygote))
         if users.runs_as_other(self.uid):
             u = users.User.of_uid(self.uid)
             for k, v in (("HOME", u.home), ("USER", u.name), ("LOGNAME", u.name)):

@@ -69,6 +69,7 @@ from launcher.cluster import reach as reach_
 from launcher.cluster import speed as speed_
 from launcher.cluster.events import EventLog
 from launcher.cluster.job_goodput import JobGoodput
+from launcher.cluster.kept_zygotes import KeptZygotes
 from launcher.cluster.pool_notes import pool_notes
 from launcher.cluster.handlers import RequestError  # noqa: F401 - importable here as before
 from launcher.cluster.policy import (AllocationError, JobView, Policy, Snapshot,
@@ -185,6 +186,7 @@ class Service:
         self.store: Optional[Store] = None
         self.events_path = self.state_dir / "events.jsonl"
         self.events: Optional[EventLog] = None   # the event log (once the store is open)
+        self.kept_zygotes = KeptZygotes(self.state_dir)  # its jobs' zygotes, per user
 
     # ---- start and stop ------------------------------------------------------------------------
 
@@ -220,6 +222,7 @@ class Service:
         finally:
             os.umask(old)
         self.events = EventLog(self.store, self.events_path, self.decisions)
+        self.kept_zygotes.open()
         self.drains = drains_.load(self)
         try:
             self.set_pool(dict(self.discovery.find_available_hosts_and_slots()))
@@ -234,6 +237,7 @@ class Service:
         jobs keep running (the next service re-adopts them)."""
         self.stopping = True
         self.wake.set()
+        self.kept_zygotes.close()
         if self.store is not None:
             self.store.close()
         if self._flock is not None:

@@ -1,0 +1,112 @@
+"""The cluster service's kept zygotes (``docs/zygote.md``): its jobs' launchers fork their local
+Python workers from one zygote per (user, host, zygote key) that the service keeps across
+jobs, so a job's start pays no ``import hvd_edl.torch`` once another job of the same user and
+key started on that host (EDL's point: start-up paid before joining; Android's zygote).
+
+Each user whose job runs here gets a folder of its own (``mkdtemp`` in the temporary directory:
+a name nobody can plant, 0700, made the user's under a root service), which the run is told in
+``HVD_EDL_ZYGOTE_DIR`` with ``HVD_EDL_ZYGOTE_KEEP`` (:data:`IDLE_S`); the launcher, running as
+the user, finds or starts the zygote for its key there
+(:func:`launcher.spawn.zygote_client.kept_zygote`).  A zygote serves only processes of its own
+user (``SO_PEERCRED``), so user A is never handed user B's.  A submitter whose environment
+names its own ``HVD_EDL_ZYGOTE_DIR`` keeps it; ``HVD_EDL_ZYGOTE=0`` still means no zygote.
+
+Bounded: a zygote exits after :data:`IDLE_S` without workers, and when the service closes it
+SIGTERMs every one (each stops taking workers and exits once the workers it forked have: the
+jobs outlive the service by design) and removes the folders.  The folders are recorded in
+``STATE_DIR/kept_zygotes.json``, so a service restarted after a ``kill -9`` ends those too.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+from typing import Dict, Optional
+
+from launcher.cluster import users
+from launcher.spawn import zygote_client
+
+log = logging.getLogger(__name__)
+
+IDLE_S = 300.0          # a kept zygote of the service exits after this long without workers
+PREFIX = "hvd-edl-kz-"  # its folders' names in the temporary directory
+
+
+class KeptZygotes:
+    """The service's per-user folders of kept zygotes: :meth:`environment` for a run,
+    :meth:`close` at the service's end (module docstring)."""
+
+    def __init__(self, state_dir: Path, idle_s: float = IDLE_S):
+        self.record = Path(state_dir) / "kept_zygotes.json"
+        self.idle_s = idle_s
+        self.folders: Dict[int, str] = {}   # uid -> its folder
+
+    def open(self) -> None:
+        """End the zygotes and remove the folders a previous service recorded (it was killed
+        before its :meth:`close`)."""
+        try:
+            old = json.loads(self.record.read_text())
+        except (OSError, ValueError):
+            old = []
+        for folder in old if isinstance(old, list) else []:
+            if isinstance(folder, str) and _ours(folder):
+                _end(folder)
+        self._save()
+
+    def environment(self, uid: Optional[int]) -> Dict[str, str]:
+        """The variables a run of user ``uid`` (None: the service's) gets, unless its
+        submitter named its own folder: ``HVD_EDL_ZYGOTE_DIR`` and ``HVD_EDL_ZYGOTE_KEEP``.
+        ``{}`` when no folder can be made (the run's launcher then uses its own zygote)."""
+        uid = os.geteuid() if uid is None or not users.runs_as_other(uid) else uid
+        folder = self.folders.get(uid)
+        if folder is None:
+            try:
+                folder = tempfile.mkdtemp(prefix=PREFIX)   # 0700, a fresh name
+                users.give(folder, uid)
+            except OSError as e:
+                log.warning("no kept zygote folder for uid %d: %s", uid, e)
+                return {}
+            self.folders[uid] = folder
+            self._save()
+        return {zygote_client.KEEP_DIR_ENV: folder, zygote_client.KEEP_ENV: f"{self.idle_s:g}"}
+
+    def close(self) -> None:
+        """SIGTERM every kept zygote (each exits once its workers have) and remove the
+        folders."""
+        for folder in self.folders.values():
+            _end(folder)
+        self.folders.clear()
+        try:
+            self.record.unlink()
+        except OSError:
+            pass
+
+    def _save(self) -> None:
+        try:
+            tmp = self.record.with_suffix(".tmp")
+            tmp.write_text(json.dumps(sorted(self.folders.values())))
+            os.replace(tmp, self.record)
+        except OSError as e:
+            log.warning("cannot record the kept zygotes' folders: %s", e)
+
+
+def _ours(folder: str) -> bool:
+    """Whether ``folder`` is one this class makes: a real folder named :data:`PREFIX`... right
+    in the temporary directory, not a link, 0700."""
+    path = Path(folder)
+    if path.parent != Path(tempfile.gettempdir()) or not path.name.startswith(PREFIX):
+        return False
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and not st.st_mode & 0o077
+
+
+def _end(folder: str) -> None:
+    zygote_client.end_kept(folder)   # checked: the folder owner's zygotes of that folder only
+    shutil.rmtree(folder, ignore_errors=True)

@@ -358,26 +358,32 @@ def _end_kept(folder):
 def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, probe, tmp_path):
     """Two launchers (two LocalZygotes) asking to keep one use the same zygote; job 2's worker
     sees what its exec'd twin sees and nothing of job 1's environment; the zygote's own
-    environment holds nothing of job 1's (no secret, no cluster run marker); SIGTERM ends it
-    once its last worker has, and a stub of another user is refused (SO_PEERCRED)."""
+    environment holds nothing of job 1's (no secret, no cluster run marker); a stub of another
+    user is refused (SO_PEERCRED).  Once a module it loaded changed on disk it refuses (the
+    exec path, the code on disk) and gives up its socket, so the next launcher starts a fresh
+    one; it exits when its last worker has."""
     folder = _kept_folder(monkeypatch)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "sitecustomize.py").write_text("VERSION = 1\n")   # imported by every interpreter
+    (tmp_path / "version.py").write_text("import sitecustomize\nprint(sitecustomize.VERSION)\n")
     try:
-        job1 = _env(PROBE_JOB1="secret-of-job-1", HVD_EDL_SECRET="s1", HVD_EDL_CLUSTER_RUN="r1")
-        job2 = _env(PROBE_JOB2="two")
+        lib_path = f"{ROOT}{os.pathsep}{lib}"
+        job1 = _env(PROBE_JOB1="secret-of-job-1", HVD_EDL_SECRET="s1", HVD_EDL_CLUSTER_RUN="r1",
+                    PYTHONPATH=lib_path)
+        job2 = _env(PROBE_JOB2="two", PYTHONPATH=lib_path)
         first, second = LocalZygotes(), LocalZygotes()
         command = [sys.executable, "probe.py", "a"]
         for z, env in ((first, job1), (second, job2)):
             argv = z.stub_command(command, env, {"HOROVOD_RANK": "1"}, keep_s=60)
             assert argv is not None and argv[4].startswith(folder), argv
-            p = subprocess.Popen(argv, cwd=str(tmp_path), env=env, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True)
-            out, err = p.communicate(timeout=120)
+            forked = _run(None, argv, str(tmp_path), env)
             execd = _run(None, command, str(tmp_path), env)
-            assert (p.returncode, out.decode(), err.decode()) == execd, (out, err, execd)
-        seen = _seen(out.decode())
+            assert forked == execd, (forked, execd)
+        seen = _seen(forked[1])
         assert "PROBE_JOB1" not in json.dumps(seen) and seen["env"]["PROBE_JOB2"] == "two"
         (pid_file,) = Path(folder).glob("*.pid")
+        sock = str(pid_file)[:-4] + ".sock"
         zygote = psutil.Process(int(pid_file.read_text()))
         assert zygote.uids().real == os.getuid() and zygote_client.ZYGOTE_BOOT in zygote.cmdline()
         assert not {"PROBE_JOB1", "HVD_EDL_SECRET", "HVD_EDL_CLUSTER_RUN", "HOROVOD_RANK"} & \
@@ -386,7 +392,6 @@ def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, pr
         if os.getuid() == 0 and os.path.exists("/usr/bin/python3"):
             # another user's stub is refused, even with the socket open to it (the venv may not
             # be theirs to run: the system's interpreter)
-            sock = str(pid_file)[:-4] + ".sock"
             os.chmod(folder, 0o711)
             os.chmod(sock, 0o777)
 
@@ -400,16 +405,20 @@ def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, pr
                 preexec_fn=as_nobody, capture_output=True, text=True, timeout=60)
             assert asked.stdout.strip() == "refused not this user's zygote", asked
             os.chmod(folder, 0o700)   # a folder open to others is not used (own zygote then)
-        # SIGTERM: no more stubs, exits once its last worker has
-        pid_file_w = tmp_path / "pid"
+        # a worker of job 2 runs on; then a module the zygote loaded changes on disk
+        pid_path = tmp_path / "pid"
         stub = _start(None, second.stub_command([sys.executable, "probe.py", "wait",
-                                                 str(pid_file_w)], job2, {}, keep_s=60),
+                                                 str(pid_path)], job2, {}, keep_s=60),
                       str(tmp_path), job2)
-        worker = psutil.Process(int(wait_for("the worker's pid", lambda: pid_file_w.exists()
-                                             and pid_file_w.read_text(), 60)))
+        worker = psutil.Process(int(wait_for("the worker's pid", lambda: pid_path.exists()
+                                             and pid_path.read_text(), 60)))
         assert worker.ppid() == zygote.pid
-        assert zygote_client.end_kept(folder) == [zygote.pid]
-        wait_for("the socket removed", lambda: not list(Path(folder).glob("*.sock")), 30)
+        time.sleep(0.05)   # a later mtime than the zygote's start (coarse file system clocks)
+        (lib / "sitecustomize.py").write_text("VERSION = 2\n")
+        version = _run(None, second.stub_command([sys.executable, "version.py"], job2, {},
+                                                 keep_s=60), str(tmp_path), job2)
+        assert version == (0, "2\n", ""), version   # refused: exec'd, the code on disk
+        wait_for("the stale zygote's socket removed", lambda: not os.path.exists(sock), 30)
         assert zygote.is_running() and worker.is_running()   # it waits for its worker
         worker.kill()
         assert stub.wait(timeout=60) == -signal.SIGKILL
@@ -419,40 +428,80 @@ def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, pr
         _end_kept(folder)
 
 
-def test_a_kept_zygote_ends_after_its_idle_time_and_a_stale_one_makes_way(monkeypatch,
-                                                                          tmp_path):
-    """Idle for its keep time, a kept zygote exits; one whose modules changed on disk refuses
-    (the exec path, as today) and gives up its socket, so the next launcher starts a fresh one
-    that imports the code now on disk."""
+@pytest.mark.long   # its own zygote's import; the idle loop is the remote zygotes' as before
+def test_a_kept_zygote_ends_after_its_idle_time_or_on_sigterm_once_its_workers_have(
+        monkeypatch, probe, tmp_path):
     folder = _kept_folder(monkeypatch)
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    (lib / "sitecustomize.py").write_text("VERSION = 1\n")
-    (tmp_path / "pid.py").write_text("import os, sitecustomize\n"
-                                     "print(os.getppid(), sitecustomize.VERSION)\n")
-    env = _env(PYTHONPATH=f"{ROOT}{os.pathsep}{lib}")
     z = LocalZygotes()
+    env = _env()
     try:
-        def run(keep_s):
-            p = _start(None, z.stub_command([sys.executable, "pid.py"], env, {}, keep_s=keep_s),
-                       str(tmp_path), env)
-            out = p.communicate(timeout=120)[0].decode().split()
-            assert p.returncode == 0, out
-            return int(out[0]), out[1], p.pid
-        zpid, version, _ = run(60)
-        assert version == "1" and zygote_client.kept_pid(
-            str(next(Path(folder).glob("*.sock")))) == zpid
-        time.sleep(0.05)   # a later mtime than the zygote's start (1-s clocks on some file systems)
-        (lib / "sitecustomize.py").write_text("VERSION = 2\n")
-        ppid, version, stub_pid = run(60)
-        assert version == "2" and ppid != zpid   # exec'd by its stub: the code on disk
-        psutil.wait_procs([psutil.Process(zpid)], timeout=30)   # it made way, and ended
-        assert not psutil.pid_exists(zpid) or psutil.Process(zpid).status() == \
-            psutil.STATUS_ZOMBIE
-        fresh, version, _ = run(1)   # a fresh one, with 1 s of idle life
-        assert version == "2" and fresh != zpid
-        psutil.wait_procs([psutil.Process(fresh)], timeout=30)
-        assert not psutil.pid_exists(fresh) or psutil.Process(fresh).status() == \
-            psutil.STATUS_ZOMBIE
+        assert _run(None, z.stub_command([sys.executable, "probe.py"], env, {}, keep_s=60),
+                    str(tmp_path), env)[0] == 0
+        (pid_file,) = Path(folder).glob("*.pid")
+        zygote = psutil.Process(int(pid_file.read_text()))
+        pid_path = tmp_path / "pid"
+        stub = _start(None, z.stub_command([sys.executable, "probe.py", "wait", str(pid_path)],
+                                           env, {}, keep_s=60), str(tmp_path), env)
+        worker = psutil.Process(int(wait_for("the worker's pid", lambda: pid_path.exists()
+                                             and pid_path.read_text(), 60)))
+        assert zygote_client.end_kept(folder) == [zygote.pid]
+        wait_for("the socket removed", lambda: not list(Path(folder).glob("*.sock")), 30)
+        assert zygote.is_running() and worker.is_running()   # it waits for its worker
+        worker.kill()
+        assert stub.wait(timeout=60) == -signal.SIGKILL
+        psutil.wait_procs([zygote], timeout=30)
+        assert not zygote.is_running() or zygote.status() == psutil.STATUS_ZOMBIE
+        assert _run(None, z.stub_command([sys.executable, "probe.py"], env, {}, keep_s=1),
+                    str(tmp_path), env)[0] == 0   # a fresh one, 1 s of idle life
+        fresh = psutil.Process(int(pid_file.read_text()))
+        assert fresh.pid != zygote.pid
+        psutil.wait_procs([fresh], timeout=30)
+        assert not fresh.is_running() or fresh.status() == psutil.STATUS_ZOMBIE
     finally:
         _end_kept(folder)
+
+
+RECORD = """\
+import json, os, sys
+import hvd_edl.torch as hvd
+hvd.init()
+with open(sys.argv[1], "w") as f:
+    json.dump({"ppid": os.getppid(), "job1": os.environ.get("PROBE_JOB1"),
+               "proc_env": "PROBE_JOB1" in open("/proc/self/environ").read()}, f)
+"""
+
+
+def test_the_cluster_services_jobs_share_its_kept_zygote_until_it_ends(monkeypatch, tmp_path):
+    """``hvd-edl-cluster serve``'s jobs of one user fork their workers from one zygote the
+    service keeps (launcher/cluster/kept_zygotes.py): job 2's worker is forked by job 1's
+    zygote, sees none of job 1's environment, and the zygote carries no job's marker; when the
+    service ends, so does the zygote, and its folder is removed."""
+    from test_cluster_service import Service
+    for name in (zygote_client.KEEP_ENV, zygote_client.KEEP_DIR_ENV):
+        monkeypatch.delenv(name, raising=False)   # the submitters name no folder of their own
+    (tmp_path / "record.py").write_text(RECORD)
+    svc = Service(tmp_path, "--policy", "fifo", "-H", "localhost:1")
+    try:
+        seen = []
+        for n, extra in ((1, ["--env", "PROBE_JOB1=one"]), (2, [])):
+            job = svc.submit(*extra, "--np", "1", "--", sys.executable,
+                             str(tmp_path / "record.py"), str(tmp_path / f"job{n}.json"))
+            svc.wait_jobs(lambda j: j[job]["state"] == "done", f"job {n} done", 120)
+            seen.append(json.loads((tmp_path / f"job{n}.json").read_text()))
+        assert seen[0]["job1"] == "one" and seen[0]["proc_env"], seen
+        assert seen[1]["job1"] is None and not seen[1]["proc_env"], seen
+        assert seen[0]["ppid"] == seen[1]["ppid"], seen   # one zygote for both jobs
+        zygote = psutil.Process(seen[0]["ppid"])
+        assert zygote_client.ZYGOTE_BOOT in zygote.cmdline(), zygote.cmdline()
+        (sock,) = [a for a in zygote.cmdline() if a.endswith(".sock")]
+        folder = Path(sock).parent
+        assert folder.name.startswith("hvd-edl-kz-") and folder.stat().st_mode & 0o777 == 0o700
+        assert not {"HVD_EDL_CLUSTER_RUN", "PROBE_JOB1", "HVD_EDL_SECRET"} & \
+            set(zygote.environ()), zygote.environ()
+        svc.proc.terminate()   # the service ends: its kept zygotes with it
+        assert svc.proc.wait(30) == 0, svc.output()
+        psutil.wait_procs([zygote], timeout=30)
+        assert not zygote.is_running() or zygote.status() == psutil.STATUS_ZOMBIE
+        assert not folder.exists()
+    finally:
+        svc.stop()

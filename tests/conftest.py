@@ -100,16 +100,21 @@ class Job:
     def worker_pid(self, worker_id: str) -> Optional[int]:
         """PID of the training process the launcher started as ``worker_id`` (from its env):
         the launcher's child, or under a zygote (docs/zygote.md) the zygote's child, not the
-        stub that stands for it with the same environment."""
+        stub that stands for it with the same environment (a kept zygote's: not under the
+        launcher at all, :func:`forked_worker`)."""
         import psutil
+        stubs = []
         for child in psutil.Process(self.proc.pid).children(recursive=True):
             try:
-                if child.environ().get("HVD_EDL_WORKER_ID") == worker_id and \
-                        not any(a.endswith("zygote_client.py") for a in child.cmdline()):
+                if child.environ().get("HVD_EDL_WORKER_ID") != worker_id:
+                    continue
+                if any(a.endswith("zygote_client.py") for a in child.cmdline()):
+                    stubs.append(child)
+                else:
                     return child.pid
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
-        return None
+        return next((pid for pid in map(forked_worker, stubs) if pid is not None), None)
 
     def kill_worker(self, worker_id: str, sig: int = signal.SIGKILL) -> None:
         pid = self.wait_for(f"pid of {worker_id}", lambda: self.worker_pid(worker_id), 60)
@@ -136,6 +141,25 @@ class Job:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
         self.out.close()
+
+
+def forked_worker(stub) -> Optional[int]:
+    """The worker a stub (a ``psutil.Process``) stands for, forked by a kept zygote (its socket:
+    the stub's argument; the zygote: its pid file's): the zygote's child with the stub's
+    ``HVD_EDL_WORKER_ID`` and ``HVD_EDL_SECRET``; None if there is none (yet)."""
+    import psutil
+    from launcher.spawn import zygote_client
+    try:
+        cmd, env = stub.cmdline(), stub.environ()
+        sock = cmd[cmd.index("--") - 2]
+        pid = zygote_client.kept_pid(sock, stub.uids().real) if sock.endswith(".sock") else None
+        for child in psutil.Process(pid).children() if pid else ():
+            theirs = child.environ()
+            if all(theirs.get(k) == env.get(k) for k in ("HVD_EDL_WORKER_ID", "HVD_EDL_SECRET")):
+                return child.pid
+    except (psutil.Error, ValueError, IndexError):
+        pass
+    return None
 
 
 @pytest.fixture
@@ -270,6 +294,53 @@ EXEC_PATH_TESTS = {
     # group at once, so no orphan window exists to test there
     "test_cluster_faults.py::test_a_killed_launchers_orphans_keep_its_slots_until_they_are_gone",
 }
+
+
+# One kept zygote per key for the whole session of each xdist worker (docs/zygote.md, issue 38):
+# every launcher a test starts forks its local Python workers from it, so a job pays no
+# `import hvd_edl.torch` of its own; ended (SIGTERM, then SIGKILL by pid) when the session ends.
+# HVD_EDL_TEST_KEPT_ZYGOTE=0 turns it off (each launcher its own zygote, as a user's run).
+KEPT_ZYGOTE_IDLE_S = 120.0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _kept_zygotes():
+    import shutil
+    import tempfile
+    from launcher.spawn import zygote_client
+    if os.environ.get("HVD_EDL_TEST_KEPT_ZYGOTE", "1") == "0" or \
+            zygote_client.KEEP_ENV in os.environ:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="hvd-edl-kz-")   # 0700, short: a socket path's limit
+    os.environ[zygote_client.KEEP_ENV] = f"{KEPT_ZYGOTE_IDLE_S:g}"
+    os.environ[zygote_client.KEEP_DIR_ENV] = folder
+    try:
+        yield folder
+    finally:
+        os.environ.pop(zygote_client.KEEP_ENV, None)
+        os.environ.pop(zygote_client.KEEP_DIR_ENV, None)
+        end_kept_zygotes(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def end_kept_zygotes(folder: str, timeout_s: float = 30.0) -> None:
+    """End the kept zygotes in ``folder``: SIGTERM (each exits once its workers have), then
+    SIGKILL, by pid, what is still there after ``timeout_s``."""
+    import psutil
+    from launcher.spawn import zygote_client
+    procs = []
+    for pid in zygote_client.end_kept(folder):
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    _gone, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
 
 
 @pytest.fixture(autouse=True)

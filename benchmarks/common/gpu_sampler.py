@@ -34,6 +34,28 @@ def _launcher_of(parent: int) -> int:
     return parent
 
 
+def _job_worker(env: Dict[str, str]) -> Tuple[str, str]:
+    """A worker's identity across processes: its job's secret (one per launcher) and its id."""
+    return env.get("HVD_EDL_SECRET", ""), env.get("HVD_EDL_WORKER_ID", "")
+
+
+def _stub_launchers(envs: Dict[int, Optional[Dict[str, str]]]) -> Dict[Tuple[str, str], int]:
+    """(job secret, worker id) -> the launcher, for every worker's stub among ``envs`` (pid ->
+    environment): a worker forked by a kept zygote (docs/zygote.md) is no launcher's
+    descendant, its stub is the launcher's child."""
+    out = {}
+    for pid, env in envs.items():
+        if not env or "HVD_EDL_WORKER_ID" not in env:
+            continue
+        try:
+            proc = psutil.Process(pid)
+            if any(a.endswith("zygote_client.py") for a in proc.cmdline()[:4]):
+                out[_job_worker(env)] = proc.ppid()
+        except psutil.Error:
+            continue
+    return out
+
+
 class GpuSampler:
     """Samples, every ``period_s``, every worker process whose environment carries
     ``HVD_EDL_TEST_MARKER=marker`` (and a ``CUDA_VISIBLE_DEVICES``).
@@ -69,8 +91,9 @@ class GpuSampler:
         while not self._stop.is_set():
             sample = {}
             now = time.monotonic()
-            for pid in psutil.pids():
-                env = environ(pid)
+            envs = {pid: environ(pid) for pid in psutil.pids()}
+            stubs = _stub_launchers(envs)
+            for pid, env in envs.items():
                 if not env or "HVD_EDL_WORKER_ID" not in env \
                         or env.get("HVD_EDL_TEST_MARKER") != self.marker:
                     continue
@@ -102,7 +125,7 @@ class GpuSampler:
                     # no GPU (the worker on the remote host is sampled itself)
                 if any(a.endswith("zygote_client.py") for a in cmd[:4]):
                     continue  # a worker's stub (docs/zygote.md): the worker is sampled itself
-                launcher = _launcher_of(launcher)
+                launcher = stubs.get(_job_worker(env)) or _launcher_of(launcher)
                 key = (launcher, env["HVD_EDL_WORKER_ID"])
                 sample[pid] = (launcher, key[1], gpu)
                 self.hosts[pid] = env.get("HOROVOD_HOSTNAME", "")

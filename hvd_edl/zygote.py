@@ -495,7 +495,9 @@ def peer_uid(conn: socket.socket) -> Optional[int]:
 
 def unlink_own(path: Optional[str], ino: Optional[int]) -> None:
     """Remove the socket ``path`` if it is still the one this zygote bound (inode ``ino``):
-    a newer zygote of the same key may have taken the name since."""
+    a newer zygote of the same key may have taken the name since; and a kept zygote's pid file
+    (``KEY.pid`` beside ``KEY.sock``) if it names this process, so that the next launcher
+    starts a fresh zygote instead of waiting for this one's socket."""
     if path is None:
         return
     try:
@@ -503,6 +505,14 @@ def unlink_own(path: Optional[str], ino: Optional[int]) -> None:
             os.unlink(path)
     except OSError:
         pass
+    if path.endswith(".sock"):
+        pid_file = path[:-len(".sock")] + ".pid"
+        try:
+            with open(pid_file) as f:
+                if f.read(32).strip() == str(os.getpid()):
+                    os.unlink(pid_file)
+        except (OSError, ValueError):
+            pass
 
 
 def _killpg(pid: int, sig: int) -> None:

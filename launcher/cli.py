@@ -228,6 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "later runs: it outlives this command and exits after SECONDS without "
                         f"workers (default {KEEP_ZYGOTE_S:g}; 0: keep none; docs/zygote.md); "
                         "without the flag: HVD_EDL_ZYGOTE_KEEP=SECONDS, else none")
+    p.add_argument("--zygote-dir", default=None, metavar="DIR",
+                   help="--keep-zygote: the folder of your kept zygotes (yours, 0700; default: "
+                        "HVD_EDL_ZYGOTE_DIR, else $TMPDIR/hvd-edl-zygote-UID)")
     p.add_argument("--verbose", action="store_true",
                    help="horovodrun's meaning: extra messages (here: the coordinator's and the "
                         "rendezvous' requests, host set changes)")
@@ -444,7 +447,8 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
                    horovod_env=horovodrun_flags.horovod_env(a), engine=engine,
                    failure_blacklist=a.failure_blacklist,
                    prefix_output_with_timestamp=a.prefix_output_with_timestamp,
-                   timestamps=a.timestamps, zygote=a.zygote, keep_zygote=a.keep_zygote)
+                   timestamps=a.timestamps, zygote=a.zygote, keep_zygote=a.keep_zygote,
+                   zygote_dir=a.zygote_dir)
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -36,7 +36,7 @@ me = os.environ["HVD_EDL_WORKER_ID"]
 with open(os.path.join(sys.argv[1], me + ".json"), "w") as f:
     json.dump({"uid": os.getuid(), "host": socket.gethostname(), "size": hvd.size(),
                "mark": os.environ.get("TEAM_MARK"), "home": os.environ.get("HOME"),
-               "gpus": os.environ.get("CUDA_VISIBLE_DEVICES")}, f)
+               "gpus": os.environ.get("CUDA_VISIBLE_DEVICES"), "ppid": os.getppid()}, f)
 print(me, "runs as uid", os.getuid(), "on", socket.gethostname(), flush=True)
 deadline = time.monotonic() + 120
 while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
@@ -295,12 +295,24 @@ def test_who_may_do_what_and_which_requests_are_refused(tmp_path):
     assert "hunter2" not in json.dumps(users.hide_output(answer(), stranger, store))
 
 
+def _is_worker_of(proc, uid: int, script: str) -> bool:
+    """Whether ``proc`` is a worker (not its stub) of ``uid`` running ``script``."""
+    try:
+        cmd = proc.cmdline()
+        return proc.uids().real == uid and any(a.endswith(script) for a in cmd) and \
+            not any(a.endswith("zygote_client.py") for a in cmd)
+    except psutil.Error:
+        return False
+
+
 def test_root_service_reads_a_users_job_and_its_shrink_frees_slots_for_another_user(team):
     """A root service (``--policy edl`` on localhost:2) reads the files in a user's job folder
     that the user owns (its job file: telemetry; its allocation file: what it holds), and no
     one else's (launcher/cluster/user_files.py): status shows alice's elastic job with its two
     workers in its ring, and when bob's job arrives the slot lent to alice's is taken back by a
-    stop-free shrink, counted free from her job's telemetry, and bob's job starts on it."""
+    stop-free shrink, counted free from her job's telemetry, and bob's job starts on it.  Each
+    user's workers are forked by a zygote the service keeps for that user, run as that user in
+    a 0700 folder of theirs: bob's never by alice's (launcher/cluster/kept_zygotes.py)."""
     (alice, bob), shared, bin_dir = team
     work = _home_work(alice, shared)
     script = work / "ledger_main.py"
@@ -338,7 +350,13 @@ def test_root_service_reads_a_users_job_and_its_shrink_frees_slots_for_another_u
         assert row["user"] == alice.name and row["allocated"] == 2, row
         assert os.stat(state / "jobs" / job / "job.json").st_uid == alice.uid
         assert {w["host"] for w in row["workers"]} == {"localhost"}, row
-        r = _cli(bob, bin_dir, cluster, "submit", "--np", "1", "--", "/bin/true")
+        mine = [p for p in psutil.process_iter() if _is_worker_of(p, alice.uid, script.name)]
+        assert len(mine) == 2 and len({p.ppid() for p in mine}) == 1, mine
+        hers = psutil.Process(mine[0].ppid())
+        bob_work = _home_work(bob, shared)
+        (bob_work / "gate").touch()   # bob's job records and ends at once
+        r = _cli(bob, bin_dir, cluster, "submit", "--np", "1", "--", str(bin_dir / "python"),
+                 "job.py", str(bob_work / "out"), str(bob_work / "gate"), cwd=str(bob_work))
         assert r.returncode == 0, r.stderr
         theirs = r.stdout.strip().splitlines()[-1]
         def events():
@@ -353,6 +371,16 @@ def test_root_service_reads_a_users_job_and_its_shrink_frees_slots_for_another_u
         started = [e for e in events if e.get("job") == theirs and e.get("kind") == "run"]
         assert released and started and started[0]["at"] >= released[0]["at"], events
         assert jobs()[job]["runs"] == 1, jobs()[job]   # shrunk, not restarted
+        rec = json.loads(wait_for("bob's record", lambda: next(
+            (p.read_text() for p in (bob_work / "out").glob("*.json")), None), 90, explain))
+        his = psutil.Process(rec["ppid"])
+        for zygote, user in ((hers, alice), (his, bob)):
+            from launcher.spawn import zygote_client
+            assert zygote_client.ZYGOTE_BOOT in zygote.cmdline() and \
+                zygote.uids().real == user.uid, (zygote.cmdline(), zygote.uids())
+            folder = Path(next(a for a in zygote.cmdline() if a.endswith(".sock"))).parent
+            assert folder.stat().st_uid == user.uid and folder.stat().st_mode & 0o777 == 0o700
+        assert hers.pid != his.pid and rec["uid"] == bob.uid, rec
     finally:
         if job is not None:
             _cli(alice, bin_dir, cluster, "cancel", job)

@@ -419,6 +419,7 @@ def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, pr
                                                  keep_s=60), str(tmp_path), job2)
         assert version == (0, "2\n", ""), version   # refused: exec'd, the code on disk
         wait_for("the stale zygote's socket removed", lambda: not os.path.exists(sock), 30)
+        assert not pid_file.exists()   # the next launcher starts a fresh one, not waiting
         assert zygote.is_running() and worker.is_running()   # it waits for its worker
         worker.kill()
         assert stub.wait(timeout=60) == -signal.SIGKILL
@@ -467,6 +468,7 @@ import hvd_edl.torch as hvd
 hvd.init()
 with open(sys.argv[1], "w") as f:
     json.dump({"ppid": os.getppid(), "job1": os.environ.get("PROBE_JOB1"),
+               "ours": sorted(k for k in os.environ if k.startswith("HVD_EDL_ZYGOTE")),
                "proc_env": "PROBE_JOB1" in open("/proc/self/environ").read()}, f)
 """
 
@@ -490,6 +492,7 @@ def test_the_cluster_services_jobs_share_its_kept_zygote_until_it_ends(monkeypat
             seen.append(json.loads((tmp_path / f"job{n}.json").read_text()))
         assert seen[0]["job1"] == "one" and seen[0]["proc_env"], seen
         assert seen[1]["job1"] is None and not seen[1]["proc_env"], seen
+        assert seen[0]["ours"] == seen[1]["ours"] == [], seen   # told in flags, not variables
         assert seen[0]["ppid"] == seen[1]["ppid"], seen   # one zygote for both jobs
         zygote = psutil.Process(seen[0]["ppid"])
         assert zygote_client.ZYGOTE_BOOT in zygote.cmdline(), zygote.cmdline()
@@ -505,3 +508,22 @@ def test_the_cluster_services_jobs_share_its_kept_zygote_until_it_ends(monkeypat
         assert not folder.exists()
     finally:
         svc.stop()
+
+
+def test_keeping_a_zygote_is_opt_in_and_its_flag_takes_an_optional_value(capsys):
+    from launcher.cli import parse_spec
+    assert zygote_client.keep_seconds(None, {}) is None   # hvd-edl-run keeps none by default
+    assert zygote_client.keep_seconds(None, {zygote_client.KEEP_ENV: "30"}) == 30.0
+    assert zygote_client.keep_seconds(0, {zygote_client.KEEP_ENV: "30"}) is None   # =0: none
+    for bad in ("abc", "-1", "inf", "0"):
+        assert zygote_client.keep_seconds(None, {zygote_client.KEEP_ENV: bad}) is None
+    spec = parse_spec(["--keep-zygote", "-np", "1", sys.executable, "x.py"])
+    assert spec.keep_zygote == 600.0 and spec.command == (sys.executable, "x.py")
+    spec = parse_spec(["--keep-zygote=5", "--zygote-dir", "/tmp/k", "-np", "1", "--",
+                       sys.executable, "x.py", "--keep-zygote"])   # the script's own flag
+    assert (spec.keep_zygote, spec.zygote_dir) == (5.0, "/tmp/k")
+    assert spec.command[-1] == "--keep-zygote"
+    with pytest.raises(SystemExit) as ended:
+        parse_spec(["--keep-zygote=abc", "-np", "1", sys.executable, "x.py"])
+    assert ended.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == \
+        "hvd-edl-run: error: argument --keep-zygote: expected a number from 0, got 'abc'"

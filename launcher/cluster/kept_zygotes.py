@@ -4,14 +4,16 @@ jobs, so a job's start pays no ``import hvd_edl.torch`` once another job of the 
 key started on that host (EDL's point: start-up paid before joining; Android's zygote).
 
 Each user whose job runs here gets a folder of its own (``mkdtemp`` in the temporary directory:
-a name nobody can plant, 0700, made the user's under a root service), which the run is told in
-``HVD_EDL_ZYGOTE_DIR`` with ``HVD_EDL_ZYGOTE_KEEP`` (:data:`IDLE_S`); the launcher, running as
+a name nobody can plant, 0700, made the user's under a root service), which the run's launcher
+is told in its flags (``--keep-zygote=IDLE_S --zygote-dir FOLDER``: nothing is added to the
+workers' environment); the launcher, running as
 the user, finds or starts the zygote for its key there
 (:func:`launcher.spawn.zygote_client.kept_zygote`).  A zygote serves only processes of its own
 user (``SO_PEERCRED``), so user A is never handed user B's.  A submitter whose environment
 names its own ``HVD_EDL_ZYGOTE_DIR`` keeps it; ``HVD_EDL_ZYGOTE=0`` still means no zygote.
 
-Bounded: a zygote exits after :data:`IDLE_S` without workers, and when the service closes it
+``HVD_EDL_ZYGOTE_KEEP=SECONDS`` in the service's own environment sets their idle life (0: none
+kept).  Bounded: a zygote exits after :data:`IDLE_S` without workers, and when the service closes it
 SIGTERMs every one (each stops taking workers and exits once the workers it forked have: the
 jobs outlive the service by design) and removes the folders.  The folders are recorded in
 ``STATE_DIR/kept_zygotes.json``, so a service restarted after a ``kill -9`` ends those too.
@@ -25,7 +27,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 from launcher.cluster import users
 from launcher.spawn import zygote_client
@@ -36,13 +38,21 @@ IDLE_S = 300.0          # a kept zygote of the service exits after this long wit
 PREFIX = "hvd-edl-kz-"  # its folders' names in the temporary directory
 
 
+def service_idle_s() -> Optional[float]:
+    """The service's kept zygotes' idle life: ``HVD_EDL_ZYGOTE_KEEP=SECONDS`` in its own
+    environment (0: keep none, each job's launcher its own zygote), else :data:`IDLE_S`."""
+    if zygote_client.KEEP_ENV not in os.environ:
+        return IDLE_S
+    return zygote_client.keep_seconds(None, os.environ)
+
+
 class KeptZygotes:
     """The service's per-user folders of kept zygotes: :meth:`environment` for a run,
     :meth:`close` at the service's end (module docstring)."""
 
-    def __init__(self, state_dir: Path, idle_s: float = IDLE_S):
+    def __init__(self, state_dir: Path, idle_s: Optional[float] = None):
         self.record = Path(state_dir) / "kept_zygotes.json"
-        self.idle_s = idle_s
+        self.idle_s = idle_s if idle_s is not None else service_idle_s()
         self.folders: Dict[int, str] = {}   # uid -> its folder
 
     def open(self) -> None:
@@ -57,10 +67,12 @@ class KeptZygotes:
                 _end(folder)
         self._save()
 
-    def environment(self, uid: Optional[int]) -> Dict[str, str]:
-        """The variables a run of user ``uid`` (None: the service's) gets, unless its
-        submitter named its own folder: ``HVD_EDL_ZYGOTE_DIR`` and ``HVD_EDL_ZYGOTE_KEEP``.
-        ``{}`` when no folder can be made (the run's launcher then uses its own zygote)."""
+    def launcher_args(self, uid: Optional[int]) -> Tuple[str, ...]:
+        """The ``hvd-edl-run`` flags a run of user ``uid`` (None: the service's) gets:
+        ``--keep-zygote=IDLE_S --zygote-dir FOLDER``; none when keeping is off or no folder can
+        be made (the run's launcher then uses its own zygote)."""
+        if self.idle_s is None:
+            return ()
         uid = os.geteuid() if uid is None or not users.runs_as_other(uid) else uid
         folder = self.folders.get(uid)
         if folder is None:
@@ -69,10 +81,10 @@ class KeptZygotes:
                 users.give(folder, uid)
             except OSError as e:
                 log.warning("no kept zygote folder for uid %d: %s", uid, e)
-                return {}
+                return ()
             self.folders[uid] = folder
             self._save()
-        return {zygote_client.KEEP_DIR_ENV: folder, zygote_client.KEEP_ENV: f"{self.idle_s:g}"}
+        return (f"--keep-zygote={self.idle_s:g}", "--zygote-dir", folder)
 
     def close(self) -> None:
         """SIGTERM every kept zygote (each exits once its workers have) and remove the

@@ -122,8 +122,9 @@ class RunSpec:
     ``--network-interface``: how to reach its hosts), the same for every job, except that a job
     run as another user than the service's reaches them with its own ssh keys (no ``-i``);
     ``environ``: the environment it was submitted from (empty: the service's); ``uid``: its
-    user (None: the service's); ``kept_zygote``: where its launcher finds the service's kept
-    zygote for its user (:mod:`.kept_zygotes`)."""
+    user (None: the service's); ``kept_zygote``: the ``hvd-edl-run`` flags that say where
+    its launcher finds the service's kept zygote for its user (:mod:`.kept_zygotes`), given
+    unless the submitter named its own folder (``HVD_EDL_ZYGOTE_DIR``)."""
     argv: Tuple[str, ...]
     cwd: str
     env: Tuple[Tuple[str, str], ...]
@@ -135,7 +136,7 @@ class RunSpec:
     launcher_args: Tuple[str, ...] = ()
     environ: Tuple[Tuple[str, str], ...] = ()
     uid: Optional[int] = None
-    kept_zygote: Tuple[Tuple[str, str], ...] = ()
+    kept_zygote: Tuple[str, ...] = ()
 
     def own_launcher_args(self) -> List[str]:
         """``launcher_args`` as this job uses them: ``-i KEY`` (the service user's key) left
@@ -153,11 +154,8 @@ class RunSpec:
     def environment(self, marker: str) -> Dict[str, str]:
         """The run's environment: the submitter's (else the service's), its ``--env`` pairs,
         ``MARKER_ENV`` = ``marker``; under a root service the user's ``HOME``, ``USER`` and
-        ``LOGNAME`` when the submitter's environment did not name them; ``kept_zygote``'s
-        variables unless it named its own kept zygotes' folder."""
+        ``LOGNAME`` when the submitter's environment did not name them."""
         env = dict(self.environ) if self.environ else dict(os.environ)
-        if self.kept_zygote and KEPT_DIR_ENV not in env:
-            env.update(dict(self.kept_zygote))
         if users.runs_as_other(self.uid):
             u = users.User.of_uid(self.uid)
             for k, v in (("HOME", u.home), ("USER", u.name), ("LOGNAME", u.name)):
@@ -177,7 +175,15 @@ class RunSpec:
             str(files.run_file(number, "events.jsonl")),
             "--checkpoint-dir", self.checkpoint_dir,
             "--checkpoint-every", f"{self.checkpoint_every_s:g}"] + self.own_launcher_args() \
-            + ["--"] + list(self.argv)
+            + self.kept_zygote_args() + ["--"] + list(self.argv)
+
+    def kept_zygote_args(self) -> List[str]:
+        """``kept_zygote``, unless the submitter's environment or the job's ``--env`` named
+        its own kept zygotes' folder (flags, not variables: a worker's environment stays the
+        submitter's)."""
+        env = dict(self.environ) if self.environ else dict(os.environ)
+        env.update(dict(self.env))
+        return [] if KEPT_DIR_ENV in env else list(self.kept_zygote)
 
 
 class Run:

@@ -94,6 +94,7 @@ class JobSpec:
     timestamps: bool = False                 # --timestamps: the launcher's lines too
     zygote: Optional[bool] = None            # --zygote / --no-zygote (None: HVD_EDL_ZYGOTE)
     keep_zygote: Optional[float] = None      # --keep-zygote (None: HVD_EDL_ZYGOTE_KEEP)
+    zygote_dir: Optional[str] = None         # --zygote-dir (None: HVD_EDL_ZYGOTE_DIR)
     engine: Optional[object] = None          # --ray: a launcher.ray.engine.RayEngine (its
                                              # nodes are the hosts, it starts the workers)
 
@@ -245,7 +246,8 @@ class Driver:
                                       engine=self.spec.engine,
                                       timestamps=self.spec.prefix_output_with_timestamp
                                       or self.spec.timestamps, zygote=self.spec.zygote,
-                                      keep_zygote=self.spec.keep_zygote)
+                                      keep_zygote=self.spec.keep_zygote,
+                                      zygote_dir=self.spec.zygote_dir)
         if self.spec.elastic:
             threading.Thread(target=self._discovery_loop, daemon=True).start()
         self._initial_np = initial

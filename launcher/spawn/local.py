@@ -28,7 +28,8 @@ def start_local(spec: WorkerSpec, extra_env: Dict[str, str], label: Callable[[],
     argv = None
     if zygote_client.wanted(spec.zygote):
         argv = ZYGOTES.stub_command(list(spec.command), env, extra_env,
-                                    keep_s=zygote_client.keep_seconds(spec.keep_zygote, env))
+                                    keep_s=zygote_client.keep_seconds(spec.keep_zygote, env),
+                                    keep_dir=spec.zygote_dir)
     popen = subprocess.Popen(argv or spec.command, env=env, cwd=spec.cwd,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              stdin=subprocess.DEVNULL, start_new_session=True,

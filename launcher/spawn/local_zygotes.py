@@ -38,17 +38,18 @@ class LocalZygotes:
         self._zygotes: Dict[str, Tuple[str, object, int]] = {}  # key -> socket, Popen, pipe fd
 
     def stub_command(self, command: List[str], env: Dict[str, str],
-                     per_worker: Dict[str, str], keep_s: Optional[float] = None
-                     ) -> Optional[List[str]]:
+                     per_worker: Dict[str, str], keep_s: Optional[float] = None,
+                     keep_dir: Optional[str] = None) -> Optional[List[str]]:
         """The stub's argv for a worker with ``command`` and full environment ``env`` (of which
         ``per_worker`` are the worker's own variables, left out of the zygote's environment);
         None when the command is not one a zygote runs or no zygote could be started.
         ``keep_s``: use this user's kept zygote (started if none, idle life ``keep_s``
-        seconds; :func:`launcher.spawn.zygote_client.keep_seconds`), else this launcher's."""
+        seconds; :func:`launcher.spawn.zygote_client.keep_seconds`) in ``keep_dir`` (None:
+        :func:`launcher.spawn.zygote_client.keep_folder`'s), else this launcher's."""
         if not zygote_client.eligible(command, env):
             return None
         if keep_s is not None:
-            kept = self._kept(command, env, keep_s)
+            kept = self._kept(command, env, keep_s, keep_dir)
             if kept is not None:
                 return kept
         key = zygote_client.zygote_key(command[0], env)
@@ -59,13 +60,14 @@ class LocalZygotes:
         return [sys.executable, "-I", "-S", STUB, sock, str(zygote_client.WAIT_S), "--",
                 *command]
 
-    def _kept(self, command: List[str], env: Dict[str, str], keep_s: float
-              ) -> Optional[List[str]]:
+    def _kept(self, command: List[str], env: Dict[str, str], keep_s: float,
+              keep_dir: Optional[str]) -> Optional[List[str]]:
         """The stub's argv through the kept zygote (None: none can be had: this launcher's own
         then, as without keeping)."""
         try:
-            sock = zygote_client.kept_zygote(command[0], env, zygote_client.keep_folder(env),
-                                             keep_s)
+            folder = zygote_client.private_dir(keep_dir) if keep_dir else \
+                zygote_client.keep_folder(env)
+            sock = zygote_client.kept_zygote(command[0], env, folder, keep_s)
         except OSError as e:
             log.info("no kept zygote (%s): this launcher's own", e)
             return None

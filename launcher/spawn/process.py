@@ -37,6 +37,7 @@ class WorkerSpec:
     timestamps: bool = False  # --prefix-output-with-timestamp: lines start with the local time
     zygote: Optional[bool] = None  # --zygote / --no-zygote; None: HVD_EDL_ZYGOTE, default yes
     keep_zygote: Optional[float] = None  # --keep-zygote=S (0: off); None: HVD_EDL_ZYGOTE_KEEP
+    zygote_dir: Optional[str] = None     # --zygote-dir; None: HVD_EDL_ZYGOTE_DIR, else default
 
 
 class WorkerProcess:

@@ -296,11 +296,11 @@ def test_who_may_do_what_and_which_requests_are_refused(tmp_path):
 
 
 def _is_worker_of(proc, uid: int, script: str) -> bool:
-    """Whether ``proc`` is a worker (not its stub) of ``uid`` running ``script``."""
+    """Whether ``proc`` is a worker of ``uid`` running ``script`` (``python SCRIPT ...``: not
+    its stub, launcher or wrapper, whose command lines name it further on)."""
     try:
         cmd = proc.cmdline()
-        return proc.uids().real == uid and any(a.endswith(script) for a in cmd) and \
-            not any(a.endswith("zygote_client.py") for a in cmd)
+        return proc.uids().real == uid and len(cmd) > 1 and cmd[1].endswith(script)
     except psutil.Error:
         return False
 

@@ -247,7 +247,7 @@ def test_header_over_the_stream_reaches_key_holders_and_an_early_receiver_waits_
     assert UNPICKLED == []
 
 
-def test_a_receiver_accepted_before_its_token_arrived_is_served_by_the_next_sync():
+def test_a_receiver_accepted_before_its_token_arrived_is_served_by_the_next_sync(monkeypatch):
     """Under load a receiver already at the next sync can be accepted by this sync's server a
     moment before its token arrives, and this sync's last receiver can come first.  Before: the
     server closed it when done (the early receiver's fetch failed, ``Connection reset by peer``:
@@ -258,14 +258,17 @@ def test_a_receiver_accepted_before_its_token_arrived_is_served_by_the_next_sync
     import socket
     import torch
     from hvd_edl import state_stream as ss
+    # bounds of 30 s: the early connection's token may take that long (from its accept to sync
+    # 2's server); the default 2 s could run out on a loaded machine before the fetch connects
+    monkeypatch.setattr(ss, "TOKEN_TIMEOUT_S", 30.0)
     listener = ss.Listener("127.0.0.1")
     tensors = [torch.arange(6, dtype=torch.float32)]
     keys = [ss.sync_keys("secret", "token", seq) for seq in (1, 2, 3)]
 
     def server(seq):
         return ss.HeaderStreamServer(tensors, listener, keys[seq - 1], keys[seq][0],
-                                     {"seq": seq}, (7, 3), timeout_s=10)
-    early = socket.create_connection((listener.address, listener.port), timeout=10)
+                                     {"seq": seq}, (7, 3), timeout_s=30)
+    early = socket.create_connection((listener.address, listener.port), timeout=30)
     request = keys[1][0] + ss._HELD.pack(-1, 0)   # sync 2's key; holds nothing: everything
     early.sendall(request[:5])                     # accepted by sync 1's server, token unfinished
     first = server(1)
@@ -273,8 +276,8 @@ def test_a_receiver_accepted_before_its_token_arrived_is_served_by_the_next_sync
     th = threading.Thread(target=lambda: done.update(n=first.serve(1)))
     th.start()
     got = ss.fetch(listener.address, listener.port, keys[0], (-1, 0),
-                   lambda header, part: [torch.empty(6)], timeout_s=10)
-    th.join(10)
+                   lambda header, part: [torch.empty(6)], timeout_s=30)
+    th.join(30)
     assert got["header"]["seq"] == 1 and done["n"] == 24
     early.sendall(request[5:])
     second = server(2)
@@ -289,7 +292,7 @@ def test_a_receiver_accepted_before_its_token_arrived_is_served_by_the_next_sync
     assert pickle.loads(blob) == {"seq": 2} and nbytes == 24
     assert ss._recv_exactly(early, nbytes) == tensors[0].numpy().tobytes()
     early.sendall(ss._DONE)
-    th.join(10)
+    th.join(30)
     early.close()
     assert done["n2"] == 24 and second.receivers == 1 and second.silent == 0
 

@@ -527,3 +527,30 @@ def test_keeping_a_zygote_is_opt_in_and_its_flag_takes_an_optional_value(capsys)
         parse_spec(["--keep-zygote=abc", "-np", "1", sys.executable, "x.py"])
     assert ended.value.code == 2 and capsys.readouterr().err.splitlines()[-1] == \
         "hvd-edl-run: error: argument --keep-zygote: expected a number from 0, got 'abc'"
+
+
+def test_the_services_kept_zygote_folders_are_private_recorded_and_ended(tmp_path,
+                                                                        monkeypatch):
+    """The service's folder per user: fresh, 0700, the user's; recorded, so that a service
+    restarted after a kill -9 ends what the last one kept; told to a run in its launcher's
+    flags unless the submitter named its own folder; none with HVD_EDL_ZYGOTE_KEEP=0."""
+    from launcher.cluster.kept_zygotes import KeptZygotes
+    from launcher.cluster.runs import RunSpec
+    monkeypatch.delenv(zygote_client.KEEP_ENV, raising=False)
+    kept = KeptZygotes(tmp_path)
+    kept.open()
+    args = kept.launcher_args(None)
+    assert args[:2] == ("--keep-zygote=300", "--zygote-dir") and kept.launcher_args(None) == args
+    folder = Path(args[2])
+    assert folder.stat().st_uid == os.geteuid() and folder.stat().st_mode & 0o777 == 0o700
+    assert json.loads((tmp_path / "kept_zygotes.json").read_text()) == [str(folder)]
+    spec = RunSpec(argv=("python", "x.py"), cwd="/", env=(), np=1, min_np=1, max_np=1,
+                   checkpoint_dir="/ck", environ=(("PATH", "/bin"),), kept_zygote=args)
+    assert spec.kept_zygote_args() == list(args)
+    own = RunSpec(**{**spec.__dict__, "environ": (("PATH", "/bin"),
+                                                  (zygote_client.KEEP_DIR_ENV, "/mine"))})
+    assert own.kept_zygote_args() == []
+    KeptZygotes(tmp_path).open()   # a service restarted after a kill -9 of this one
+    assert not folder.exists()
+    monkeypatch.setenv(zygote_client.KEEP_ENV, "0")
+    assert KeptZygotes(tmp_path).launcher_args(None) == ()

@@ -47,7 +47,7 @@ def service_idle_s() -> Optional[float]:
 
 
 class KeptZygotes:
-    """The service's per-user folders of kept zygotes: :meth:`environment` for a run,
+    """The service's per-user folders of kept zygotes: :meth:`launcher_args` for a run,
     :meth:`close` at the service's end (module docstring)."""
 
     def __init__(self, state_dir: Path, idle_s: Optional[float] = None):

@@ -1,6 +1,8 @@
 """The heterogeneity-aware goodput policy (issue 42 s4) on a tiny stream: a job gaining 3x from an
-a100 over a t4 gets an a100 before jobs gaining 1.5x; moves only when they pay their stall; the
-packing keeps partial allocations on one node."""
+a100 over a t4 gets an a100 before jobs gaining 1.5x; the default (Sia's objective) shares GPUs
+between a short and a long job where the sum of 1 / T gives the short one all of them; moves
+only when they pay their stall (``remaining``); the packing keeps partial allocations on one
+node."""
 from launcher.cluster.hetero_sim import Alloc, Costs, SimJobState, pack, placement, sizes
 from launcher.cluster.policies.hetero_goodput import choose, hetero_goodput_policy
 
@@ -45,12 +47,13 @@ def test_a100_goes_to_the_larger_gain_first():
 def test_move_only_when_it_pays_its_stall():
     prof = _Prof({"fast": 1.02, "slow": 1.0})
     j = SimJobState("fast", "fast", 0.0, 1, 64, progress=999.0, alloc=Alloc("t4", 1, -1))
+    rem = {"objective": "remaining"}
     # 1 unit left: an a100 saves 0.02 s, less than a 50 s restart or a 0.5 s switch: stays
-    assert choose([j], prof, Costs("restart"))["fast"] == ("t4", 1)
-    assert choose([j], prof, Costs("stop_free", 5.0, 0.5, 5.0))["fast"] == ("t4", 1)
+    assert choose([j], prof, Costs("restart"), **rem)["fast"] == ("t4", 1)
+    assert choose([j], prof, Costs("stop_free", 5.0, 0.5, 5.0), **rem)["fast"] == ("t4", 1)
     j.progress = 0.0          # 1000 units left: 20 s saved pays a 0.5 s switch, not 50 s
-    assert choose([j], prof, Costs("stop_free", 5.0, 0.5, 5.0))["fast"] == ("a100", 1)
-    assert choose([j], prof, Costs("restart"))["fast"] == ("t4", 1)
+    assert choose([j], prof, Costs("stop_free", 5.0, 0.5, 5.0), **rem)["fast"] == ("a100", 1)
+    assert choose([j], prof, Costs("restart"), **rem)["fast"] == ("t4", 1)
 
 
 def test_pack_partial_on_one_node_whole_nodes_above():
@@ -83,12 +86,41 @@ def test_fairness_weight_predicts_ftf_and_favours_the_job_behind():
     jobs = [late, new] + [SimJobState(f"f{i}", "b", 1000.0, 1, 64, progress=500.0)
                           for i in range(63)]                # 65 jobs, 64 one-GPU slots
     c = Costs("stop_free", 5.0, 0.5, 5.0)
-    assert "late" not in choose(jobs, prof, c, now=1000.0)   # SRPT: the longest left waits
-    assert "late" in choose(jobs, prof, c, now=1000.0, ftf_weight=2.0)
+    rem = {"objective": "remaining", "now": 1000.0}
+    assert "late" not in choose(jobs, prof, c, **rem)        # SRPT: the longest left waits
+    assert "late" in choose(jobs, prof, c, ftf_weight=2.0, **rem)
+
+
+class _ScalingPM(_PM):
+    def __init__(self, end):
+        self.end, self.bounds = end, [0.0, end]
+
+
+class _ScalingProf:
+    """a100s only, progress per second ``sqrt(n)`` on ``n`` GPUs (sublinear, as data-parallel
+    training scales); ``ends`` the progress each application needs."""
+
+    def __init__(self, ends):
+        self.progress = {app: _ScalingPM(end) for app, end in ends.items()}
+
+    def best(self, app, t, n, e):
+        return (n ** 0.5, 64) if t == "a100" else (0.0, 0)
+
+
+def test_default_shares_gpus_between_a_short_and_a_long_job():
+    prof = _ScalingProf({"short": 10.0, "long": 10000.0})
+    jobs = [SimJobState("short", "short", 0.0, 1, 64), SimJobState("long", "long", 0.0, 1, 64)]
+    c = Costs("stop_free", 5.0, 0.5, 5.0)
+    # Sia's objective (the default): each job's speedup over its least, concave (p = -0.5):
+    # 8 + 8 a100s (2 x (1.1 - 8^-0.25)) beats 16 for the short job alone (1.1 - 16^-0.25)
+    assert choose(jobs, prof, c) == {"short": ("a100", 8), "long": ("a100", 8)}
+    # the sum of 1 / T: the short job's 16 (1 / 7.5 s) beats 8 each (1 / 8.5 s + 1 / 3,541 s)
+    assert choose(jobs, prof, c, objective="remaining") == {"short": ("a100", 16)}
 
 
 def test_bad_policy_options_are_one_line_errors():
     import pytest
-    for kw in ({"objective": "fastest"}, {"ftf_weight": -1.0}, {"p": 0.5}):
+    for kw in ({"objective": "fastest"}, {"ftf_weight": -1.0}, {"p": 0.5},
+               {"ftf_weight": 2.0, "objective": "sia"}):
         with pytest.raises(ValueError):
             hetero_goodput_policy(Costs("restart"), **kw)

@@ -11,17 +11,19 @@ per-type profiles and calibration slowdowns, Pollux's progress model, its three 
 
 * ``gavel``: Gavel max-sum-throughput with the TunedJobs sizes, 360 s rounds, Sia's restart cost
   per application (fidelity: published 1.9 / 2.5 / 11.3 h);
-* ``ours_s``: :mod:`launcher.cluster.policies.hetero_goodput` with our measured costs (start =
-  the slowest measured fresh launch to first step, change = the largest measured switch stall,
-  read by scheduler_sim.measured_switch_costs from benchmarks/results/, never tuned), 60 s rounds;
+* ``ours_s``: :mod:`launcher.cluster.policies.hetero_goodput` (its default: Sia's objective in
+  our program) with our measured costs (start = the slowest measured fresh launch to first step,
+  change = the largest measured switch stall, read by scheduler_sim.measured_switch_costs from
+  benchmarks/results/, never tuned), 60 s rounds;
 * ``ours_sia_restart_s``: the same policy paying Sia's restart per application at every change;
 * p99 JCT, makespan, GPU-hours per job, finish-time fairness (JCT over the job's time alone,
   :mod:`launcher.cluster.hetero_fairness`; worst and median over all jobs of the workloads run):
   ``ftf_sia_*`` as Sia measures it (alone on 64 / its mean contention GPUs of each type, the
   types weighted by their GPUs), ``ftf_*`` against the best type alone (stricter), beside Sia /
   Pollux / Gavel published (Table 3; Sia's worst FTF 1.2 on Helios);
-* variants (``--policies``): ``ours_ftf<k>`` (the fairness weight k of hetero_goodput),
-  ``sia_objective`` (Sia's own objective in our program), each also ``..._sia_restart``.
+* variants (``--policies``): ``remaining`` (hetero_goodput's sum of 1 / T, the default of
+  rounds 4-5), ``remaining_ftf<k>`` (with the fairness weight k), ``sia_objective`` (the name
+  ``ours`` ran under before it became the default), each also ``..._sia_restart``.
 
 Writes ``benchmarks/results/scheduler_sim_sia.json`` (``table[trace]``, merged per trace under a
 file lock so traces may run as separate processes).
@@ -70,10 +72,12 @@ def load(trace: str, i: int):
 
 
 def policy_costs(name: str, sw: dict):
-    """(policy, Costs, round seconds) of a policy name: ``gavel``; ``ours`` (k = 0),
-    ``ours_ftf<k>`` (the fairness weight k), ``sia_objective`` (Sia's objective in our program),
-    each with our measured costs, or with Sia's restart costs when suffixed ``_sia_restart``.
-    ValueError (one line) for another name."""
+    """(policy, Costs, round seconds) of a policy name: ``gavel``; ``ours``
+    (:mod:`launcher.cluster.policies.hetero_goodput` as it is by default: Sia's objective in our
+    program; ``sia_objective`` is the same policy under the name of the runs that chose it),
+    ``remaining`` (the sum of 1 / T, the default of rounds 4-5), ``remaining_ftf<k>`` (with the
+    fairness weight k), each with our measured costs, or with Sia's restart costs when suffixed
+    ``_sia_restart``.  ValueError (one line) for another name."""
     if name == "gavel":
         return gavel_policy(), Costs("restart"), 360.0
     core = name[:-len("_sia_restart")] if name.endswith("_sia_restart") else name
@@ -81,19 +85,19 @@ def policy_costs(name: str, sw: dict):
         c = Costs("stop_free", sw["join_s"], sw["change_cost_s"], sw["join_s"])
     else:
         c = Costs("restart")
-    if core == "ours":
+    if core in ("ours", "sia_objective"):
         return hetero_goodput_policy(c), c, 60.0
-    if core.startswith("ours_ftf"):
+    if core == "remaining":
+        return hetero_goodput_policy(c, objective="remaining"), c, 60.0
+    if core.startswith("remaining_ftf"):
         try:
-            k = float(core[len("ours_ftf"):])
+            k = float(core[len("remaining_ftf"):])
         except ValueError:
             k = -1.0
         if k >= 0:
-            return hetero_goodput_policy(c, ftf_weight=k), c, 60.0
-    if core == "sia_objective":
-        return hetero_goodput_policy(c, objective="sia"), c, 60.0
-    raise ValueError(f"unknown policy {name!r} (gavel, ours, ours_ftf<k>, sia_objective; "
-                     "suffix _sia_restart for Sia's restart costs)")
+            return hetero_goodput_policy(c, ftf_weight=k, objective="remaining"), c, 60.0
+    raise ValueError(f"unknown policy {name!r} (gavel, ours, sia_objective, remaining, "
+                     "remaining_ftf<k>; suffix _sia_restart for Sia's restart costs)")
 
 
 def run_policy(name: str, trace, prof, sw: dict):
@@ -104,12 +108,16 @@ def run_policy(name: str, trace, prof, sw: dict):
 
 def run_cached(name: str, trace: str, i: int, prof, sw: dict, cache, cache_only: bool = False):
     """:func:`run_policy` on workload ``i`` of ``trace`` (the Result, its CPU seconds as
-    ``cpu_s``); pickled in folder ``cache`` (keyed by policy, trace, workload and the measured
-    costs) and reused when there; ``cache_only``: None instead of simulating a missing one."""
+    ``cpu_s``); pickled in folder ``cache`` (keyed by the policy's objective, the trace, the
+    workload and the measured costs: ``ours`` is kept as ``sia_objective``, so a folder from
+    before round 6, whose ``ours-*`` files hold today's ``remaining``, is never read as ours)
+    and reused when there; ``cache_only``: None instead of simulating a missing one."""
     path = None
     if cache:
         tag = f"{sw['join_s']}-{sw['change_cost_s']}"
-        path = Path(cache) / f"{name}-{trace}-{i}-{tag}.pkl"
+        key = "sia_objective" + name[len("ours"):] if name in ("ours", "ours_sia_restart") \
+            else name
+        path = Path(cache) / f"{key}-{trace}-{i}-{tag}.pkl"
         if path.exists():
             return pickle.loads(path.read_bytes())
     if cache_only:
@@ -164,7 +172,7 @@ def main(argv=None) -> int:
     ap.add_argument("--traces", default="philly,saturn,newtrace")
     ap.add_argument("--workloads", default="",
                     help="per trace, e.g. 'philly=1-8;saturn=1,3' (default: every workload)")
-    ap.add_argument("--policies", default="ours,ours_sia_restart,gavel")
+    ap.add_argument("--policies", default="ours,ours_sia_restart,remaining,gavel")
     ap.add_argument("--out", default=str(OUT), help="results file (merged per trace)")
     ap.add_argument("--cache", metavar="DIR",
                     help="keep each simulated workload's result in DIR and reuse it (runs may be "

@@ -2,39 +2,46 @@
 (:mod:`launcher.cluster.hetero_sim`): which jobs run, on which GPU type, on how many GPUs, at which
 batch, every round.
 
-Ideas from Sia (Jayaram Subramanya et al., SOSP 2023: goodput per GPU type, one type per job)
-and Pollux (Qiao et al., OSDI 2021: the batch that maximises goodput at each size); the
-allocation rule is ours:
+Ideas from Sia (Jayaram Subramanya et al., SOSP 2023: goodput per GPU type, one type per job,
+its objective) and Pollux (Qiao et al., OSDI 2021: the batch that maximises goodput at each
+size); what is ours is the change cost it weighs, hvd_edl's measured stop-free switch:
 
 One mixed-integer program per round (:mod:`launcher.cluster.round_program`, shared with the live
-``typed`` policy; scipy's HiGHS ``milp``), Sia's shape with our objective:
-each active job takes at most one configuration ``c = (type, GPUs)`` (sizes Sia allows: one node
-up to its GPUs, whole nodes above), the GPUs of each type bounded by the cluster's, and the sum
-over jobs of ``1 / T_jc`` is maximised, ``T_jc`` the job's estimated remaining time at ``c``:
-its remaining progress over its goodput there (the best batch, Pollux's) plus the stall a change
-to ``c`` costs it (none to stay, the start for a new job, Sia's restart per application or
-hvd_edl's measured switch for a running one).  Maximising completions per second favours short
-jobs first (SRPT, the order that minimises average JCT), a GPU type to the job gaining most
-from it (a job gaining 3x from an a100 over a t4 gets it before one gaining 1.5x: 3 + 1 > 1.5 + 1
-in units of ``1/T``), growth where it cuts remaining time most, and a move only when the time it
-saves pays its stall (stop-free moves are nearly free, so they happen when they help).
+``typed`` policy; scipy's HiGHS ``milp``): each active job takes at most one configuration
+``c = (type, GPUs)`` (sizes Sia allows: one node up to its GPUs, whole nodes above), the GPUs of
+each type bounded by the cluster's.  Two objectives:
+
+``objective="sia"`` (the default since issue 42's round 6): Sia's own (``sia-simulator/sia.py``
+of siasosp23/artifacts, read, our code): each job's goodput per configuration (the best batch,
+Pollux's) normalised by its least over all configurations, raised to ``p`` (-0.5), the
+configurations other than the current one scaled by Sia's re-allocation factor ``(age - changes
+* stall) / (age + stall)`` (1 while the job is younger than a stall), clipped at 3000; the
+program minimises the sum of the chosen terms plus ``lambda_n`` (1.1) per job left without GPUs.
+Every job's terms are on the same scale whatever its length, and ``p < 0`` makes them concave in
+the speedup: GPUs are spread where they are used efficiently, a long job is not starved by a
+stream of short ones.  With hvd_edl's 0.59 s switch the re-allocation factor is 1 for nearly
+every job: it re-plans every round at almost no cost, where Sia pays 15-250 s per change.
+(In Sia's setting this beat ``remaining`` on all three traces: docs/heterogeneous_sim.md.)
+
+``objective="remaining"`` (the default of rounds 4-5): the sum over jobs of ``1 / T_jc`` is
+maximised, ``T_jc`` the job's estimated remaining time at ``c``: its remaining progress over its
+goodput there plus the stall a change to ``c`` costs it (none to stay, the start for a new job,
+Sia's restart per application or hvd_edl's measured switch for a running one).  Maximising
+completions per second favours short jobs first (SRPT), a GPU type to the job gaining most from
+it, growth where it cuts remaining time most, and a move only when the time it saves pays its
+stall.  Its weight ``1 / remaining`` makes a job 100x longer worth 100x less, so on a busy trace
+(Sia's newTrace) long jobs wait behind short ones that run at poor efficiency on many GPUs.  The
+live ``typed`` policy solves this one (a live job's remaining work is unknown: a horizon).
 Mixed types within one job are not used: Sia's profiles measure no mixed placement and its
 setting forbids them.
 
-Fairness (``ftf_weight`` k, default 0): each job's term is multiplied by ``max(1, rho_j) ** k``,
-``rho_j`` its predicted finish-time fairness if it ran from now at its isolated rate (Themis'
-ratio as Sia measures it, :mod:`launcher.cluster.hetero_fairness`: alone on ``G / N`` GPUs of
-each type, the types weighted by their GPUs; the current epoch's rates): ``(elapsed * r_iso +
-remaining) / total``.  A job falling behind its fair finish gains weight, as the response ratio
-of highest-response-ratio-next scheduling (Brinch Hansen 1971) grows with waiting; k = 0 is the
-SRPT-like objective above.
-
-``objective="sia"``: Sia's own objective instead (``sia-simulator/sia.py`` of siasosp23/artifacts,
-read, our code): each job's goodput per configuration normalised by its least over all
-configurations, raised to ``p`` (-0.5), the configurations other than the current one scaled
-by Sia's re-allocation factor ``(age - changes * stall) / (age + stall)`` (1 while the job is
-younger than a stall), clipped at 3000; the program minimises the sum of the chosen terms plus
-``lambda_n`` (1.1) per job left without GPUs.
+Fairness (``ftf_weight`` k, ``remaining`` only, default 0): each job's term is multiplied by
+``max(1, rho_j) ** k``, ``rho_j`` its predicted finish-time fairness if it ran from now at its
+isolated rate (Themis' ratio as Sia measures it, :mod:`launcher.cluster.hetero_fairness`: alone
+on ``G / N`` GPUs of each type, the types weighted by their GPUs; the current epoch's rates):
+``(elapsed * r_iso + remaining) / total``.  A job falling behind its fair finish gains weight, as
+the response ratio of highest-response-ratio-next scheduling (Brinch Hansen 1971) grows with
+waiting; k = 0 is the SRPT-like objective above.
 """
 from __future__ import annotations
 
@@ -55,16 +62,19 @@ SIA_CLIP = 3000.0
 """Sia's defaults (``simulator_config.py``: p, lambda_n, the clip of a powered goodput)."""
 
 
-def hetero_goodput_policy(costs: Costs, ftf_weight: float = 0.0, objective: str = "remaining",
+def hetero_goodput_policy(costs: Costs, ftf_weight: float = 0.0, objective: str = "sia",
                           p: float = SIA_P, lambda_n: float = SIA_LAMBDA_N) -> Callable:
     """The policy (the module's docstring) for :func:`launcher.cluster.hetero_sim.simulate`;
     ``costs`` are the change costs it weighs moves against; ``ftf_weight`` the fairness exponent
-    k (>= 0); ``objective`` ``"remaining"`` (ours) or ``"sia"`` (Sia's, with ``p`` < 0 and
-    ``lambda_n``).  ValueError (one line) for a bad objective, a negative k or p >= 0."""
+    k (>= 0, ``remaining`` only); ``objective`` ``"sia"`` (Sia's, with ``p`` < 0 and
+    ``lambda_n``; the default) or ``"remaining"`` (the sum of ``1 / T``).  ValueError (one
+    line) for a bad objective, a negative k or p >= 0, or a weight k > 0 with ``"sia"``."""
     if objective not in ("remaining", "sia"):
         raise ValueError(f"unknown objective {objective!r} (remaining, sia)")
     if ftf_weight < 0 or p >= 0:
         raise ValueError(f"ftf_weight must be >= 0 and p < 0 (got {ftf_weight}, {p})")
+    if ftf_weight and objective != "remaining":
+        raise ValueError(f"ftf_weight applies to objective 'remaining' only (got {objective!r})")
 
     def policy(now: float, jobs: List[SimJobState], prof) -> Dict[str, Alloc]:
         want = choose(jobs, prof, costs, now=now, ftf_weight=ftf_weight, objective=objective,
@@ -144,7 +154,7 @@ def _sia_values(jobs, prof, costs, cfg, now, p, lambda_n):
 
 
 def choose(jobs: List[SimJobState], prof, costs: Costs, now: float = 0.0,
-           ftf_weight: float = 0.0, objective: str = "remaining", p: float = SIA_P,
+           ftf_weight: float = 0.0, objective: str = "sia", p: float = SIA_P,
            lambda_n: float = SIA_LAMBDA_N) -> Dict[str, Tuple[str, int]]:
     """The round's program (the module's docstring) at time ``now`` (s): job name -> (type,
     GPUs) for the jobs that run; solved by :func:`launcher.cluster.round_program.solve`, the code

@@ -18,6 +18,7 @@ treated unfairly even when they ran at once.
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from typing import Dict, List, Tuple
@@ -29,9 +30,11 @@ def _gpus(cluster: Dict[str, Tuple[int, int]]) -> Dict[str, int]:
     return {t: n * g for t, (n, g) in cluster.items()}
 
 
+@functools.lru_cache(maxsize=None)
 def alone_on_s(prof, app: str, gpu_type: str, gpus: int) -> float:
     """Seconds of training of ``app`` alone on at most ``gpus`` GPUs of ``gpu_type`` (the best
-    allowed size and batch per epoch; no start, no wait); ``math.inf`` where none fits."""
+    allowed size and batch per epoch; no start, no wait); ``math.inf`` where none fits.
+    Memoised per profiles object (thousands of jobs share a few applications)."""
     pm = prof.progress[app]
     ok = [n for n in sizes(gpu_type) if n <= gpus]
     total = 0.0
@@ -72,10 +75,15 @@ def isolated_best_type_s(prof, app: str, contention: float,
     of the fastest type for ``app`` in each epoch (seconds; no start, no wait)."""
     g = _gpus(cluster)
     share = max(1, int(sum(g.values()) / max(contention, 1e-9)))
+    return _best_type_alone_s(prof, app, share, tuple(sorted(cluster.items())))
+
+
+@functools.lru_cache(maxsize=None)
+def _best_type_alone_s(prof, app: str, share: int, cluster: Tuple) -> float:
     pm = prof.progress[app]
     total = 0.0
     for e in range(len(pm.bounds) - 1):
-        r = max(prof.best(app, t, n, e)[0] for t in cluster for n in sizes(t) if n <= share)
+        r = max(prof.best(app, t, n, e)[0] for t, _ in cluster for n in sizes(t) if n <= share)
         total += (pm.bounds[e + 1] - pm.bounds[e]) / r
     return total
 

@@ -231,13 +231,15 @@ def test_the_service_rests_an_unreached_host_and_shows_the_ring_from_telemetry(t
 @pytest.mark.timeout(240)
 def test_a_vanished_pool_host_leaves_the_ring_shown_and_rests(tmp_path):
     """End to end on namespace hosts (tests/cluster.py): ``serve -H h1:1,h2:1,h3:1``, a job on
-    all three; h3 is cut off the bridge.  Its launcher fences w3; the service shows the ring of 2
-    (``world_size``) while h3 is still allocated and not resting (from telemetry, not from the
-    rest's shrink), and ``--unreachable-after`` (3 s here; default 10) later, rests h3: its
-    slot is taken from the job and no job is given h3 while it rests."""
+    all three; h3 is cut off the bridge.  Its launcher fences w3; the service records the ring
+    of 2 from the job's telemetry (a ``ring`` event, what ``status`` shows as ``world_size``)
+    while h3 is still allocated to the job and not resting, and ``--unreachable-after`` (3 s
+    here; default 10) later rests h3 (a ``rest`` event): its slot is taken from the job and no
+    job is given h3 while it rests.  The order comes from the service's own event log (its
+    times and the state it held at each), not from a polled ``status`` landing in a window."""
     from test_cluster import _cluster
     from launcher.cluster import reach
-    unreachable_s = 3.0  # the window in which status must show the ring of 2 before the rest
+    unreachable_s = 3.0
     c = _cluster(hosts=3)
     cli = [sys.executable, "-m", "launcher.cluster.cli"]
     state, cfile = tmp_path / "state", tmp_path / "cluster.json"
@@ -255,6 +257,11 @@ def test_a_vanished_pool_host_leaves_the_ring_shown_and_rests(tmp_path):
         st = json.loads(r.stdout) if r.returncode == 0 else {"jobs": []}
         return st, next((j for j in st["jobs"] if j["id"] == jid), {})
 
+    def events(kind=None):  # the service's own log (STATE_DIR/events.jsonl), oldest first
+        path = state / "events.jsonl"
+        rows = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+        return [e for e in rows if kind is None or e["kind"] == kind]
+
     def logs():
         return (tmp_path / "serve.log").read_text()[-2000:] + "".join(
             p.read_text()[-2000:] for p in state.glob("jobs/*/run*.log"))
@@ -267,29 +274,38 @@ def test_a_vanished_pool_host_leaves_the_ring_shown_and_rests(tmp_path):
             capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
         assert r.returncode == 0, r.stderr
         jid = r.stdout.split()[-1]
-        wait_for("a ring of 3", lambda: job_status(jid)[1].get("world_size") == 3, 120, logs)
-        cut = time.monotonic()
+        wait_for("a ring of 3", lambda: [e for e in events("ring")
+                                         if e["job"] == jid and e["world_size"] == 3], 120, logs)
+        cut = time.time()
         c.cut("h3")
         try:
-            two = wait_for("status showing the ring of 2", lambda: (
-                lambda s: s if s[1].get("world_size") == 2 else None)(job_status(jid)), 60, logs)
-            shown = time.monotonic() - cut
-            st = wait_for("h3 resting", lambda: (lambda s: s if "h3" in s[0].get("resting", {})
-                                                 else None)(job_status(jid)), 60,
-                          lambda: json.dumps(job_status(jid)[1].get("workers")) + logs())
-            rested = time.monotonic() - cut
+            rest = wait_for("h3 resting", lambda: [e for e in events("rest")
+                                                   if e.get("host") == "h3"], 60,
+                            lambda: json.dumps(events()[-12:]) + logs())[0]
+            st = wait_for("status: h3 resting, taken from the job", lambda: (
+                lambda s: s if "h3" in s[0].get("resting", {})
+                and s[1].get("allocation") == {"h1": 1, "h2": 1} else None)(job_status(jid)),
+                60, lambda: json.dumps(events()[-12:]) + logs())
         finally:
             c.reconnect("h3")
-        assert st[1]["allocation"] == {"h1": 1, "h2": 1}, st[1]
+        log = events()
         assert all(w["host"] != "h3" for w in st[1]["workers"]), st[1]["workers"]
-        assert rested >= unreachable_s, rested
-        # the ring of 2 from its telemetry, not from the rest's shrink: shown while h3 was still
-        # allocated to the job and not resting
-        assert "h3" not in two[0].get("resting", {}) and \
-            two[1]["allocation"] == {"h1": 1, "h2": 1, "h3": 1}, two
+        rested = rest["at"] - cut
+        assert rested >= unreachable_s, (rested, log)
+        # the ring of 2 from its telemetry, not from the rest's shrink: recorded while h3 was
+        # still allocated to the job and not resting, before the rest
+        two = [e for e in log if e["kind"] == "ring" and e["job"] == jid and e["at"] > cut]
+        assert two and two[0]["world_size"] == 2 and two[0]["previous"] == 3, (two, log)
+        assert two[0]["allocation"] == {"h1": 1, "h2": 1, "h3": 1} and \
+            "h3" not in two[0]["resting"] and two[0]["at"] < rest["at"], (two[0], rest)
+        shown = two[0]["at"] - cut
         assert shown < reach.UNREACHED_S, shown  # within the default's 10 s, as before
-        print(f"vanished h3: status shows the ring of 2 {shown:.1f} s after the cut, h3 rests "
-              f"{rested:.1f} s after it")
+        # no job given h3 while it rests (up to the status read above)
+        after = log[log.index(rest) + 1:]
+        assert not [e for e in after if "h3" in (e.get("hosts") or {})
+                    or "h3" in (e.get("allocation") or {})], after
+        print(f"vanished h3: the service saw the ring of 2 {shown:.1f} s after the cut, h3 "
+              f"rests {rested:.1f} s after it")
     finally:
         (tmp_path / "stop1").touch()
         serve.terminate()

@@ -8,7 +8,10 @@ The answers give
   once for a releasing job);
 * its speed at its current world size once it has trained steadily for ``speed.STEADY_S`` at
   one generation (:mod:`launcher.cluster.speed`), recorded in the job's ``speed`` (the
-  throughput the policies see) by the loop's thread (the store has one writer).
+  throughput the policies see) by the loop's thread (the store has one writer);
+* its ring's size (what ``status`` shows as its ``world_size``): each change is a ``ring``
+  event (:func:`ring_change`), with what the service held at that moment (the job's allocation
+  file, the resting hosts), so the order of what the service saw is in its own log.
 
 Its functions take the service explicitly (``svc``, :class:`launcher.cluster.service.Service`):
 they read ``svc.runs`` and ``svc.releasing`` (the loop's), and write only ``svc.telemetry``.
@@ -33,6 +36,7 @@ def poll(svc) -> None:
     last: Dict[str, float] = {}
     clients: Dict[Tuple[str, int], ControlClient] = {}
     steady: Dict[str, Tuple[int, float]] = {}  # job id -> (generation, since)
+    rings: Dict[Tuple[str, int], int] = {}      # (job id, run) -> ring size last noted
     while not svc.stopping:
         now = time.monotonic()
         for job_id, run in list(svc.runs.items()):
@@ -51,12 +55,38 @@ def poll(svc) -> None:
                 clients.pop(key, None)
                 continue
             svc.telemetry[job_id] = (asked, answer)
+            ring_change(svc, rings, key, answer, time.time())
             speed_point(svc, steady, job_id, answer.get("job", {}))
             if answer.get("adaptive_batch"):  # the script opted in: learn its goodput
                 svc.goodput.setdefault(job_id, JobGoodput()).observe(answer, asked)
             if job_id in svc.releasing:
                 svc.wake.set()
         time.sleep(TELEMETRY_BUSY_S if svc.releasing else 0.2)
+
+
+def ring_change(svc, rings: Dict[Tuple[str, int], int], key: Tuple[str, int], answer: dict,
+                at: float) -> None:
+    """Note a ``ring`` event when a run's ring size in its telemetry ``answer`` (fetched at
+    wall-clock ``at``, seconds) differs from the last one noted for it (``rings``: (job id, run
+    number) -> size, kept by :func:`poll`; 0 before a run's first ring).  Its detail:
+    ``world_size``, ``previous``, ``generation``, ``at`` (the answer's time, not the write's),
+    ``allocation`` (host -> slots of the job's allocation file) and ``resting`` (hosts resting)
+    as the service held them when the answer came: the ring of 2 of a job whose launcher
+    fenced a vanished host is recorded with that host still allocated, before it rests
+    (:mod:`launcher.cluster.reach`).  The event is written on the loop's thread (one writer)."""
+    tel_job = answer.get("job") or {}
+    size = tel_job.get("world_size", 0)
+    if not isinstance(size, int) or isinstance(size, bool) or size == rings.get(key, 0):
+        return
+    previous, rings[key] = rings.get(key, 0), size
+    job_id = key[0]
+    detail = {"world_size": size, "previous": previous,
+              "generation": tel_job.get("generation", 0), "at": at,
+              "allocation": dict(svc.written.get(job_id, {})),
+              "resting": sorted(svc.reach.rest_left())}
+    svc.post(lambda: svc.events.note(
+        job_id, "ring", f"its ring is {size} workers (was {previous}), from its telemetry",
+        **detail))
 
 
 def speed_point(svc, steady: Dict[str, Tuple[int, float]], job_id: str,

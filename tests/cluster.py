@@ -20,7 +20,10 @@ resolution per namespace comes from ``/etc/netns/NS/hosts`` (``ip netns exec`` m
 to 127.0.1.1 (Debian's default line, many containers) instead of its address.  A key pair made
 for the cluster is the only authorised key; the hosts' keys are pre-listed in a known-hosts file
 that the launcher namespace's ``/etc/ssh/ssh_config`` (from ``/etc/netns/NS/ssh``) names, so ssh
-never prompts and root's own ``~/.ssh`` is never written.  Hosts share this filesystem.
+never prompts and root's own ``~/.ssh`` is never written.  Each sshd sets ``SHLVL=1`` in its
+sessions, so bash does not run the login user's ``~/.bashrc`` for the command (root's runs
+``pyenv init``, whose rehash lock a session killed mid-command leaves behind: every later login
+then waited 60 s); the product's ssh command is the same.  Hosts share this filesystem.
 
 Teardown always happens: :meth:`Cluster.close` from the context manager, ``atexit`` and SIGTERM /
 SIGHUP; and :func:`cleanup_leftovers` (run at each start) removes what a crashed run left, found
@@ -349,7 +352,13 @@ class Cluster:
                 "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
                 "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nUseDNS no\n"
                 "ClientAliveInterval 5\nClientAliveCountMax 3\nMaxStartups 100:30:200\n"
-                "MaxSessions 100\nLogLevel ERROR\n")
+                "MaxSessions 100\nLogLevel ERROR\n"
+                # bash runs ~/.bashrc for a command sshd starts only when it is a top-level
+                # shell (SHLVL unset); with SHLVL=1 it is not, so root's rc files (pyenv init:
+                # a `pyenv rehash` per login, whose lock a killed session leaves behind and
+                # every later login waits 60 s on) stay out of the hosts' sessions.  The
+                # product's ssh command is unchanged.
+                "SetEnv SHLVL=1\n")
         self.known_hosts.write_text("\n".join(known) + "\n")
         for h in self.hosts.values():
             self._start_sshd(h)

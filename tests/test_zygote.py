@@ -550,6 +550,7 @@ def test_the_services_kept_zygote_folders_are_private_recorded_and_ended(tmp_pat
     own = RunSpec(**{**spec.__dict__, "environ": (("PATH", "/bin"),
                                                   (zygote_client.KEEP_DIR_ENV, "/mine"))})
     assert own.kept_zygote_args() == []
+    assert kept.launcher_args(None, {zygote_client.KEEP_DIR_ENV: "/mine"}) == ()   # no folder
     KeptZygotes(tmp_path).open()   # a service restarted after a kill -9 of this one
     assert not folder.exists()
     monkeypatch.setenv(zygote_client.KEEP_ENV, "0")

@@ -19,6 +19,7 @@ All of it runs on the service's loop thread.  Each function takes the service ex
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -156,7 +157,8 @@ def launch(svc, job: JobRecord, hosts: Dict[str, int], number: int,
                        np=sum(hosts.values()), min_np=job.min_np, max_np=job.max_np,
                        checkpoint_dir=job.checkpoint_dir, launcher_args=svc.launcher_args,
                        environ=tuple(sorted(job.environ.items())), uid=job.uid,
-                       kept_zygote=svc.kept_zygotes.launcher_args(job.uid))
+                       kept_zygote=svc.kept_zygotes.launcher_args(
+                           job.uid, {**(job.environ or os.environ), **job.env}))
         run = Run.start(files, number, spec)
     except Exception as e:  # noqa: BLE001 - whatever a stored job holds: that job fails
         cannot_start(svc, job, number, e)

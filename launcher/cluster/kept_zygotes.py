@@ -67,11 +67,13 @@ class KeptZygotes:
                 _end(folder)
         self._save()
 
-    def launcher_args(self, uid: Optional[int]) -> Tuple[str, ...]:
+    def launcher_args(self, uid: Optional[int], env: Optional[Dict[str, str]] = None
+                      ) -> Tuple[str, ...]:
         """The ``hvd-edl-run`` flags a run of user ``uid`` (None: the service's) gets:
-        ``--keep-zygote=IDLE_S --zygote-dir FOLDER``; none when keeping is off or no folder can
-        be made (the run's launcher then uses its own zygote)."""
-        if self.idle_s is None:
+        ``--keep-zygote=IDLE_S --zygote-dir FOLDER``; none when keeping is off, when ``env``
+        (the run's environment) names its own ``HVD_EDL_ZYGOTE_DIR`` (no folder is made for
+        it), or when no folder can be made (the run's launcher then uses its own zygote)."""
+        if self.idle_s is None or zygote_client.KEEP_DIR_ENV in (env or {}):
             return ()
         uid = os.geteuid() if uid is None or not users.runs_as_other(uid) else uid
         folder = self.folders.get(uid)

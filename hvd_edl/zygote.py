@@ -110,7 +110,7 @@ def refusal(request: dict) -> Optional[str]:
     rest = command[1:]
     while rest and rest[0] == "-u":
         rest = rest[1:]
-    why = stale()
+    why = stale() or _state_refusal(request)
     if why is not None:
         return why
     if len(rest) >= 2 and rest[0] == "-m":
@@ -126,6 +126,59 @@ def refusal(request: dict) -> Optional[str]:
     except OSError:
         return "script not readable"
     return shadowed(os.path.dirname(os.path.realpath(script)))
+
+
+def _state_refusal(request: dict) -> Optional[str]:
+    """Why the worker cannot be given its stub's process state (None: it can): a resource
+    limit above this zygote's hard one, or a nice value below its own, which only a privileged
+    process may set (an exec'd worker would have them: the exec path)."""
+    import resource
+
+    def above(a: int, b: int) -> bool:   # a > b, RLIM_INFINITY the largest
+        inf = resource.RLIM_INFINITY
+        return a != b and (a == inf or (b != inf and a > b))
+    try:
+        for res, _soft, hard in request.get("rlimits") or ():
+            if above(int(hard), resource.getrlimit(int(res))[1]) and not _capable(24):
+                return "a resource limit above the zygote's"
+        nice = request.get("nice")
+        if nice is not None and int(nice) < os.getpriority(os.PRIO_PROCESS, 0) and \
+                not _capable(23):
+            return "a nice value below the zygote's"
+    except (OSError, ValueError, TypeError):
+        return "malformed process state"
+    return None
+
+
+def _capable(cap: int) -> bool:
+    """Whether this process has capability ``cap`` (23: CAP_SYS_NICE, 24: CAP_SYS_RESOURCE)
+    in effect: root in a container may lack them."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> cap & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def _take_state(request: dict) -> None:
+    """In the forked child: the stub's umask, resource limits, nice value and CPU affinity
+    (``zygote_client.process_state``), as an exec from the stub would have kept them; the
+    zygote's own are its starter's (a kept zygote's: an earlier job's launcher)."""
+    import resource
+    if request.get("umask") is not None:
+        os.umask(int(request["umask"]))
+    for res, soft, hard in request.get("rlimits") or ():
+        resource.setrlimit(int(res), (int(soft), int(hard)))
+    if request.get("nice") is not None:
+        os.setpriority(os.PRIO_PROCESS, 0, int(request["nice"]))
+    if request.get("affinity"):
+        try:
+            os.sched_setaffinity(0, [int(c) for c in request["affinity"]])
+        except OSError:   # a CPU the zygote's cpuset lacks: the worker keeps the zygote's
+            pass
 
 
 def stale() -> Optional[str]:
@@ -416,6 +469,7 @@ class Zygote:
             self.listener.close()
             for conn in list(self.by_conn):
                 conn.close()
+            _take_state(request)
             state = _become(request)
         except BaseException as e:  # noqa: B902 - nothing of the zygote's may run on
             try:

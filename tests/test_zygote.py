@@ -429,6 +429,73 @@ def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, pr
         _end_kept(folder)
 
 
+STATE_PROBE = """
+import json, os, resource
+print(json.dumps({"ppid": os.getppid(), "umask": os.umask(0),
+                  "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
+                  "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                  "affinity": sorted(os.sched_getaffinity(0))}))
+"""
+
+
+def test_a_kept_zygote_gives_each_worker_its_own_stubs_umask_limits_nice_and_affinity(
+        monkeypatch, tmp_path):
+    """A kept zygote was started by an earlier job's launcher: its umask, resource limits, nice
+    value and CPU affinity are that job's.  Job 2's worker gets its own stub's, as an exec
+    would; a limit above the zygote's, which an unprivileged process cannot raise, takes the
+    exec path (breaker i8: job 1 under ``umask 000; ulimit -n 777; nice -n 7; taskset -c 0``
+    made every later job's workers create world-writable files, pinned to CPU 0)."""
+    import resource
+    folder = _kept_folder(monkeypatch)
+    (tmp_path / "state.py").write_text(STATE_PROBE)
+    cpus = sorted(os.sched_getaffinity(0))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(soft, 4096)
+
+    def state(mask, nofile, nice, affinity):
+        os.umask(mask)
+        resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+        os.nice(nice - os.nice(0))
+        os.sched_setaffinity(0, affinity)
+
+    def job(mask, nofile, nice, affinity):
+        def preexec():
+            state(mask, nofile, nice, affinity)
+        env = _env()
+        argv = LocalZygotes().stub_command([sys.executable, "state.py"], env, {}, keep_s=60)
+        assert argv is not None
+        p = subprocess.run(argv, cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                           preexec_fn=preexec, timeout=180)
+        assert p.returncode == 0, p
+        return json.loads(p.stdout)
+    try:
+        # job 1's launcher starts the kept zygote under its own state
+        started = subprocess.run(
+            [sys.executable, "-c", "import sys; from launcher.spawn import zygote_client as z;"
+             " import os; print(z.kept_zygote(sys.executable, dict(os.environ), sys.argv[1], 60))",
+             folder], env=_env(), preexec_fn=lambda: state(0o000, (low - 10, low - 5), 7, cpus[:1]),
+            capture_output=True, text=True, timeout=60)
+        assert started.returncode == 0 and started.stdout.strip().startswith(folder), started
+        first = job(0o000, (low - 10, low - 5), 7, cpus[:1])
+        (pid_file,) = Path(folder).glob("*.pid")
+        zygote = int(pid_file.read_text())
+        assert first == dict(first, ppid=zygote, umask=0, nofile=[low - 10, low - 5], nice=7,
+                             affinity=cpus[:1]), first
+        second = job(0o077, (low - 30, low - 20), 9, cpus)
+        assert second == dict(second, ppid=zygote, umask=0o077, nofile=[low - 30, low - 20],
+                              nice=9, affinity=cpus), second
+        third = job(0o022, (low - 10, low), 9, cpus)   # above the zygote's hard limit
+        assert third == dict(third, umask=0o022, nofile=[low - 10, low]), third
+        assert (third["ppid"] == zygote) == zygote_client_capable(24), third   # else exec'd
+    finally:
+        _end_kept(folder)
+
+
+def zygote_client_capable(cap):
+    from hvd_edl.zygote import _capable
+    return _capable(cap)
+
+
 @pytest.mark.long   # its own zygote's import; the idle loop is the remote zygotes' as before
 def test_a_kept_zygote_ends_after_its_idle_time_or_on_sigterm_once_its_workers_have(
         monkeypatch, probe, tmp_path):

@@ -285,6 +285,33 @@ def start_zygote(python, sock_path, env, idle_s=None, parent_fd=None):
                                 pass_fds=() if parent_fd is None else (parent_fd,))
 
 
+def process_state() -> dict:
+    """What an exec'd worker inherits from its stub besides environment, working directory and
+    signals: the umask, the resource limits, the nice value and the CPU affinity.  A zygote's
+    own are its starter's (a kept one's: an earlier job's launcher), so the stub hands its own
+    and the forked worker takes them (``hvd_edl.zygote``)."""
+    import resource
+    mask = os.umask(0o022)
+    os.umask(mask)
+    limits = []
+    for name in dir(resource):
+        if name.startswith("RLIMIT_"):
+            try:
+                limits.append([getattr(resource, name), *resource.getrlimit(getattr(resource, name))])
+            except (OSError, ValueError):
+                pass
+    state = {"umask": mask, "rlimits": limits}
+    try:
+        state["nice"] = os.getpriority(os.PRIO_PROCESS, 0)
+    except OSError:
+        pass
+    try:
+        state["affinity"] = sorted(os.sched_getaffinity(0))
+    except (OSError, AttributeError):
+        pass
+    return state
+
+
 class Session:
     """One worker run by a zygote, seen from its stub: :meth:`connect` (bounded wait for the
     zygote to be ready), :meth:`start` (the worker runs: its pid; None: refused, exec instead),
@@ -317,7 +344,8 @@ class Session:
             socket.send_fds(self.sock, [b"\0"], list(fds))
             self.sock.sendall(json.dumps({"command": list(command), "env": dict(env),
                                           "cwd": cwd, "kill_group_on_exit": kill_group_on_exit,
-                                          "ignored": [int(s) for s in ignored]}).encode()
+                                          "ignored": [int(s) for s in ignored],
+                                          **process_state()}).encode()
                               + b"\n")
             line = self._line()
         except OSError:

@@ -191,7 +191,8 @@ def stale() -> Optional[str]:
         if not isinstance(path, str):
             continue
         try:
-            if os.stat(path).st_mtime > _STARTED:
+            st = os.stat(path)   # ctime too: a file put in place with an older mtime (cp -p,
+            if max(st.st_mtime, st.st_ctime) > _STARTED:   # tar x, rsync -a) is new code too
                 return f"stale: {path} changed since the zygote imported it"
         except OSError:
             if os.path.isdir(os.path.dirname(path)):   # not a file in an archive: removed

@@ -491,6 +491,70 @@ def test_a_kept_zygote_gives_each_worker_its_own_stubs_umask_limits_nice_and_aff
         _end_kept(folder)
 
 
+def test_a_kept_zygote_is_stale_once_a_module_is_replaced_even_by_an_older_file(monkeypatch,
+                                                                               tmp_path):
+    """``cp -p``, ``tar x`` or ``rsync -a`` put new code in place with an older mtime: the
+    zygote's staleness check reads the change time too (breaker i8: job 2 ran job 1's code)."""
+    folder = _kept_folder(monkeypatch)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "sitecustomize.py").write_text("VERSION = 1\n")
+    (tmp_path / "version.py").write_text(
+        "import os, sitecustomize\nprint(sitecustomize.VERSION, os.getppid())\n")
+    env = _env(PYTHONPATH=f"{ROOT}{os.pathsep}{lib}")
+
+    def job():
+        argv = LocalZygotes().stub_command([sys.executable, "version.py"], env, {}, keep_s=60)
+        code, out, err = _run(None, argv, str(tmp_path), env)
+        assert code == 0, (out, err)
+        return out.split()
+    try:
+        version, ppid = job()
+        (pid_file,) = Path(folder).glob("*.pid")
+        assert (version, int(ppid)) == ("1", int(pid_file.read_text()))
+        new = lib / "new.py"
+        new.write_text("VERSION = 2\n")
+        old = time.time() - 3600
+        os.utime(new, (old, old))
+        time.sleep(0.05)   # a later change time than the zygote's start (coarse clocks)
+        os.replace(new, lib / "sitecustomize.py")
+        assert job()[0] == "2"   # refused: exec'd, the code on disk
+    finally:
+        _end_kept(folder)
+
+
+@pytest.mark.skipif(os.getuid() != 0 or not os.path.exists("/usr/bin/python3"),
+                    reason="needs root: a server of another user")
+def test_a_stub_hands_nothing_to_a_socket_another_user_serves():
+    """A folder swapped under the stub (a parent another user can write: the link check was
+    the launcher's, before the stub connected) must not get the worker's environment or its
+    standard streams: the stub checks the server's ``SO_PEERCRED`` and takes the exec path
+    (breaker i8: user B's socket got A's secret and A's worker's stdout)."""
+    import shutil
+    import tempfile
+    from launcher.spawn.zygote_client import Session
+    folder = tempfile.mkdtemp(prefix="hvd-edl-peer-test-")   # one the other user can reach
+    os.chmod(folder, 0o777)
+    sock = os.path.join(folder, "k.sock")
+
+    def as_nobody():
+        os.setgid(65534)
+        os.setuid(65534)
+    server = subprocess.Popen(
+        ["/usr/bin/python3", "-I", "-S", "-c",
+         "import os, socket, sys, time; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]);"
+         " os.chmod(sys.argv[1], 0o777); s.listen(5); time.sleep(60)", sock],
+        preexec_fn=as_nobody)
+    try:
+        wait_for("the other user's socket", lambda: os.path.exists(sock), 30)
+        assert zygote_client.listening(sock)
+        assert not Session().connect(sock, 5)
+    finally:
+        server.kill()
+        server.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def zygote_client_capable(cap):
     from hvd_edl.zygote import _capable
     return _capable(cap)

@@ -312,6 +312,16 @@ def process_state() -> dict:
     return state
 
 
+def server_uid(conn):
+    """The uid of the process at the other end of a Unix socket (``SO_PEERCRED``), or None."""
+    import struct
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        return struct.unpack("3i", creds)[1]
+    except OSError:
+        return None
+
+
 class Session:
     """One worker run by a zygote, seen from its stub: :meth:`connect` (bounded wait for the
     zygote to be ready), :meth:`start` (the worker runs: its pid; None: refused, exec instead),
@@ -328,6 +338,9 @@ class Session:
             s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 s.connect(sock_path)
+                if server_uid(s) != os.getuid():   # not this user's zygote (a folder swapped
+                    s.close()                      # by another user): it gets nothing of ours
+                    return False
                 self.sock = s
                 return True
             except ConnectionRefusedError:   # a socket nobody serves: that zygote is gone

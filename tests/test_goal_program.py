@@ -147,3 +147,23 @@ def test_a_running_objective_job_moves_in_the_program_only_for_a_quarter_or_more
         else:
             assert alloc["j"] == {"s1": 1} and c.gpu_type == "slow", alloc
             assert c.why.startswith("stays on 1 x slow spot") and math.isclose(c.time_s, 30.0)
+
+
+def test_a_wait_for_busy_slots_is_bounded_when_they_never_free():
+    """A running job's end is a prediction: one that reports no progress (stalled) is predicted
+    to end 10 s from now in every round.  The job waiting for its fast slot waits that 10 s plus
+    WAIT_SLACK_S, then takes the free slow one (breaker i8: it waited hours beside an idle
+    slot)."""
+    from launcher.cluster.policies.typed import WAIT_SLACK_S
+    policy = TypedPolicy(start_s=0.0, switch_s=0.5)
+    j = JobView("j", 1.0, 1, 1, 1, goal=_goal("time", 2000), speed_of=_speed(100, 20))
+    for dt, waits in ((0.0, True), (30.0, True), (10.0 + WAIT_SLACK_S + 1.0, False)):
+        stalled = JobView("r", 0.0, 1, 1, 1, started=True, allocation={"f1": 1},
+                          goal=_goal("time", 10 * 100 * 10, done=9 * 100 * 10),
+                          speed_of=lambda t, n: 100 * n, last_change_at=NOW + dt - 100)
+        snap = Snapshot(NOW + dt, {"f1": 1, "s1": 1}, (stalled, j),
+                        hosts={h: HOSTS[h] for h in ("f1", "s1")})
+        alloc = policy.allocate(snap)
+        check_allocation(snap, alloc)
+        assert ("j" not in alloc) == waits, (dt, alloc, policy.explain("j"))
+    assert alloc["j"] == {"s1": 1} and policy.choices["j"].gpu_type == "slow"

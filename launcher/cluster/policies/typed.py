@@ -60,6 +60,7 @@ from launcher.cluster.policy import Allocation, JobView, Policy, Snapshot, fill_
 Klass = Tuple[str, bool]  # (GPU type, spot)
 PROGRAM_JOBS = 64       # waiting jobs in one round's program (the rest wait for the next)
 PROGRAM_LIMIT_S = 1.0   # the solver's bound in the live loop, seconds
+WAIT_SLACK_S = 60.0     # a wait for busy slots is over this long after the end first predicted
 
 
 class TypedPolicy(Policy):
@@ -91,6 +92,10 @@ class TypedPolicy(Policy):
         self.choices: Dict[str, Prediction] = {}
         self.measuring: Dict[str, str] = {}
         self._why: Dict[str, str] = {}
+        # a waiting job -> when the wait for busy slots first chosen for it is over (its
+        # prediction plus WAIT_SLACK_S): the running jobs' ends are predictions (a stalled job's
+        # never comes), so past it the job takes what is free, as without waits
+        self._wait_until: Dict[str, float] = {}
 
     def explain(self, job_id: str) -> Optional[str]:
         """The last round's reason for ``job_id``'s allocation (None: none given)."""
@@ -137,6 +142,8 @@ class TypedPolicy(Policy):
             if j.id in running and j.goal and j.id not in in_program and \
                     snap.now - j.last_change_at >= self.hold_s:
                 self._maybe_move(snap, j, alloc, free, klass)
+        waiting_ids = {j.id for j in snap.jobs if j.id not in alloc}
+        self._wait_until = {i: t for i, t in self._wait_until.items() if i in waiting_ids}
         return alloc
 
     # ---- helpers --------------------------------------------------------------------------------
@@ -445,6 +452,9 @@ class TypedPolicy(Policy):
     def _waits(self, snap, j: JobView, cap: Dict[Klass, int]) -> List[Prediction]:
         """``j``'s options of waiting for busy slots (:func:`launcher.cluster.goal_program.
         wait_options`), on its allowed types only."""
+        until = self._wait_until.get(j.id)
+        if until is not None and snap.now > until:   # the slots never came: no more waits
+            return []
         allowed = tuple(j.goal.get("types") or ())
         rel = {k: r for k, r in self._releases.items() if not allowed or k[0] in allowed}
         g = Goal.from_dict(dict(j.goal))
@@ -516,6 +526,8 @@ class TypedPolicy(Policy):
                     best = pick(Goal.from_dict(dict(j.goal)), [p for c, p in zip(cs, preds) if (
                         p is not None and all(idle.get(k, 0) >= n for k, n in c.items()))]
                         + waits, snap.now) or best
+                    if best is not None and best.wait_s:
+                        self._wait_until.setdefault(j.id, snap.now + best.wait_s + WAIT_SLACK_S)
                 for c, v in zip(cs, vals):  # equal rows: the earlier in the queue first
                     val[i, uses.index(c)] = v * (1.0 - QUEUE_TIE * i)
                 self._goal_rows[j.id] = ({_frozen(c): p for c, p in zip(cs, preds)}, best)

@@ -167,3 +167,13 @@ def test_a_wait_for_busy_slots_is_bounded_when_they_never_free():
         check_allocation(snap, alloc)
         assert ("j" not in alloc) == waits, (dt, alloc, policy.explain("j"))
     assert alloc["j"] == {"s1": 1} and policy.choices["j"].gpu_type == "slow"
+
+
+def test_one_jobs_speed_that_is_no_number_does_not_fail_the_round():
+    """A job's speed model answering NaN (breaker i8: the program's solver refused the whole
+    round, every job's, with a ValueError): that job gets nothing from it, the others are
+    placed."""
+    j = JobView("j", 1.0, 1, 1, 1, goal=_goal("time", 2000), speed_of=lambda t, n: float("nan"))
+    k = JobView("k", 2.0, 1, 1, 1, goal=_goal("time", 2000), speed_of=_speed(100, 20))
+    alloc, _ = _round({"f1": 1, "s1": 1}, j, k)
+    assert alloc.get("k") == {"f1": 1} and "j" not in alloc, alloc

@@ -59,6 +59,8 @@ def solve(val: np.ndarray, use: Sequence[Mapping[str, int]], capacity: Mapping[s
     n_jobs, n_cfg = val.shape if val.size else (len(val), len(use))
     if not n_jobs or not n_cfg:
         return {}
+    val = np.where(np.isfinite(val), val, 0.0)   # a value that is no number (a job's NaN or
+    # infinite speed): that configuration is not one it can take; the other jobs' round stands
     scale = np.abs(val).max() or 1.0
     c = -(val / scale).flatten()
     rows, lo, hi = [], [], []

@@ -44,7 +44,10 @@ def _j1_on_four(svc, tmp: Path, marker: str, audit_dir: Path, linger_s: float) -
 
 
 def _both_done_once_j2_runs(svc, tmp: Path, j2: str) -> dict:
-    """j1 trains on until j2 runs, then to its epoch's end; the jobs once both are done."""
+    """j1 trains on until j2 runs, then to its epoch's end; the jobs once both are done.
+    j2 starts once j1's leavers have exited (their teardown, 4 s of linger, at their own
+    priority): 7-10 s after the shrink beside 4 CPU burners at load 19; 90 s bounds it at
+    several times a loaded machine's worst (a niced teardown once took 38.8 s there)."""
     wait_for("j2 started", lambda: svc.events(j2, "run"), 90,
              lambda: json.dumps(svc.events()[-12:]) + svc.output() + svc.job_logs())
     (tmp / "stop1").touch()
@@ -86,10 +89,12 @@ def test_two_jobs_on_one_host_never_share_a_gpu_through_a_shrink(service, tmp_pa
     why = (seen, sampler.runs, sampler.unreadable[:5], svc.job_logs()[-6000:])
     assert seen == {j1: ["0", "1", "2", "3"],  # j1: all four, then 0, 1
                     j2: ["2", "3"]}, why       # j2: the two given back
-    assert svc.events(j1, "released"), svc.events(j1)
+    released = svc.events(j1, "released")
+    assert released, svc.events(j1)
     assert jobs[j1]["runs"] == 1 and jobs[j2]["runs"] == 1, jobs
     assert_exactly_once(a1, 256)
     assert_exactly_once(a2, 96)
+    print(f"j1's leavers' slots released {released[0]['released_s']:.1f} s after its shrink")
 
 
 def test_a_service_killed_mid_shrink_still_holds_the_leavers_gpus(service, tmp_path):

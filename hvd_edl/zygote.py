@@ -604,7 +604,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         ino = os.stat(path).st_ino
     except BaseException as e:  # noqa: B902 - any failure means: use the exec path
         try:
-            with open(f"{path}.failed", "w") as f:
+            fd = os.open(f"{path}.failed", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW,
+                         0o600)   # never through a link another user put there
+            with os.fdopen(fd, "w") as f:
                 f.write(f"{type(e).__name__}: {e}\n")
         finally:
             os._exit(1)

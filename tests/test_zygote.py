@@ -555,6 +555,46 @@ def test_a_stub_hands_nothing_to_a_socket_another_user_serves():
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def test_a_swapped_kept_zygote_folder_cannot_redirect_the_launchers_files(tmp_path):
+    """The launcher opens the kept-zygote folder once, checked (its own, 0700, not a link), and
+    every file in it relative to that descriptor without following links: a folder swapped
+    after the check (a parent another user can write, not sticky) cannot make the launcher
+    create or append files that user picks (breaker i8: ``KEY.lock`` and ``KEY.sock.log``
+    were opened by path).  Nothing is started: each case is refused before a zygote."""
+    import shutil
+    env = _env()
+    key = zygote_client.zygote_key(sys.executable, env)
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    os.chmod(parent, 0o777)   # writable by others, not sticky
+    folder = parent / "kz"
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    victims = [tmp_path / "victim-lock", tmp_path / "victim-log"]
+    for name, victim in zip((f"{key}.lock", f"{key}.sock.log"), victims):
+        os.symlink(victim, theirs / name)   # files the other user picks
+    cases = [("the folder swapped for a link", lambda: os.symlink(theirs, folder))]
+    if os.getuid() == 0:
+        def swapped_for_theirs():
+            shutil.copytree(theirs, folder, symlinks=True)
+            os.chown(folder, 65534, 65534)
+        cases.append(("another user's folder", swapped_for_theirs))
+
+    def links_in_my_folder():
+        shutil.copytree(theirs, folder, symlinks=True)
+    cases.append(("links in the user's own folder", links_in_my_folder))
+    for what, swap in cases:
+        folder.mkdir(mode=0o700)
+        zygote_client.private_dir(str(folder))   # the check passes; then the swap
+        shutil.rmtree(folder)
+        swap()
+        with pytest.raises(OSError):
+            zygote_client.kept_zygote(sys.executable, env, str(folder), 60)
+        assert not any(v.exists() or v.is_symlink() for v in victims), what
+        assert not list(folder.glob("*.pid")), what   # nothing started
+        folder.unlink() if folder.is_symlink() else shutil.rmtree(folder)
+
+
 def zygote_client_capable(cap):
     from hvd_edl.zygote import _capable
     return _capable(cap)

@@ -161,30 +161,72 @@ def kept_zygote(python, env, folder, idle_s):
     ``KEY.lock`` file; its pid in ``KEY.pid``), to exit after ``idle_s`` seconds without
     workers.  None when it failed to start within the last 10 minutes (``KEY.sock.failed``):
     the exec path, without paying the import again.  The socket may not be bound yet (the
-    zygote is importing): :meth:`Session.connect` waits for it."""
+    zygote is importing): :meth:`Session.connect` waits for it.
+
+    The folder is opened once and checked (:func:`open_private_dir`); every file in it is
+    opened, removed or renamed relative to that descriptor and without following a link, so a
+    folder swapped by another user after the check (a parent others can write) cannot make
+    this user create or append a file of their choosing (breaker i8).
+
+    Raises:
+        OSError: ``folder`` is not a private folder of this user, or a file in it is a link.
+    """
     import fcntl
     key = zygote_key(python, env)
     sock = os.path.join(folder, f"{key}.sock")
-    if listening(sock):
-        return sock
-    with open(os.path.join(folder, f"{key}.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if listening(sock) or kept_pid(sock) is not None:
-            return sock   # ready, or importing
-        failed = sock + ".failed"
-        if os.path.exists(failed) and time.time() - os.path.getmtime(failed) < 600:
-            return None
-        for stale in (sock, failed):
+    dir_fd = open_private_dir(folder)
+    try:
+        if listening(sock):
+            return sock
+        with os.fdopen(_open_in(dir_fd, f"{key}.lock", os.O_WRONLY | os.O_APPEND), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if listening(sock) or kept_pid(sock) is not None:
+                return sock   # ready, or importing
+            failed = f"{key}.sock.failed"
             try:
-                os.unlink(stale)
+                if time.time() - os.stat(failed, dir_fd=dir_fd,
+                                         follow_symlinks=False).st_mtime < 600:
+                    return None
             except FileNotFoundError:
                 pass
-        popen = start_zygote(python, sock, kept_env(env), idle_s=idle_s)
-        tmp = f"{sock[:-5]}.pid.{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(str(popen.pid))
-        os.replace(tmp, f"{sock[:-5]}.pid")
-    return sock
+            for stale in (f"{key}.sock", failed):
+                try:
+                    os.unlink(stale, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    pass
+            log_fd = _open_in(dir_fd, f"{key}.sock.log", os.O_WRONLY | os.O_APPEND)
+            try:
+                popen = start_zygote(python, sock, kept_env(env), idle_s=idle_s, log_fd=log_fd)
+            finally:
+                os.close(log_fd)
+            tmp = f"{key}.pid.{os.getpid()}"
+            with os.fdopen(_open_in(dir_fd, tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
+                f.write(str(popen.pid))
+            os.replace(tmp, f"{key}.pid", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        return sock
+    finally:
+        os.close(dir_fd)
+
+
+def open_private_dir(path) -> int:
+    """A descriptor of ``path``, checked once opened to be a directory of this user's, 0700,
+    not a link (``O_NOFOLLOW``): what is opened relative to it stays in that directory even if
+    ``path`` is swapped afterwards.  The caller closes it.
+
+    Raises:
+        OSError: ``path`` is missing, a link, someone else's or open to others.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        os.close(fd)
+        raise OSError(f"{path} is not a private directory of uid {os.getuid()}")
+    return fd
+
+
+def _open_in(dir_fd, name, flags) -> int:
+    """``name`` in the directory ``dir_fd``, created 0600 if missing, never through a link."""
+    return os.open(name, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
 
 
 def wait_for(sock_path) -> float:
@@ -267,9 +309,10 @@ def private_dir(path=None) -> str:
     return path
 
 
-def start_zygote(python, sock_path, env, idle_s=None, parent_fd=None):
+def start_zygote(python, sock_path, env, idle_s=None, parent_fd=None, log_fd=None):
     """Start a zygote for ``python`` serving on ``sock_path`` (it binds once its import is done);
-    its stderr goes to ``sock_path + '.log'``.  ``idle_s``: exit after that long without
+    its stderr goes to ``log_fd`` if given (a kept zygote's, opened by :func:`kept_zygote`),
+    else to ``sock_path + '.log'`` (a launcher's own, in its ``mkdtemp`` folder).  ``idle_s``: exit after that long without
     workers; ``parent_fd``: the read end of a pipe whose writer is the launcher (EOF: the
     launcher died, every worker is killed).  Returns the ``Popen``.
 
@@ -279,10 +322,15 @@ def start_zygote(python, sock_path, env, idle_s=None, parent_fd=None):
     import subprocess
     argv = [python, "-c", ZYGOTE_BOOT, sock_path, "-" if idle_s is None else str(idle_s),
             "-" if parent_fd is None else str(parent_fd)]
-    with open(sock_path + ".log", "ab") as log:
+
+    def start(log):
         return subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=log, start_new_session=True,
                                 pass_fds=() if parent_fd is None else (parent_fd,))
+    if log_fd is not None:
+        return start(log_fd)
+    with open(sock_path + ".log", "ab") as log:
+        return start(log)
 
 
 def process_state() -> dict:

@@ -312,7 +312,9 @@ def _kept_zygotes():
             zygote_client.KEEP_ENV in os.environ:
         yield None
         return
-    folder = tempfile.mkdtemp(prefix="hvd-edl-kz-")   # 0700, short: a socket path's limit
+    import leftovers
+    # 0700, short (a socket path's limit), named by the run (tests/leftovers.py)
+    folder = tempfile.mkdtemp(prefix=leftovers.kept_folder_prefix())
     os.environ[zygote_client.KEEP_ENV] = f"{KEPT_ZYGOTE_IDLE_S:g}"
     os.environ[zygote_client.KEEP_DIR_ENV] = folder
     try:

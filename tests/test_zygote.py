@@ -342,7 +342,9 @@ def test_an_interpreter_whose_zygote_fails_runs_its_workers_by_exec(tmp_path, pr
 
 def _kept_folder(monkeypatch):
     import tempfile
-    folder = tempfile.mkdtemp(prefix="hvd-edl-kz-test-")   # short: a socket path's limit
+    import leftovers
+    # short (a socket path's limit), named by the run (tests/leftovers.py)
+    folder = tempfile.mkdtemp(prefix=leftovers.kept_folder_prefix() + "t")
     monkeypatch.setenv(zygote_client.KEEP_DIR_ENV, folder)
     monkeypatch.delenv(zygote_client.KEEP_ENV, raising=False)
     return folder
@@ -388,6 +390,8 @@ def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, pr
         assert zygote.uids().real == os.getuid() and zygote_client.ZYGOTE_BOOT in zygote.cmdline()
         assert not {"PROBE_JOB1", "HVD_EDL_SECRET", "HVD_EDL_CLUSTER_RUN", "HOROVOD_RANK"} & \
             set(zygote.environ()), zygote.environ()
+        # the test run's mark, kept for tests/leftovers.py (the session marker is dropped)
+        assert zygote.environ().get(zygote_client.KEPT_MARK_ENV) == zygote_client.mark()
         assert zygote.children() == [] and first._zygotes == second._zygotes == {}
         if os.getuid() == 0 and os.path.exists("/usr/bin/python3"):
             # another user's stub is refused, even with the socket open to it (the venv may not

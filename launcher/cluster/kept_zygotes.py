@@ -79,7 +79,8 @@ class KeptZygotes:
         folder = self.folders.get(uid)
         if folder is None:
             try:
-                folder = tempfile.mkdtemp(prefix=PREFIX)   # 0700, a fresh name
+                label = zygote_client.mark()   # a test run's (tests/leftovers.py)
+                folder = tempfile.mkdtemp(prefix=f"{PREFIX}{label}-" if label else PREFIX)
                 users.give(folder, uid)
             except OSError as e:
                 log.warning("no kept zygote folder for uid %d: %s", uid, e)

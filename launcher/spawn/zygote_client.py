@@ -38,6 +38,9 @@ SWITCH_ENV = "HVD_EDL_ZYGOTE"
 KEEP_ENV = "HVD_EDL_ZYGOTE_KEEP"      # seconds a kept zygote lives idle (opt-in: keep_seconds)
 KEEP_DIR_ENV = "HVD_EDL_ZYGOTE_DIR"   # the folder of this user's kept zygotes (keep_folder)
 KEPT_NAMES = ("PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "SHELL")  # kept_env
+# a label of whoever starts kept zygotes (a test run): kept in the zygote's own environment and
+# in the cluster service's folder names, so that run finds what it left (mark)
+KEPT_MARK_ENV = "HVD_EDL_KEPT_MARK"
 
 
 def wanted(flag=None, env=None) -> bool:
@@ -149,10 +152,21 @@ def kept_env(env) -> dict:
     """A kept zygote's own environment: ``env``'s import-time variables (the key's) and
     :data:`KEPT_NAMES`, nothing of the job that started it (its secret, a cluster run's
     marker: the service finds a run's processes by it, and a zygote shared by later jobs is
-    none of them)."""
+    none of them).  ``HVD_EDL_KEPT_MARK`` (:func:`mark`) is kept too: a label of the starter
+    (a test run), which no worker gets from it (a worker's environment is its stub's)."""
     out = import_env(env)
     out.update({k: env[k] for k in KEPT_NAMES if k in env})
+    if mark(env):
+        out[KEPT_MARK_ENV] = mark(env)
     return out
+
+
+def mark(env=None) -> str:
+    """``HVD_EDL_KEPT_MARK`` of ``env`` (default: this process's) if it is a short label
+    (1-32 letters and digits), else "": what a test run sets so that kept zygotes and the
+    cluster service's zygote folders it started can be found after it (tests/leftovers.py)."""
+    value = (os.environ if env is None else env).get(KEPT_MARK_ENV, "")
+    return value if re.fullmatch(r"[0-9A-Za-z]{1,32}", value) else ""
 
 
 def kept_zygote(python, env, folder, idle_s):

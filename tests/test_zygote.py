@@ -251,6 +251,9 @@ def test_a_zygote_killed_9_takes_what_its_workers_started_with_them(tmp_path):
         own.close()
 
 
+# the same refusal (hvd_edl/zygote.py's staleness check, then the stub's exec) is proved in make
+# test by test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would, on the kept zygote
+@pytest.mark.long
 def test_a_zygote_whose_modules_changed_on_disk_leaves_workers_to_exec(tmp_path):
     """An exec'd worker imports the code on disk now; a zygote holds what it imported at its
     start: once one of its modules' files changed, it refuses (the exec path)."""
@@ -357,18 +360,41 @@ def _end_kept(folder):
     shutil.rmtree(folder, ignore_errors=True)
 
 
+STATE_PROBE = """
+import json, os, resource
+print(json.dumps({"ppid": os.getppid(), "umask": os.umask(0),
+                  "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
+                  "nice": os.getpriority(os.PRIO_PROCESS, 0),
+                  "affinity": sorted(os.sched_getaffinity(0))}))
+"""
+
+
 def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, probe, tmp_path):
     """Two launchers (two LocalZygotes) asking to keep one use the same zygote; job 2's worker
     sees what its exec'd twin sees and nothing of job 1's environment; the zygote's own
     environment holds nothing of job 1's (no secret, no cluster run marker); a stub of another
-    user is refused (SO_PEERCRED).  Once a module it loaded changed on disk it refuses (the
-    exec path, the code on disk) and gives up its socket, so the next launcher starts a fresh
-    one; it exits when its last worker has."""
+    user is refused (SO_PEERCRED).
+
+    The zygote's umask, resource limits, nice value and CPU affinity are job 1's launcher's:
+    each later worker gets its own stub's, as an exec would; a limit above the zygote's, which
+    an unprivileged process cannot raise, takes the exec path (breaker i8: job 1 under ``umask
+    000; ulimit -n 777; nice -n 7; taskset -c 0`` made every later job's workers create
+    world-writable files, pinned to CPU 0).
+
+    Once a module it loaded is replaced on disk, even by a file with an older mtime (``cp -p``,
+    ``tar x``, ``rsync -a``: the change time is read too; breaker i8: job 2 ran job 1's code),
+    it refuses (the exec path, the code on disk) and gives up its socket, so the next launcher
+    starts a fresh one; it exits when its last worker has.  One zygote for all of it: each
+    kept zygote's import costs seconds of make test."""
+    import resource
     folder = _kept_folder(monkeypatch)
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "sitecustomize.py").write_text("VERSION = 1\n")   # imported by every interpreter
     (tmp_path / "version.py").write_text("import sitecustomize\nprint(sitecustomize.VERSION)\n")
+    (tmp_path / "state.py").write_text(STATE_PROBE)
+    cpus = sorted(os.sched_getaffinity(0))
+    low = min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 4096)
     try:
         lib_path = f"{ROOT}{os.pathsep}{lib}"
         job1 = _env(PROBE_JOB1="secret-of-job-1", HVD_EDL_SECRET="s1", HVD_EDL_CLUSTER_RUN="r1",
@@ -377,7 +403,11 @@ def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, pr
         first, second = LocalZygotes(), LocalZygotes()
         command = [sys.executable, "probe.py", "a"]
         for z, env in ((first, job1), (second, job2)):
-            argv = z.stub_command(command, env, {"HOROVOD_RANK": "1"}, keep_s=60)
+            mask = os.umask(0o000)   # job 1's launcher starts the zygote under umask 000
+            try:
+                argv = z.stub_command(command, env, {"HOROVOD_RANK": "1"}, keep_s=60)
+            finally:
+                os.umask(mask)
             assert argv is not None and argv[4].startswith(folder), argv
             forked = _run(None, argv, str(tmp_path), env)
             execd = _run(None, command, str(tmp_path), env)
@@ -393,6 +423,38 @@ def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, pr
         # the test run's mark, kept for tests/leftovers.py (the session marker is dropped)
         assert zygote.environ().get(zygote_client.KEPT_MARK_ENV) == zygote_client.mark()
         assert zygote.children() == [] and first._zygotes == second._zygotes == {}
+
+        # job 1's limits, nice value and affinity, given to the zygote once its import is done
+        # (the same as starting it under them, without a slow import pinned to one CPU)
+        zygote.rlimit(psutil.RLIMIT_NOFILE, (low - 10, low - 5))
+        zygote.nice(7)
+        zygote.cpu_affinity(cpus[:1])
+
+        def under(mask, nofile, nice, affinity):
+            def preexec():
+                os.umask(mask)
+                resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
+                os.nice(nice - os.nice(0))
+                os.sched_setaffinity(0, affinity)
+            return preexec
+
+        def job(*state):
+            argv = second.stub_command([sys.executable, "state.py"], job2, {}, keep_s=60)
+            p = subprocess.run(argv, cwd=str(tmp_path), env=job2, capture_output=True,
+                               text=True, preexec_fn=under(*state), timeout=180)
+            assert p.returncode == 0, p
+            return json.loads(p.stdout)
+        forkable = under(0o022, (low - 30, low - 20), 9, cpus)   # within the zygote's limits
+        state = job(0o000, (low - 10, low - 5), 7, cpus[:1])   # the zygote's own
+        assert state == dict(state, ppid=zygote.pid, umask=0, nofile=[low - 10, low - 5], nice=7,
+                             affinity=cpus[:1]), state
+        state = job(0o077, (low - 30, low - 20), 9, cpus)
+        assert state == dict(state, ppid=zygote.pid, umask=0o077, nofile=[low - 30, low - 20],
+                             nice=9, affinity=cpus), state
+        state = job(0o022, (low - 10, low), 9, cpus)   # above the zygote's hard limit
+        assert state == dict(state, umask=0o022, nofile=[low - 10, low]), state
+        assert (state["ppid"] == zygote.pid) == zygote_client_capable(24), state   # else exec'd
+
         if os.getuid() == 0 and os.path.exists("/usr/bin/python3"):
             # another user's stub is refused, even with the socket open to it (the venv may not
             # be theirs to run: the system's interpreter)
@@ -409,19 +471,26 @@ def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, pr
                 preexec_fn=as_nobody, capture_output=True, text=True, timeout=60)
             assert asked.stdout.strip() == "refused not this user's zygote", asked
             os.chmod(folder, 0o700)   # a folder open to others is not used (own zygote then)
-        # a worker of job 2 runs on; then a module the zygote loaded changes on disk
+        # a worker of job 2 runs on; then a module the zygote loaded is replaced on disk by a
+        # file with an older mtime
         pid_path = tmp_path / "pid"
         stub = _start(None, second.stub_command([sys.executable, "probe.py", "wait",
                                                  str(pid_path)], job2, {}, keep_s=60),
-                      str(tmp_path), job2)
+                      str(tmp_path), job2, preexec_fn=forkable)
         worker = psutil.Process(int(wait_for("the worker's pid", lambda: pid_path.exists()
                                              and pid_path.read_text(), 60)))
         assert worker.ppid() == zygote.pid
-        time.sleep(0.05)   # a later mtime than the zygote's start (coarse file system clocks)
-        (lib / "sitecustomize.py").write_text("VERSION = 2\n")
-        version = _run(None, second.stub_command([sys.executable, "version.py"], job2, {},
-                                                 keep_s=60), str(tmp_path), job2)
-        assert version == (0, "2\n", ""), version   # refused: exec'd, the code on disk
+        new = lib / "new.py"
+        new.write_text("VERSION = 2\n")
+        old = time.time() - 3600
+        os.utime(new, (old, old))
+        time.sleep(0.05)   # a later change time than the zygote's start (coarse clocks)
+        os.replace(new, lib / "sitecustomize.py")
+        version = _start(None, second.stub_command([sys.executable, "version.py"], job2, {},
+                                                   keep_s=60), str(tmp_path), job2,
+                         preexec_fn=forkable)
+        assert version.communicate(timeout=120)[0] == b"2\n" and version.returncode == 0
+        # refused: exec'd, the code on disk; stale, not for its limits: it gave up its socket
         wait_for("the stale zygote's socket removed", lambda: not os.path.exists(sock), 30)
         assert not pid_file.exists()   # the next launcher starts a fresh one, not waiting
         assert zygote.is_running() and worker.is_running()   # it waits for its worker
@@ -432,99 +501,6 @@ def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, pr
     finally:
         _end_kept(folder)
 
-
-STATE_PROBE = """
-import json, os, resource
-print(json.dumps({"ppid": os.getppid(), "umask": os.umask(0),
-                  "nofile": list(resource.getrlimit(resource.RLIMIT_NOFILE)),
-                  "nice": os.getpriority(os.PRIO_PROCESS, 0),
-                  "affinity": sorted(os.sched_getaffinity(0))}))
-"""
-
-
-def test_a_kept_zygote_gives_each_worker_its_own_stubs_umask_limits_nice_and_affinity(
-        monkeypatch, tmp_path):
-    """A kept zygote was started by an earlier job's launcher: its umask, resource limits, nice
-    value and CPU affinity are that job's.  Job 2's worker gets its own stub's, as an exec
-    would; a limit above the zygote's, which an unprivileged process cannot raise, takes the
-    exec path (breaker i8: job 1 under ``umask 000; ulimit -n 777; nice -n 7; taskset -c 0``
-    made every later job's workers create world-writable files, pinned to CPU 0)."""
-    import resource
-    folder = _kept_folder(monkeypatch)
-    (tmp_path / "state.py").write_text(STATE_PROBE)
-    cpus = sorted(os.sched_getaffinity(0))
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    low = min(soft, 4096)
-
-    def state(mask, nofile, nice, affinity):
-        os.umask(mask)
-        resource.setrlimit(resource.RLIMIT_NOFILE, nofile)
-        os.nice(nice - os.nice(0))
-        os.sched_setaffinity(0, affinity)
-
-    def job(mask, nofile, nice, affinity):
-        def preexec():
-            state(mask, nofile, nice, affinity)
-        env = _env()
-        argv = LocalZygotes().stub_command([sys.executable, "state.py"], env, {}, keep_s=60)
-        assert argv is not None
-        p = subprocess.run(argv, cwd=str(tmp_path), env=env, capture_output=True, text=True,
-                           preexec_fn=preexec, timeout=180)
-        assert p.returncode == 0, p
-        return json.loads(p.stdout)
-    try:
-        # job 1's launcher starts the kept zygote under its own state
-        started = subprocess.run(
-            [sys.executable, "-c", "import sys; from launcher.spawn import zygote_client as z;"
-             " import os; print(z.kept_zygote(sys.executable, dict(os.environ), sys.argv[1], 60))",
-             folder], env=_env(), preexec_fn=lambda: state(0o000, (low - 10, low - 5), 7, cpus[:1]),
-            capture_output=True, text=True, timeout=60)
-        assert started.returncode == 0 and started.stdout.strip().startswith(folder), started
-        first = job(0o000, (low - 10, low - 5), 7, cpus[:1])
-        (pid_file,) = Path(folder).glob("*.pid")
-        zygote = int(pid_file.read_text())
-        assert first == dict(first, ppid=zygote, umask=0, nofile=[low - 10, low - 5], nice=7,
-                             affinity=cpus[:1]), first
-        second = job(0o077, (low - 30, low - 20), 9, cpus)
-        assert second == dict(second, ppid=zygote, umask=0o077, nofile=[low - 30, low - 20],
-                              nice=9, affinity=cpus), second
-        third = job(0o022, (low - 10, low), 9, cpus)   # above the zygote's hard limit
-        assert third == dict(third, umask=0o022, nofile=[low - 10, low]), third
-        assert (third["ppid"] == zygote) == zygote_client_capable(24), third   # else exec'd
-    finally:
-        _end_kept(folder)
-
-
-def test_a_kept_zygote_is_stale_once_a_module_is_replaced_even_by_an_older_file(monkeypatch,
-                                                                               tmp_path):
-    """``cp -p``, ``tar x`` or ``rsync -a`` put new code in place with an older mtime: the
-    zygote's staleness check reads the change time too (breaker i8: job 2 ran job 1's code)."""
-    folder = _kept_folder(monkeypatch)
-    lib = tmp_path / "lib"
-    lib.mkdir()
-    (lib / "sitecustomize.py").write_text("VERSION = 1\n")
-    (tmp_path / "version.py").write_text(
-        "import os, sitecustomize\nprint(sitecustomize.VERSION, os.getppid())\n")
-    env = _env(PYTHONPATH=f"{ROOT}{os.pathsep}{lib}")
-
-    def job():
-        argv = LocalZygotes().stub_command([sys.executable, "version.py"], env, {}, keep_s=60)
-        code, out, err = _run(None, argv, str(tmp_path), env)
-        assert code == 0, (out, err)
-        return out.split()
-    try:
-        version, ppid = job()
-        (pid_file,) = Path(folder).glob("*.pid")
-        assert (version, int(ppid)) == ("1", int(pid_file.read_text()))
-        new = lib / "new.py"
-        new.write_text("VERSION = 2\n")
-        old = time.time() - 3600
-        os.utime(new, (old, old))
-        time.sleep(0.05)   # a later change time than the zygote's start (coarse clocks)
-        os.replace(new, lib / "sitecustomize.py")
-        assert job()[0] == "2"   # refused: exec'd, the code on disk
-    finally:
-        _end_kept(folder)
 
 
 @pytest.mark.skipif(os.getuid() != 0 or not os.path.exists("/usr/bin/python3"),

@@ -18,11 +18,15 @@ they read ``svc.runs`` and ``svc.releasing`` (the loop's), and write only ``svc.
 """
 from __future__ import annotations
 
+import logging
+import math
 import time
 from typing import Dict, Tuple
 
 from launcher.cluster import speed as speed_
 from launcher.cluster.job_goodput import JobGoodput
+
+log = logging.getLogger(__name__)
 
 TELEMETRY_BUSY_S = 0.05  # a job releasing slots is asked this often whether they are free
 TELEMETRY_IDLE_S = 1.0   # ... the others this often (speed points, world size)
@@ -37,6 +41,7 @@ def poll(svc) -> None:
     clients: Dict[Tuple[str, int], ControlClient] = {}
     steady: Dict[str, Tuple[int, float]] = {}  # job id -> (generation, since)
     rings: Dict[Tuple[str, int], int] = {}      # (job id, run) -> ring size last noted
+    refused: Dict[Tuple[str, int], str] = {}    # (job id, run) -> the non-finite value last logged
     while not svc.stopping:
         now = time.monotonic()
         for job_id, run in list(svc.runs.items()):
@@ -54,14 +59,59 @@ def poll(svc) -> None:
             except ControlError:
                 clients.pop(key, None)
                 continue
-            svc.telemetry[job_id] = (asked, answer)
-            ring_change(svc, rings, key, answer, time.time())
-            speed_point(svc, steady, job_id, answer.get("job", {}))
-            if answer.get("adaptive_batch"):  # the script opted in: learn its goodput
-                svc.goodput.setdefault(job_id, JobGoodput()).observe(answer, asked)
+            take(svc, steady, rings, refused, key, answer, asked)
             if job_id in svc.releasing:
                 svc.wake.set()
         time.sleep(TELEMETRY_BUSY_S if svc.releasing else 0.2)
+
+
+def take(svc, steady: Dict[str, Tuple[int, float]], rings: Dict[Tuple[str, int], int],
+         refused: Dict[Tuple[str, int], str], key: Tuple[str, int], answer: dict,
+         asked: float) -> None:
+    """Take one ``/ctl/telemetry`` ``answer`` of run ``key`` ((job id, run number)) fetched at
+    ``asked`` (monotonic seconds): kept in ``svc.telemetry`` (live workers, ring size), a
+    ``ring`` event on a change (:func:`ring_change`), a speed point (:func:`speed_point`) and
+    the job's goodput (its adaptive batch).  An answer holding a number that is not finite (an
+    infinite or NaN speed, step time or noise: JSON's ``Infinity``/``NaN``) is refused as a
+    measurement: its numbers are kept as None, no speed point or goodput is taken from it, and
+    one warning line is logged per run and value (``refused``: what was last logged); the job
+    runs on with its last measured speed."""
+    job_id = key[0]
+    answer, bad = finite(answer)
+    if bad is not None and refused.get(key) != bad:
+        log.warning("job %s: telemetry refused: %s is not a finite number", job_id, bad)
+    if bad is not None:
+        refused[key] = bad
+    svc.telemetry[job_id] = (asked, answer)
+    ring_change(svc, rings, key, answer, time.time())
+    if bad is not None:
+        return
+    speed_point(svc, steady, job_id, answer.get("job", {}))
+    if answer.get("adaptive_batch"):  # the script opted in: learn its goodput
+        svc.goodput.setdefault(job_id, JobGoodput()).observe(answer, asked)
+
+
+def finite(value, path: str = "answer"):
+    """``(value with every float that is not finite replaced by None, the path of the first
+    such float, e.g. ``answer.job.samples_per_s``, or None)``: ``value`` as JSON decodes it
+    (dicts, lists, numbers, strings)."""
+    if isinstance(value, float):
+        return (value, None) if math.isfinite(value) else (None, path)
+    first = None
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out[k], bad = finite(v, f"{path}.{k}")
+            first = first or bad
+        return out, first
+    if isinstance(value, list):
+        items = []
+        for i, v in enumerate(value):
+            item, bad = finite(v, f"{path}[{i}]")
+            items.append(item)
+            first = first or bad
+        return items, first
+    return value, None
 
 
 def ring_change(svc, rings: Dict[Tuple[str, int], int], key: Tuple[str, int], answer: dict,

@@ -49,7 +49,9 @@ import sys
 import time
 import zipfile
 from importlib.util import MAGIC_NUMBER
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Set
+
+from hvd_edl import module_shadows
 
 MAX_REQUEST_BYTES = 4 << 20
 REQUEST_TIMEOUT_S = 10.0
@@ -58,6 +60,7 @@ _PR_SET_MM = 35
 _PR_SET_MM_MAP = 14
 _KEEP = []   # the buffers /proc/self/environ and cmdline point at: alive as long as the process
 _STARTED = time.time()   # a module file changed after this was imported by an older version
+_SHADOWS_AT_START: Set[str] = set()   # module_shadows.shadows() once the import was done
 
 
 class _MmMap(ctypes.Structure):
@@ -184,8 +187,10 @@ def _take_state(request: dict) -> None:
 def stale() -> Optional[str]:
     """Why this zygote's modules are no longer what an exec'd worker would import (None: they
     are): a loaded module's file changed or was removed since the zygote started (hvd_edl
-    edited, a package upgraded during a job or within a remote zygote's idle minute).  A few
-    ms: one ``stat`` per loaded module."""
+    edited, a package upgraded during a job or within a remote zygote's idle minute), or a new
+    file in a ``sys.path`` entry before the one a loaded module came from shadows it
+    (:mod:`hvd_edl.module_shadows`; those there at the start, which it did not import anyway,
+    do not count).  A few ms: one ``stat`` per loaded module and per ``sys.path`` entry."""
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if not isinstance(path, str):
@@ -197,6 +202,9 @@ def stale() -> Optional[str]:
         except OSError:
             if os.path.isdir(os.path.dirname(path)):   # not a file in an archive: removed
                 return f"stale: {path} removed since the zygote imported it"
+    new = module_shadows.shadows() - _SHADOWS_AT_START
+    if new:
+        return f"stale: {min(new)} shadows a module the zygote imported"
     return None
 
 
@@ -596,6 +604,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     try:
         import hvd_edl.torch  # noqa: F401 - the import every worker would pay
         show_in_proc(sys.orig_argv, dict(os.environ))  # the worker's /proc view must be possible
+        _SHADOWS_AT_START.update(module_shadows.shadows())   # not what it imported: not new
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         tmp = f"{path}.{os.getpid()}"
         listener.bind(tmp)

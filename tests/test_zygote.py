@@ -251,28 +251,39 @@ def test_a_zygote_killed_9_takes_what_its_workers_started_with_them(tmp_path):
         own.close()
 
 
-# the same refusal (hvd_edl/zygote.py's staleness check, then the stub's exec) is proved in make
-# test by test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would, on the kept zygote
-@pytest.mark.long
-def test_a_zygote_whose_modules_changed_on_disk_leaves_workers_to_exec(tmp_path):
+def test_a_zygote_whose_modules_are_shadowed_or_changed_on_disk_leaves_workers_to_exec(
+        tmp_path):
     """An exec'd worker imports the code on disk now; a zygote holds what it imported at its
-    start: once one of its modules' files changed, it refuses (the exec path)."""
-    lib = tmp_path / "lib"
+    start: once a new file in a ``sys.path`` entry before the one a loaded module came from
+    shadows it (a fresh interpreter would import that one), or once one of its modules' files
+    changed, it refuses (the exec path).  An unrelated new file in that entry changes nothing;
+    the shadow removed, it forks again (breaker i8: job 2 kept the old module)."""
+    lib, early = tmp_path / "lib", tmp_path / "early"
     lib.mkdir()
+    early.mkdir()
     (lib / "sitecustomize.py").write_text("VERSION = 1\n")   # imported by every interpreter
     (tmp_path / "pid.py").write_text("import os, sitecustomize\n"
                                      "print(os.getpid(), sitecustomize.VERSION)\n")
-    env = _env(PYTHONPATH=f"{ROOT}{os.pathsep}{lib}")
+    env = _env(PYTHONPATH=os.pathsep.join([str(early), str(ROOT), str(lib)]))
     own = LocalZygotes()
-    try:
+
+    def job():
         stub = _start(own, [sys.executable, "pid.py"], str(tmp_path), env)
         out = stub.communicate(timeout=120)[0].decode().split()
-        assert stub.returncode == 0 and int(out[0]) != stub.pid and out[1] == "1"   # forked
+        assert stub.returncode == 0, out
+        return ("exec'd" if out[0] == str(stub.pid) else "forked"), out[1]
+    try:
+        assert job() == ("forked", "1")
+        (early / "unrelated.py").write_text("")   # a new file that shadows nothing
+        (early / "sitecustomize_notes").mkdir()
+        assert job() == ("forked", "1")
+        (early / "sitecustomize.py").write_text("VERSION = 3\n")   # shadows lib's
+        assert job() == ("exec'd", "3")
+        (early / "sitecustomize.py").unlink()
+        assert job() == ("forked", "1")
         time.sleep(0.05)
         (lib / "sitecustomize.py").write_text("VERSION = 2\n")
-        stub = _start(own, [sys.executable, "pid.py"], str(tmp_path), env)
-        out = stub.communicate(timeout=120)[0].decode().split()
-        assert stub.returncode == 0 and out == [str(stub.pid), "2"]   # exec'd: the new code
+        assert job() == ("exec'd", "2")   # the new code
     finally:
         own.close()
 

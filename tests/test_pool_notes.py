@@ -35,3 +35,42 @@ def test_serve_help_lists_every_host_line_attribute(capsys):
     text = " ".join(capsys.readouterr().out.split())
     for attr in ("slots=", "gpus=", "type=", "price=", "zone=", "[spot]", "ends="):
         assert attr in text, (attr, text)
+
+
+def _served(state_dir, text: str):
+    from launcher.cluster import drains
+    from launcher.cluster.policies import make_policy
+    from launcher.cluster.service import Service
+    from launcher.discovery import FixedHosts
+    svc = Service(state_dir, FixedHosts.from_lines(text), make_policy("fifo"), fixed_pool=True)
+    svc.open()
+    drains.check(svc)  # the loop's first pass
+    return svc, drains.kept_out(svc)
+
+
+def test_an_end_from_a_line_follows_the_line_and_an_operators_drain_persists(tmp_path):
+    """The newcomer's report: ``ends=1000`` then the line edited to no ``ends=`` and a restart
+    on the same state kept the host out for good, said nowhere, with an event of an end "in
+    -1796578160.0 s".  A line's end follows the line; an operator's drain stays until undone;
+    whatever keeps a host out is one line with its undo."""
+    from launcher.cluster import drains
+    svc, out = _served(tmp_path, "localhost:1 type=t4 spot ends=1000\n")
+    try:
+        assert svc.pool == {} and list(out) == ["localhost"], (svc.pool, out)
+        assert "ends=1000 (already past, " in out["localhost"], out
+        assert "remove ends= from its line" in out["localhost"], out
+    finally:
+        svc.close()
+    svc, out = _served(tmp_path, "localhost:1 type=t4\n")
+    try:
+        assert svc.pool == {"localhost": 1} and out == {}, (svc.pool, out, svc.drains)
+        drains.drain(svc, "localhost")  # the operator's own drain
+    finally:
+        svc.close()
+    svc, out = _served(tmp_path, "localhost:1 type=t4\n")
+    try:
+        assert svc.pool == {} and "hvd-edl-cluster drain localhost --undo" in out["localhost"]
+    finally:
+        svc.close()
+    events = (tmp_path / "events.jsonl").read_text()
+    assert "in -" not in events and "already past" in events, events[-2000:]

@@ -486,9 +486,13 @@ def serve(a, parser) -> int:
             service.close()
             return _fail(f"--metrics-port {a.metrics_port}: {e.strerror or e}")
         print(f"{PROG}: metrics: {metrics.url(a.bind_address)}", flush=True)
-    print(f"{PROG}: serving {sum(service.pool.values())} slots on "
-          f"{len(service.pool)} hosts, policy {a.policy}, at http://{host}:{port}; cluster "
-          f"file {path}", flush=True)
+    n_slots, n_hosts = sum(service.pool.values()), len(service.pool)
+    print(f"{PROG}: serving {n_slots} slot{'' if n_slots == 1 else 's'} on {n_hosts} "
+          f"host{'' if n_hosts == 1 else 's'}, policy {a.policy}, at http://{host}:{port}; "
+          f"cluster file {path}", flush=True)
+    from launcher.cluster.drains import kept_out
+    for out_host, why in kept_out(service).items():  # whatever keeps a host out, and the undo
+        print(f"{PROG}: host {out_host} is {why}", flush=True)
 
     def stop(signum, frame):
         service.stopping = True

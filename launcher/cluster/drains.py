@@ -9,8 +9,12 @@ other hosts shrinks stop-free (its workers there leave at their next commit), a 
 none is preempted (a checkpoint, then SIGTERM; it resumes elsewhere later).  A shrink or a
 preemption is never a job failure.  Each pass of the loop (:func:`check`) notes, once, when the
 host holds no job's process any more (``drained``, with the seconds to spare before the
-deadline) or that the deadline passed first (``drain_late``).  Drains survive a restart (the
-store's ``drains`` meta).
+deadline) or that the deadline passed first (``drain_late``).  An operator's drain survives a
+restart (the store's ``drains`` meta) until ``drain HOST --undo``; a drain that came from a
+pool line (``"line": true``) follows the line: once the line no longer says ``ends=`` (edited,
+then a restart or the next discovery), the host is served again.  :func:`kept_out` says, one
+line per host, why a host of the pool is not scheduled and how to undo it (``serve`` prints it
+at start, ``status`` shows it).
 
 A job left with no host but the draining ones that the policy places elsewhere is *moved*
 stop-free: its new workers start there and the old ones leave at the commit after they joined.
@@ -48,7 +52,32 @@ def effective(svc, hosts: Dict[str, int]) -> Dict[str, int]:
     """The pool to schedule on: ``hosts`` less the drained ones and those whose pool line
     announces their end (``ends=``)."""
     ending = getattr(svc.discovery, "ends", {}) or {}
-    return {h: k for h, k in hosts.items() if h not in svc.drains and h not in ending}
+    return {h: k for h, k in hosts.items() if h not in ending and not (
+        h in svc.drains and not svc.drains[h].get("line"))}
+
+
+def kept_out(svc) -> Dict[str, str]:
+    """host -> one line: why a host the pool's discovery gives is not scheduled, and how to
+    undo it (an operator's drain: ``drain HOST --undo``; a line's ``ends=``: edit the line).
+    Hosts that are scheduled are absent."""
+    ending = dict(getattr(svc.discovery, "ends", {}) or {})  # copies: any thread reads it
+    drained = dict(svc.drains)
+    now = time.time()
+    out: Dict[str, str] = {}
+    for host in sorted(set(svc.discovered) | set(drained)):
+        if host in ending:
+            out[host] = (f"not scheduled: its pool line says ends={ending[host]:g} "
+                         f"({_when(ending[host] - now)}); to serve it again, remove ends= from "
+                         f"its line")
+        elif host in drained and not drained[host].get("line"):
+            out[host] = (f"not scheduled: drained by the operator; to serve it again: "
+                         f"hvd-edl-cluster drain {host} --undo")
+    return out
+
+
+def _when(left_s: float) -> str:
+    """``in 12 s`` / ``already past, 12 s ago``: an end's time from now, never negative."""
+    return f"in {left_s:.0f} s" if left_s > 0 else f"already past, {-left_s:.0f} s ago"
 
 
 def drain(svc, host: str, deadline_s: Optional[float] = None, undo: bool = False) -> dict:
@@ -88,12 +117,12 @@ def check(svc) -> None:
     note, once per drain, the host emptied (``drained``: seconds it took and to spare before the
     deadline) or its deadline passed with processes still there (``drain_late``); a drained
     host gone from the pool's discovery is forgotten."""
-    changed = False
+    changed = follow_lines(svc)
     for host, t in (getattr(svc.discovery, "ends", {}) or {}).items():
         if host not in svc.drains:
-            svc.drains[host] = {"at": time.time(), "deadline": t, "noted": False}
-            svc.events.note(None, "drain", f"host {host} announced its end in "
-                            f"{t - time.time():.1f} s", host=host, deadline=t)
+            svc.drains[host] = {"at": time.time(), "deadline": t, "noted": False, "line": True}
+            svc.events.note(None, "drain", f"host {host}'s line announces its end: "
+                            f"{_when(t - time.time())}", host=host, deadline=t)
             changed = True
     now = time.time()
     for host, d in list(svc.drains.items()):
@@ -121,6 +150,18 @@ def check(svc) -> None:
         _save(svc)
         if set(svc.pool) & set(svc.drains):
             pool_.changed(svc, dict(svc.discovered))
+
+
+def follow_lines(svc) -> bool:
+    """Forget each drain that came from a pool line whose line no longer says ``ends=`` (an
+    ``undrain`` event each); True when one went (the caller saves)."""
+    ending = getattr(svc.discovery, "ends", {}) or {}
+    gone = [h for h, d in svc.drains.items() if d.get("line") and h not in ending]
+    for host in gone:
+        del svc.drains[host]
+        svc.events.note(None, "undrain", f"host {host}'s line no longer says ends=: it is "
+                        f"schedulable again", host=host)
+    return bool(gone)
 
 
 def last_resort(svc, host: str, held, deadline: float, now: float) -> None:

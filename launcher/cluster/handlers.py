@@ -22,6 +22,7 @@ import time
 from typing import Optional
 
 from launcher.arg_types import MAX_PRIORITY, MAX_WORKERS
+from launcher.cluster import drains as drains_
 from launcher.cluster import ends, exec_input, reasons, runnable, users
 from launcher.cluster.runs import JobFiles, open_in_folder, takes_part
 from launcher.cluster.store import JobRecord, Store
@@ -300,6 +301,7 @@ def status(svc, job_id: Optional[str] = None) -> dict:
             row["workers"] = []
     return {"jobs": out, "pool": pool, "pool_gpus": {h: list(g) for h, g in host_gpus.items()},
             "resting": svc.reach.rest_left(),  # hosts no job reaches: seconds of rest left
+            "kept_out": drains_.kept_out(svc),  # host -> why it is not scheduled, the undo
             "policy": getattr(svc.policy, "name", "?"),
             "slots": {"total": sum(pool.values()), "used": used,
                       "free": max(0, sum(pool.values()) - used),

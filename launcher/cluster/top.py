@@ -65,6 +65,8 @@ def frame_lines(status: dict, cols: int = None) -> list:
         rest = status.get("resting", {}).get(host)
         more += f" (resting {rest:.0f} s: no job reaches it)" if rest is not None else ""
         lines += _wrapped(f"{host[:20]:<20} {shown}{more}", cols, " " * 21)
+    for host, why in status.get("kept_out", {}).items():  # one line each: why, the undo
+        lines += _wrapped(f"{host[:20]:<20} {why}", cols, " " * 21)
     lines.append("")
     lines.append(f"{'JOB':<6}{'NAME':<14}{'USER':<9}{'STATE':<10}{'SIZE':>5} {'NP':>3} "
                  f"{'MIN-MAX':>8} {'AGE':>6} {'RUN':>6} {'EXIT':>5}")

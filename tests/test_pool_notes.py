@@ -7,7 +7,7 @@ import pytest
 
 from launcher.cluster.pool_notes import pool_notes
 from launcher.discovery.hosts import HostSpecError, parse_host_specs, parse_price
-from launcher.discovery.prices import TypePrice, host_terms
+from launcher.discovery.prices import TableError, TypePrice, host_terms
 
 
 def test_a_type_without_price_and_an_end_already_past_are_told():
@@ -15,10 +15,29 @@ def test_a_type_without_price_and_an_end_already_past_are_told():
     terms = host_terms(lines, {"t4": TypePrice(0.35, 0.11, None)})
     notes = pool_notes(lines, terms, now=2000.0)
     assert sorted(notes) == ["ends:127.0.0.1", "price:k80"], notes
-    assert "GPU type k80 has no price" in notes["price:k80"]
+    assert "GPU type k80 has no price for its on-demand hosts" in notes["price:k80"]
     assert "already past (ends=1000, 1000 s ago)" in notes["ends:127.0.0.1"]
     assert pool_notes(lines, terms, now=500.0).keys() == {"price:k80"}  # a notice to come
     assert all("\n" not in x for x in notes.values())
+
+
+def test_a_host_whose_class_has_a_blank_price_is_told_not_priced_as_the_other(tmp_path):
+    """The newcomer's report: ``t4,,0.1`` (no on-demand price) and an on-demand t4 host: taken
+    silently at the spot price.  A blank cell prices nothing; the host is told as unpriced."""
+    from launcher.discovery.prices import read_prices
+    table = tmp_path / "prices.csv"
+    table.write_text("type,on_demand,spot\nt4,,0.1\n")
+    prices = read_prices(str(table))
+    lines = parse_host_specs("localhost:1 type=t4\n127.0.0.1:1 type=t4 spot\n")
+    terms = host_terms(lines, prices)
+    assert terms["localhost"].price is None and terms["127.0.0.1"].price == 0.1, terms
+    notes = pool_notes(lines, terms, now=0.0)
+    assert list(notes) == ["price:t4"], notes
+    assert "no price for its on-demand hosts" in notes["price:t4"]
+    assert "on_demand cell is blank" in notes["price:t4"]
+    table.write_text("type,on_demand,spot\nt4,,\n")  # no price at all in a row: refused
+    with pytest.raises(TableError, match="neither an on_demand nor a spot price"):
+        read_prices(str(table))
 
 
 def test_a_price_is_a_plain_decimal_only():

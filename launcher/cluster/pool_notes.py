@@ -1,6 +1,7 @@
 """What ``serve`` tells the operator once about the pool's lines, one line each, where a line
-is taken but does not do what it seems to: a GPU type with no price at all (no ``price=`` on
-its lines and not in ``--prices``: its hosts count as free, $0 per GPU-hour, in every cost and
+is taken but does not do what it seems to: a GPU type whose hosts of a class (on-demand,
+spot) have no price (no ``price=`` on their lines, no row in ``--prices`` or a blank cell for
+that class: those hosts count as free, $0 per GPU-hour, in every cost and
 choice), and a host not scheduled because its line's end (``ends=``, a spot notice:
 :mod:`launcher.cluster.drains`) is already past (a pool of such hosts serves 0 slots, where
 an empty ``-H`` is refused; a notice still to come is a drain, which the events report).
@@ -17,15 +18,18 @@ def pool_notes(lines: Mapping[str, object], terms: Mapping[str, object],
     """key -> one line for the operator, from the pool's host ``lines`` (host ->
     :class:`launcher.discovery.hosts.HostLine`), their ``terms`` (host ->
     :class:`launcher.discovery.prices.HostTerms`: the price each line ends up with) and
-    ``now`` (unix seconds).  Keys: ``price:TYPE`` (a type with no price), ``ends:HOST``
+    ``now`` (unix seconds).  Keys: ``price:TYPE`` / ``price:TYPE:spot`` (a type whose on-demand /
+    spot hosts have no price: neither ``price=`` nor that class's cell in ``--prices``), ``ends:HOST``
     (a host whose announced end is past)."""
     out: Dict[str, str] = {}
-    unpriced = sorted({t.gpu_type for t in terms.values()
+    unpriced = sorted({(t.gpu_type, bool(getattr(t, "spot", False))) for t in terms.values()
                        if getattr(t, "gpu_type", None) and t.price is None})
-    for t in unpriced:
-        out[f"price:{t}"] = (f"GPU type {t} has no price (no price= on its lines, not in "
-                             f"--prices): its hosts count as free ($0 per GPU-hour) in every "
-                             f"cost and choice")
+    for t, spot in unpriced:
+        cls, col = ("spot", "spot") if spot else ("on-demand", "on_demand")
+        out[f"price:{t}" + (":spot" if spot else "")] = (
+            f"GPU type {t} has no price for its {cls} hosts (no price= on their lines; "
+            f"--prices has no {t} row, or its {col} cell is blank): they count as free ($0 "
+            f"per GPU-hour) in every cost and choice")
     for host, line in sorted(lines.items()):
         end = getattr(line, "ends", None)
         if end and end <= now:  # a notice to come is a drain, and its events say so

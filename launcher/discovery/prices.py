@@ -211,7 +211,9 @@ def host_terms(lines: Mapping[str, HostLine], prices: Optional[Mapping[str, Type
                risk: Optional[RiskTable] = None,
                startup_s: Optional[Mapping[str, float]] = None) -> Dict[str, HostTerms]:
     """host -> :class:`HostTerms` from the pool's host lines: a line's ``price=`` wins, else
-    its type's spot or on-demand price from ``prices``; the risk of a ``spot`` line from
+    its type's spot (a ``spot`` line) or on-demand price from ``prices``, never the other
+    class's (a blank cell leaves that class unpriced: ``price`` None, which ``serve`` tells,
+    :mod:`launcher.cluster.pool_notes`); the risk of a ``spot`` line from
     ``risk`` (default the GCE rates) by type and zone; a spot host's replacement start-up from
     ``risk``'s ``replacement_start_s`` where given, else from ``startup_s`` (keys ``spot``,
     ``on_demand``; default :data:`STARTUP_S`)."""
@@ -221,9 +223,8 @@ def host_terms(lines: Mapping[str, HostLine], prices: Optional[Mapping[str, Type
     for host, line in lines.items():
         tp = (prices or {}).get(line.gpu_type or "")
         price = line.price
-        if price is None and tp is not None:
-            price = (tp.spot if tp.spot is not None else tp.on_demand) if line.spot \
-                else (tp.on_demand if tp.on_demand is not None else tp.spot)
+        if price is None and tp is not None:  # its own class's price only: a blank cell is
+            price = tp.spot if line.spot else tp.on_demand  # "not offered that way", no price
         given = risk.startup_s(line.gpu_type, line.zone) if line.spot else None
         out[host] = HostTerms(line.gpu_type, price, line.spot,
                               risk.rate_per_h(line.gpu_type, line.zone) if line.spot else 0.0,

@@ -177,3 +177,15 @@ def test_one_jobs_speed_that_is_no_number_does_not_fail_the_round():
     k = JobView("k", 2.0, 1, 1, 1, goal=_goal("time", 2000), speed_of=_speed(100, 20))
     alloc, _ = _round({"f1": 1, "s1": 1}, j, k)
     assert alloc.get("k") == {"f1": 1} and "j" not in alloc, alloc
+
+
+def test_a_job_that_stays_names_only_another_place_as_best_elsewhere():
+    """The newcomer's report: ``stays on 2 x a100 on demand (best elsewhere: 2 x a100 on
+    demand, ...)``.  "Elsewhere" is another placement, or none is named."""
+    for pool, speed in (({"s1": 2}, _speed(100, 100)), ({"f1": 1, "s1": 2}, _speed(120, 100))):
+        j = JobView("j", 1.0, 1, 1, 1, started=True, allocation={"s1": 1},
+                    last_change_at=NOW - 100, speed_of=speed,
+                    goal=_goal("time", 4000, done=1000))
+        _, policy = _round(pool, j, start_s=5.0)
+        why = policy.choices["j"].why
+        assert why == "stays on 1 x slow spot (no better placement elsewhere)", why

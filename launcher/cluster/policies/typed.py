@@ -238,6 +238,9 @@ class TypedPolicy(Policy):
         gain = better(g.objective, best, cur)
         if ((best.gpu_type, best.spot) == cur_k and best.n == n) or \
                 gain < self.move_gain or (best.fits is False and fits_now):
+            if (best.gpu_type, best.spot) == cur_k:  # "elsewhere" names only other classes
+                best = self._choose(snap, j, [o for o in self._offers(snap, free, klass, held)
+                                              if (o.gpu_type, o.spot) != cur_k], self._start_s)
             self.choices[j.id] = _keep(cur, best)
             return
         for h, k in held.items():  # give back, then take the new choice (prefer the same)
@@ -376,8 +379,9 @@ class TypedPolicy(Policy):
             c = (placed.get(j.id) or (None, None))[1]
             here = next(iter(preds.values()), None)  # the first: where it runs
             if c is None or here is None:
-                if here is not None:
-                    self.choices[j.id] = _keep(here, best or here)
+                if here is not None:  # "best elsewhere": the best of the other placements
+                    others = [q for q in preds.values() if q is not None and q is not here]
+                    self.choices[j.id] = _keep(here, pick(g, others, snap.now))
                 continue
             p = preds.get(_frozen(c))
             if p is None:
@@ -625,8 +629,13 @@ def _label(k: Klass) -> str:
     return f"{k[0]} {'spot' if k[1] else 'on demand'}"
 
 
-def _keep(cur: Prediction, best: Prediction) -> Prediction:
+def _keep(cur: Prediction, best: Optional[Prediction]) -> Prediction:
+    """The choice to stay where ``cur`` runs, its reason naming ``best``, the best other
+    placement (None: none predicted), never the place it stays on."""
+    here = _label((cur.gpu_type, cur.spot))
+    other = (f"best elsewhere: {best.n} x {_label((best.gpu_type, best.spot))}, "
+             f"{best.time_s:.0f} s, ${best.cost_usd:.4f}"
+             if best is not None and (best.gpu_type, best.spot, best.n)
+             != (cur.gpu_type, cur.spot, cur.n) else "no better placement elsewhere")
     return Prediction(cur.gpu_type, cur.n, cur.time_s, cur.cost_usd, cur.revocations,
-                      True, f"stays on {cur.n} x {_label((cur.gpu_type, cur.spot))} (best "
-                      f"elsewhere: {best.n} x {_label((best.gpu_type, best.spot))}, "
-                      f"{best.time_s:.0f} s, ${best.cost_usd:.4f})", cur.spot)
+                      True, f"stays on {cur.n} x {here} ({other})", cur.spot)

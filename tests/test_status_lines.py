@@ -50,3 +50,21 @@ def test_lines_follow_the_terminal_width_and_never_cut_a_figure(monkeypatch):
     assert any(why in x for x in top.frame_lines(status)), top.frame_lines(status)
     assert [top.usd(x) for x in (0, 0.0049, 0.000658, 1.5)] == ["$0.0000", "$0.0049",
                                                                  "$0.00066", "$1.5000"]
+
+
+def test_an_ended_job_shows_its_run_and_cost_not_a_clock_or_a_leftover_prediction():
+    """The newcomer's report: a done job's RUN kept growing (97 s, then 112 s, for a 20.6 s
+    run), its line showed the last prediction (``pred 0 s``) and a deadline counting down."""
+    import time
+    now = time.time()
+    st = _status({"choice": _choice("a100", False, 0, 0.0453),
+                  "first_choice": _choice("a100", False, 25, 0.05),
+                  "deadline_at": now + 96}, state="done", cost=0.0121)
+    row = st["jobs"][0]
+    row.update(submitted_at=now - 112, started_at=now - 100, finished_at=now - 79.4)
+    text = "\n".join(top.frame_lines(st, 200))
+    line = next(x for x in text.splitlines() if x.startswith("j1"))
+    assert line.split()[-1] == "21s" and "100s" not in line, line  # RUN: its run, stopped
+    assert "cost by its deadline (met, 175 s to spare): ran 20.6 s, spent $0.0121 (predicted " \
+        "1 x a100, 25 s $0.0500)" in text, text
+    assert "pred 0 s" not in text and "by 96s" not in text, text

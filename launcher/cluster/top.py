@@ -17,11 +17,16 @@ WIDTH = 80  # the least width a frame is laid out for
 MAX_SLOTS_SHOWN = 16  # cells per host row; more are summed up
 
 
-def _age(t) -> str:
+def _age(t, until=None) -> str:
+    """Seconds from unix time ``t`` to ``until`` (default now), short (``42s``, ``7m``,
+    ``2.5h``); ``-`` without ``t``."""
     if not t:
         return "-"
-    s = max(0.0, time.time() - t)
+    s = max(0.0, (until or time.time()) - t)
     return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.1f}h"
+
+
+ENDED = ("done", "failed", "cancelled")
 
 
 def width() -> int:
@@ -74,12 +79,13 @@ def frame_lines(status: dict, cols: int = None) -> list:
         if j["state"] in ("done", "failed", "cancelled") and j["finished_at"] \
                 and time.time() - j["finished_at"] > 600:
             continue
+        end = j["finished_at"] if j["state"] in ENDED else None  # an ended run's RUN stops
         size = j["world_size"] if j.get("allocated", j["world_size"]) == j["world_size"] \
             else f"{j['world_size']}/{j['allocated']}"  # the ring / the slots it holds
         lines.append(f"{j['id']:<6}{j['name'][:13]:<14}{(j.get('user') or '')[:8]:<9}"
                      f"{j['state']:<10}{size:>5} "
                      f"{j['np']:>3} {str(j['min_np']) + '-' + str(j['max_np']):>8} "
-                     f"{_age(j['submitted_at']):>6} {_age(j['started_at']):>6} "
+                     f"{_age(j['submitted_at']):>6} {_age(j['started_at'], end):>6} "
                      f"{'' if j['exit_code'] is None else j['exit_code']:>5}")
         under = []
         goal_line = objective_line(j)
@@ -108,6 +114,9 @@ def objective_line(j: dict) -> str:
     g = j.get("goal")
     if not g:
         return ""
+    if j.get("state") in ENDED and j.get("finished_at") and (g.get("choice")
+                                                            or g.get("first_choice")):
+        return _ended_line(j, g)
     lim = (f"<=${g['budget_usd']:g}" if g.get("budget_usd") is not None else
            f" by {_age_left(g['deadline_at'])}" if g.get("deadline_at") else "")
     c, first = g.get("choice"), g.get("first_choice")
@@ -123,6 +132,24 @@ def objective_line(j: dict) -> str:
     else:
         what = "no choice yet: waits to start (its speed is measured where it starts)"
     return f"{g['objective']}{lim}: {what}; spent {usd(j.get('cost_usd') or 0)}"
+
+
+def _ended_line(j: dict, g: dict) -> str:
+    """An ended job's objective line: what it took (its run's time, from its start to its
+    end, and its cost), the limit met or not, and its first prediction beside them
+    (``time<=$0.05: ran 21 s, spent $0.0102 (predicted 2 x a100, 25 s $0.0120)``)."""
+    ran = j["finished_at"] - (j.get("started_at") or j["finished_at"])
+    spent = j.get("cost_usd") or 0.0
+    lim = ""
+    if g.get("budget_usd") is not None:
+        lim = f"<=${g['budget_usd']:g}"
+    elif g.get("deadline_at"):
+        late = j["finished_at"] - g["deadline_at"]
+        lim = (f" by its deadline (met, {-late:.0f} s to spare)" if late <= 0
+               else f" by its deadline (missed by {late:.0f} s)")
+    p = g.get("first_choice") or g.get("choice")
+    return (f"{g['objective']}{lim}: ran {ran:.1f} s, spent {usd(spent)} (predicted "
+            f"{_config(p)}, {p['time_s']:.0f} s {usd(p['cost_usd'])})")
 
 
 def _config(c: dict) -> str:

@@ -61,3 +61,24 @@ def test_a_revoked_job_is_given_room_only_on_its_types():
     alloc = policy.allocate(snap)
     check_allocation(snap, alloc)
     assert alloc["j1"] == {"t1": 1} and "t1" not in alloc["d"], alloc
+
+
+def test_a_waiting_reason_counts_only_slots_of_the_jobs_types():
+    """The newcomer's report: ``needs 2 slots, 2 free`` beside ``waits 12 s for 2 x a100``
+    (the free slots were t4's), and ``suspended to its checkpoint: needs 1 slot, 2 free`` for
+    a ``--types t4`` job.  A waiting reason counts the slots of the job's types only."""
+    from launcher.cluster import reasons
+    pool = {"a1": 2, "t1": 2}
+    busy = JobView("b", 0.5, 2, 2, 2, started=True, allocation={"a1": 2})
+    wants_a100 = JobView("j1", 1.0, 2, 2, 2, goal=_goal(("a100",)))
+    snap = Snapshot(1e9, pool, (busy, wants_a100), hosts={h: HOSTS[h] for h in pool})
+    why = reasons.waiting(snap, {"b": {"a1": 2}}, TypedPolicy(), 4)
+    assert why["j1"].startswith("needs 2 slots of a100, 0 free;"), why
+    suspended = JobView("j2", 1.0, 1, 1, 1, started=True, goal=_goal(("t4",)))
+    snap = Snapshot(1e9, pool, (suspended,), hosts={h: HOSTS[h] for h in pool})
+    why = reasons.waiting(snap, {}, TypedPolicy(), 4)["j2"]
+    assert why.startswith("suspended to its checkpoint: needs 1 slot of t4, 2 free;"), why
+    why = reasons.waiting(Snapshot(1e9, {"a1": 2}, (suspended,), hosts=HOSTS), {},
+                          TypedPolicy(), 2)["j2"]
+    assert why.startswith("suspended to its checkpoint: needs 1 slot of t4, the whole pool "
+                          "has 0"), why

@@ -9,7 +9,9 @@ rules: the size a job starts at (its ``np`` under fifo and tiresias, which gang-
 round leaves free (under edl: not held at some job's minimum, so lent slots count as free), the
 jobs ahead of it in the policy's order (fifo: priority, then submission; tiresias, edl: 2D-LAS,
 :func:`launcher.cluster.policies.tiresias.las_order`), and fifo's head-of-line blocking.
-A job held at its user's quota (``serve --user-quota``) says so.
+A job held at its user's quota (``serve --user-quota``) says so.  A job limited to some GPU
+types (``submit --types``) counts only the slots of those types (``needs 2 slots of a100, 0
+free``).
 :func:`shown` gives the reason a job's row shows: the waiting reason of a job without slots,
 the store's (the last decision's, or how the job ended) otherwise.
 """
@@ -71,24 +73,44 @@ def waiting(snap: Snapshot, alloc: Allocation, policy, pool_slots: int) -> Dict[
             continue
         need = start_size(j, policy)
         user = j.user or "(default)"
+        allowed = tuple((j.goal or {}).get("types") or ())  # submit --types: only these count
+        j_free, j_pool, among = free, pool_slots, ""
+        if allowed:
+            j_free, j_pool = typed_room(snap, alloc, jobs, held, policy, allowed)
+            among = f" of {', '.join(allowed)}"
         if quota is not None and need > quota:
             why = f"needs {_slots(need)}, over the quota of {_slots(quota)} per user: never " \
                   f"starts under this quota"
         elif quota is not None and per_user[j.user] + need > quota:
             why = f"needs {_slots(need)}; its user {user} holds {per_user[j.user]} of the " \
                   f"quota of {_slots(quota)} per user"
-        elif need > pool_slots:
-            why = f"needs {_slots(need)}, the whole pool has {pool_slots}: waits for hosts " \
-                  f"to join"
+        elif need > j_pool:
+            why = f"needs {_slots(need)}{among}, the whole pool has {j_pool}: waits for " \
+                  f"hosts to join"
         else:
-            why = f"needs {_slots(need)}, {free} free; {_jobs(len(ahead))} ahead"
-            if fifo and ahead and need <= free:
+            why = f"needs {_slots(need)}{among}, {j_free} free; {_jobs(len(ahead))} ahead"
+            if fifo and ahead and need <= j_free:
                 why += f" (fifo: none passes {ahead[0].id}, first in line)"
         if j.started:
             why = "suspended to its checkpoint: " + why
         out[j.id] = why
         ahead.append(j)
     return out
+
+
+def typed_room(snap: Snapshot, alloc: Allocation, jobs: List[JobView], held: Dict[str, int],
+               policy, allowed) -> tuple:
+    """(free, total) slots on the pool's hosts whose GPU type is one of ``allowed`` (a job's
+    ``submit --types``), counted as :func:`waiting` counts the whole pool's (under edl a job's
+    slots past its start size count as free)."""
+    ok = {h for h in snap.pool if getattr(snap.hosts.get(h), "gpu_type", None) in allowed}
+    total = sum(snap.pool[h] for h in ok)
+    edl = getattr(policy, "name", "") == "edl"
+    busy = 0
+    for j in jobs:
+        there = sum(k for h, k in alloc.get(j.id, {}).items() if h in ok and k > 0)
+        busy += min(there, start_size(j, policy)) if edl and held[j.id] else there
+    return max(0, total - busy), total
 
 
 def shown(state: str, stored: Optional[str], allocation: Dict[str, int],

@@ -32,7 +32,7 @@ setup: $(STAMP)
 
 setup-build: $(STAMP)
 	@cmake -S . -B build -DPython3_EXECUTABLE=$(abspath $(PY)) > build.cmake.log 2>&1 || (cat build.cmake.log; exit 1)
-	@$(PROGRESS) "Horovod against the installed torch (built once: minutes on 2 cores)" \
+	@$(PROGRESS) "building Horovod against the installed torch (built once: minutes on 2 cores)" \
 	  --log build/horovod-build.log -- cmake --build build
 	@$(VENV)/bin/horovodrun --check-build > build/check-build.txt 2>&1; grep -q '\[X\] PyTorch' build/check-build.txt || (cat build/check-build.txt; echo "Horovod lacks PyTorch"; exit 1)
 	@echo "set-up ok: $$($(PY) -c 'import torch, horovod; print("torch", torch.__version__, "horovod", horovod.__version__)')"

@@ -67,3 +67,24 @@ def test_hvd_edl_run_autoscale_refuses_the_other_limit_and_a_deadline_not_finite
             choose_hosts({}, *args, 1, 1)
     with pytest.raises(ValueError, match="^--deadline inf: not a finite number of seconds"):
         _submit_goal("--objective", "cost", "--deadline", "inf", "--samples", "1000")
+
+
+def test_submit_refuses_an_empty_name_in_types():
+    """The newcomer's report: ``--types a100,,t4`` was taken as ``a100,t4``."""
+    for bad in ("a100,,t4", "a100,", ",t4", ""):
+        with pytest.raises(ValueError, match="an empty GPU type name"):
+            _submit_goal("--objective", "time", "--samples", "100", "--types", bad)
+    assert _submit_goal("--objective", "time", "--samples", "100", "--types", "A100, t4")[
+        "goal"]["types"] == ["a100", "t4"]
+
+
+def test_submit_with_an_empty_type_name_is_one_line_and_exit_2(capsys, tmp_path,
+                                                               monkeypatch):
+    from launcher.cluster import cluster_file
+    from launcher.cluster.cli import main
+    monkeypatch.setenv("HVD_EDL_CLUSTER", str(cluster_file.write(
+        str(tmp_path / "cluster.json"), "http://127.0.0.1:9", str(tmp_path))))  # not called
+    code = main(["submit", "--objective", "time", "--samples", "100", "--types", "a100,,t4",
+                 "--", "python", "x.py"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "empty GPU type name" in err, (code, err)

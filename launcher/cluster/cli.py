@@ -333,7 +333,8 @@ def goal_request(a) -> dict:
     Raises:
         ValueError: one line: a companion flag without --objective, the other objective's
             limit (--deadline with time, --budget with cost), no --samples, a deadline
-            already past, a negative budget, an unreadable speed profile.  Without its limit
+            already past, a negative budget, an empty name in --types, an unreadable speed
+            profile.  Without its limit
             an objective has none: time is the soonest whatever it costs, cost the cheapest
             however long it takes."""
     import math
@@ -365,7 +366,10 @@ def goal_request(a) -> dict:
             raise ValueError(f"--deadline {a.deadline:g} is already past")
     if a.budget is not None and not (math.isfinite(a.budget) and a.budget > 0):
         raise ValueError(f"--budget needs a positive number of dollars, got {a.budget:g}")
-    types = [t.strip().lower() for t in a.types.split(",") if t.strip()] if a.types else []
+    types = [t.strip().lower() for t in a.types.split(",")] if a.types is not None else []
+    if "" in types:  # a stray comma must not pass for a shorter list
+        raise ValueError(f"--types {a.types!r}: an empty GPU type name; give names separated "
+                         f"by single commas (--types a100,t4)")
     profile = None
     if a.speed_profile is not None:
         try:

@@ -264,7 +264,9 @@ FOLLOW_POLL_S = 0.5  # logs --follow asks for more this often while the run writ
 
 def logs(a, client) -> int:
     """``logs JOB [--run N] [--follow]``: print the run's output so far (its ``run<N>.log``:
-    the launcher's lines and its workers', ``[w1]<stdout>:...``); with ``--follow`` go on
+    the launcher's lines and its workers' with hvd-edl-run's prefix, Horovod's
+    ``[0]<stdout>:...``, or ``[w1]<stdout>:...`` before a worker joined a ring and has a
+    rank); with ``--follow`` go on
     printing what it writes until the run ends, then exit 0 (Ctrl-C: exit 0 at once)."""
     import time
     offset, run = 0, a.run

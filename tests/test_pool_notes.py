@@ -93,3 +93,6 @@ def test_an_end_from_a_line_follows_the_line_and_an_operators_drain_persists(tmp
         svc.close()
     events = (tmp_path / "events.jsonl").read_text()
     assert "in -" not in events and "already past" in events, events[-2000:]
+    import re
+    assert "after its deadline" in events, events[-2000:]  # drained past the line's end
+    assert not re.search(r"-\d+(\.\d+)? s\b", events), events[-2000:]  # no negative seconds

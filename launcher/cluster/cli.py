@@ -498,7 +498,8 @@ def serve(a, parser) -> int:
           f"cluster file {path}", flush=True)
     from launcher.cluster.drains import kept_out
     for out_host, why in kept_out(service).items():  # whatever keeps a host out, and the undo
-        print(f"{PROG}: host {out_host} is {why}", flush=True)
+        if f"ends:{out_host}" not in service.pool_told:  # not said already (pool_notes)
+            print(f"{PROG}: host {out_host} is {why}", flush=True)
 
     def stop(signum, frame):
         service.stopping = True

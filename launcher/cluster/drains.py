@@ -138,7 +138,8 @@ def check(svc) -> None:
             d["noted"] = changed = True
             spare = None if deadline is None else round(deadline - now, 2)
             svc.events.note(None, "drained", f"host {host} holds no job's process"
-                            + (f", {spare} s before its deadline" if spare is not None else ""),
+                            + ("" if spare is None else f", {spare} s before its deadline"
+                               if spare >= 0 else f", {-spare} s after its deadline"),
                             host=host, took_s=round(now - d["at"], 2), spare_s=spare)
         elif deadline is not None and deadline - now <= LAST_RESORT_S and not d.get("late"):
             last_resort(svc, host, held, deadline, now)

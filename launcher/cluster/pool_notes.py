@@ -34,5 +34,6 @@ def pool_notes(lines: Mapping[str, object], terms: Mapping[str, object],
         end = getattr(line, "ends", None)
         if end and end <= now:  # a notice to come is a drain, and its events say so
             out[f"ends:{host}"] = (f"host {host} is not scheduled: its line's end is already "
-                                   f"past (ends={end:g}, {now - end:.0f} s ago)")
+                                   f"past (ends={end:g}, {now - end:.0f} s ago); to serve "
+                                   f"it again, remove ends= from its line")
     return out

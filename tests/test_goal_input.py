@@ -27,6 +27,9 @@ def test_types_are_a_list_or_a_comma_string_never_letters():
         assert out["types"] == ["t4", "a100"], types
     with pytest.raises(RequestError, match="types must be a list"):
         check_goal(_Pool(), _goal(types=7), None)
+    for bad in ("t4,,a100", ["t4", " "], "t4,"):  # a stray comma is no shorter list
+        with pytest.raises(RequestError, match="an empty GPU type name"):
+            check_goal(_Pool(), _goal(types=bad), None)
     with pytest.raises(RequestError, match="unknown GPU type 'k80'"):
         check_goal(_Pool(), _goal(types="k80"), None)
 

@@ -113,9 +113,9 @@ def check_goal(svc, goal, profile) -> tuple:
 
     Raises:
         RequestError: an unknown objective, samples not positive, a deadline not finite or
-            already past, a budget not positive, types neither a list nor a comma string, a
-            GPU type neither the pool nor the price table knows, or a malformed speed
-            profile."""
+            already past, a budget not positive, types neither a list nor a comma string (or an
+            empty name in them), a GPU type neither the pool nor the price table knows, or a
+            malformed speed profile."""
     import math
     from launcher.cluster import speed as speed_
     from launcher.cluster.choice import OBJECTIVES, Goal
@@ -127,11 +127,13 @@ def check_goal(svc, goal, profile) -> tuple:
         raise RequestError(f"objective must be one of {', '.join(OBJECTIVES)}")
     types = goal.get("types")
     if isinstance(types, str):  # "t4,a100", as --types says it
-        goal = dict(goal, types=[t for t in types.split(",") if t.strip()])
+        goal = dict(goal, types=types.split(","))
     elif types is not None and not (isinstance(types, (list, tuple))
                                     and all(isinstance(t, str) for t in types)):
         raise RequestError(f"types must be a list of GPU type names or a comma-separated "
                            f"string, got {types!r}")
+    if any(not t.strip() for t in goal.get("types") or ()):  # "a100,,t4": not a shorter list
+        raise RequestError(f"types {types!r}: an empty GPU type name")
     goal = dict(goal, types=[t.strip().lower() for t in goal.get("types") or ()])
     try:
         g = Goal.from_dict(goal)

@@ -369,6 +369,13 @@ def parse_spec(argv: Optional[List[str]] = None) -> JobSpec:
             _refuse(str(e))
         print(f"hvd-edl-run: --autoscale {a.autoscale}: {pred.why}"
               + ("" if pred.fits else " (runs anyway: the closest)"), flush=True)
+        from launcher.cluster.pool_notes import pool_notes
+        from launcher.discovery.prices import host_terms, read_prices
+        chosen = {h: discovery.lines[h] for h in hosts if h in discovery.lines}
+        for key, note in pool_notes(chosen, host_terms(chosen, read_prices(a.prices)
+                                                       if a.prices else {}), 0.0).items():
+            if key.startswith("price:"):  # the chosen hosts' class has no price: say so
+                print(f"hvd-edl-run: {note}", flush=True)
         discovery = FixedHosts(hosts, {h: discovery.gpus[h][:k] for h, k in hosts.items()
                                        if h in discovery.gpus})
         np_ = pred.n

@@ -96,3 +96,24 @@ def test_an_end_from_a_line_follows_the_line_and_an_operators_drain_persists(tmp
     import re
     assert "after its deadline" in events, events[-2000:]  # drained past the line's end
     assert not re.search(r"-\d+(\.\d+)? s\b", events), events[-2000:]  # no negative seconds
+
+
+def test_hvd_edl_run_autoscale_tells_a_chosen_host_without_a_price(tmp_path):
+    """``hvd-edl-run --autoscale`` on an on-demand t4 host with ``t4,,0.1``: the host is not
+    charged the spot price; the run says it counts as free (one real launcher, ``true`` as
+    the training command)."""
+    import os
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (tmp_path / "pool").write_text("localhost:1 type=t4\n")
+    (tmp_path / "prices.csv").write_text("type,on_demand,spot,tflops\nt4,,0.1,8.1\n")
+    (tmp_path / "profile.json").write_text('{"t4": {"1": 100}}')
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "--hostfile", str(tmp_path / "pool"),
+         "--autoscale", "time", "--samples", "1000", "--prices", str(tmp_path / "prices.csv"),
+         "--speed-profile", str(tmp_path / "profile.json"), "-np", "1", "true"],
+        cwd=root, env=dict(os.environ, PYTHONPATH=root, HOME=str(tmp_path)),
+        capture_output=True, text=True, timeout=120)
+    assert "soonest: 1 x t4, 20 s, $0.0000" in out.stdout, (out.stdout, out.stderr)
+    assert "GPU type t4 has no price for its on-demand hosts" in out.stdout, out.stdout

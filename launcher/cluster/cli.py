@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="revocations per GPU-hour of spot hosts, CSV type,zone,"
                         "revocations_per_hour (default GCE's measured preemptible lifetimes)")
     s.add_argument("--objective", default="jct", help="jct, throughput or efficiency:E "
-                   "(edl; default jct)")
+                   "(edl; default jct); typed: sia (jct) or remaining, how a job without "
+                   "its own --objective is valued (docs/transient.md)")
     s.add_argument("--queue-thresholds", metavar="GPU_S[,GPU_S...]", default=None,
                    help="tiresias, edl: attained-service thresholds between the priority "
                         "queues, in GPU-seconds (a slot held for a second is one), ascending "

@@ -31,7 +31,9 @@ completions per second favours short jobs first (SRPT), a GPU type to the job ga
 it, growth where it cuts remaining time most, and a move only when the time it saves pays its
 stall.  Its weight ``1 / remaining`` makes a job 100x longer worth 100x less, so on a busy trace
 (Sia's newTrace) long jobs wait behind short ones that run at poor efficiency on many GPUs.  The
-live ``typed`` policy solves this one (a live job's remaining work is unknown: a horizon).
+live ``typed`` policy values its jobs without an objective with the same functions
+(:func:`launcher.cluster.round_program.sia_values` by default; ``remaining`` over a horizon,
+a live job's remaining work being unknown, as ``serve --policy typed --objective remaining``).
 Mixed types within one job are not used: Sia's profiles measure no mixed placement and its
 setting forbids them.
 
@@ -50,16 +52,11 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 
 from launcher.cluster.hetero_sim import CLUSTER, Alloc, Costs, SimJobState, pack, sizes
-from launcher.cluster.round_program import solve
+from launcher.cluster.round_program import (SIA_LAMBDA_N, SIA_P, reallocation_factor,
+                                            sia_values, solve)
 
 TYPE_ORDER = ("a100", "rtx", "t4")
 """Types tried for a job the packing could not place, fastest first."""
-
-
-SIA_P = -0.5
-SIA_LAMBDA_N = 1.1
-SIA_CLIP = 3000.0
-"""Sia's defaults (``simulator_config.py``: p, lambda_n, the clip of a powered goodput)."""
 
 
 def hetero_goodput_policy(costs: Costs, ftf_weight: float = 0.0, objective: str = "sia",
@@ -127,29 +124,20 @@ def _remaining_values(jobs, prof, costs, cfg, now, ftf_weight):
 
 def _sia_values(jobs, prof, costs, cfg, now, p, lambda_n):
     """``lambda_n - A_jc`` (maximised: Sia's minimisation of ``sum A + lambda_n * unallocated``)
-    and the mask of configurations with goodput."""
+    and the mask of configurations with goodput: each job's row by
+    :func:`launcher.cluster.round_program.sia_values`, the function the live ``typed`` uses."""
     val = np.zeros((len(jobs), len(cfg)))
     ok = np.zeros(val.shape, bool)
     for i, j in enumerate(jobs):
         e = prof.progress[j.app].epoch(j.progress)
-        g = np.array([prof.best(j.app, t, n, e)[0] for t, n in cfg])
-        ok[i] = g > 0
-        if not ok[i].any():
-            continue
-        g = g / g[ok[i]].min()
+        g = [prof.best(j.app, t, n, e)[0] for t, n in cfg]
         cur = None if j.alloc is None else (j.alloc.gpu_type, j.alloc.n)
-        if cur is not None:
-            stall = costs.stall(j.app, first=False)
+        col = next((k for k, c in enumerate(cfg) if c == cur), None)
+        f = 1.0
+        if col is not None:
             age = now - (j.started if j.started is not None else now)
-            f = 1.0 if age < stall else max(age - j.changes * stall, 0.0) / (age + stall)
-            keep = [k for k, c in enumerate(cfg) if c == cur]
-            g_cur = g[keep].copy()
-            g = g * f
-            g[keep] = g_cur
-        a = np.full(len(cfg), SIA_CLIP)
-        pos = ok[i] & (g > 0)
-        a[pos] = np.minimum(np.round(np.power(g[pos], p), 2), SIA_CLIP)
-        val[i] = lambda_n - a
+            f = reallocation_factor(age, j.changes, costs.stall(j.app, first=False))
+        val[i], ok[i] = sia_values(g, col, f, p=p, lambda_n=lambda_n)
     return val, ok
 
 

@@ -19,10 +19,12 @@ Each round, in order:
    (:mod:`launcher.cluster.round_program`, as :mod:`launcher.cluster.policies.hetero_goodput`
    does for Sia's cluster): each one configuration, ``n`` GPUs of one class (type, spot), or
    of two classes where mixed types pay (:mod:`launcher.cluster.mixed_types`: the ring runs
-   at its slowest type's speed), the sum of ``1 / T`` maximised, a change's stall priced in;
-   so a job that gains 3x from an a100 over a t4 takes the a100 before one that gains 1.5x, a
-   running job moves to another type only for ``move_gain`` or more, and is never stopped
-   here.  A job with an objective is a row of the same program
+   at its slowest type's speed), a job without an objective valued as the simulator's default
+   values it (Sia's objective, :func:`launcher.cluster.round_program.sia_values`: its speed per
+   configuration over its least, concave; ``objective="remaining"``: ``1 / T`` over a horizon,
+   a change's stall priced in); so a job that gains 3x from an a100 over a t4 takes the a100
+   before one that gains 1.5x, a running job moves to another type only for ``move_gain`` or
+   more, and is never stopped here.  A job with an objective is a row of the same program
    (:mod:`launcher.cluster.goal_program`): its configurations (``n`` in ``[min_np, max_np]``)
    predicted as CM-DARE predicts, valued by its objective, and only those its objective ranks
    at least as well as waiting for busy slots of a better class (soonest within its budget,
@@ -54,7 +56,7 @@ from launcher.cluster.goal_program import (QUEUE_TIE, config_prediction, goal_va
                                            wait_options)
 from launcher.cluster.make_before_break import donor_order, lent_reason, make_room
 from launcher.cluster.mixed_types import mixed_pays, ring_speed, single_speed
-from launcher.cluster.round_program import solve, value
+from launcher.cluster.round_program import reallocation_factor, sia_values, solve, value
 from launcher.cluster.policy import Allocation, JobView, Policy, Snapshot, fill_hosts
 
 Klass = Tuple[str, bool]  # (GPU type, spot)
@@ -75,13 +77,22 @@ class TypedPolicy(Policy):
         notice: revocations come with a notice (no work lost).
         hold_s: seconds after a job's last change before it may be moved.
         horizon_s: the work a job without an objective counts as left, seconds at its slowest
-            speed (step 4: what a start's stall weighs against)."""
+            speed (step 4, ``objective="remaining"``: what a start's stall weighs against).
+        objective: how step 4 values a job without an objective of its own: ``"sia"`` (the
+            default, Sia's objective, the simulator's default:
+            :func:`launcher.cluster.round_program.sia_values`) or ``"remaining"`` (the sum of
+            ``1 / T`` over a horizon: :func:`launcher.cluster.round_program.value`).
+            ValueError (one line) for another."""
 
     name = "typed"
 
     def __init__(self, commit_s: float = 2.0, switch_s: Optional[float] = None,
                  start_s: Optional[float] = None, move_gain: float = 0.25,
-                 notice: bool = False, hold_s: float = 20.0, horizon_s: float = 600.0):
+                 notice: bool = False, hold_s: float = 20.0, horizon_s: float = 600.0,
+                 objective: str = "sia"):
+        if objective not in ("sia", "remaining"):
+            raise ValueError(f"unknown objective {objective!r} for typed (sia, remaining)")
+        self.objective = objective
         self.commit_s = commit_s
         self.switch_s = switch_s
         self.start_s = start_s
@@ -318,13 +329,16 @@ class TypedPolicy(Policy):
         """Step 4 (module docstring): the waiting jobs without an objective (``jobs``) and the
         running ones held long enough (``movable``: in ``alloc`` now), each one configuration,
         chosen by :func:`launcher.cluster.round_program.solve`, the program the simulator's
-        :mod:`launcher.cluster.policies.hetero_goodput` solves: the sum over jobs of ``1 / T``,
-        ``T`` = remaining work / speed there + the stall of getting there (a start; a stop-free
-        switch to resize; a switch and the new workers' start to change type, allowed only for
-        :attr:`TypedPolicy.move_gain` or more; none to stay).  A running job always gets one
-        (never preempted here).  A live job's remaining work is unknown: each counts
-        :attr:`TypedPolicy.horizon_s` seconds of work at its slowest speed at ``min_np`` (so
-        a job's value is its speed-up there, Sia's normalised goodput); a job ``priority``
+        :mod:`launcher.cluster.policies.hetero_goodput` solves, each configuration valued as
+        there: ``objective="sia"`` (default) Sia's (:func:`launcher.cluster.round_program.
+        sia_values`: the ring's samples/s there over its least over every configuration it may
+        take, Sia's re-allocation factor counted from its last change, no changes since);
+        ``"remaining"``: ``1 / T``, ``T`` = remaining work / speed there + the stall of getting
+        there (a start; a stop-free switch to resize; a switch and the new workers' start to
+        change type; none to stay), a live job's remaining work unknown: each counts
+        :attr:`TypedPolicy.horizon_s` seconds of work at its slowest speed at ``min_np``.  A
+        running job moves to another type only for :attr:`TypedPolicy.move_gain` or more, and
+        always gets one configuration (never preempted here); a job ``priority``
         higher is placed in a program of its own first, and at most :data:`PROGRAM_JOBS`
         waiting jobs of one priority, in queue order, are in one program."""
         for prio in sorted({j.priority for j in list(jobs) + list(movable)}, reverse=True):
@@ -514,6 +528,7 @@ class TypedPolicy(Policy):
             if c not in uses:
                 uses.append(c)
         val = np.zeros((len(group), len(uses)))
+        mask = np.zeros(val.shape, bool)  # set per row: an objective's, 1 / T: val > 0
         self._goal_rows = {}
         idle = dict(cap)  # free now: not the running jobs' (theirs free at their predicted end)
         for hosts in held.values():
@@ -534,7 +549,20 @@ class TypedPolicy(Policy):
                         self._wait_until.setdefault(j.id, snap.now + best.wait_s + WAIT_SLACK_S)
                 for c, v in zip(cs, vals):  # equal rows: the earlier in the queue first
                     val[i, uses.index(c)] = v * (1.0 - QUEUE_TIE * i)
+                    mask[i, uses.index(c)] = v > 0
                 self._goal_rows[j.id] = ({_frozen(c): p for c, p in zip(cs, preds)}, best)
+                continue
+            if self.objective == "sia":  # Sia's, as the simulator (round_program.sia_values)
+                every = self._configs(j, cap)  # normalised by its least over all, as Sia
+                least = min((r for r in (ring_speed(j.speed_of, _by_type(c)) for c in every)
+                             if r > 0), default=None)
+                f = 1.0 if cur is None else reallocation_factor(
+                    snap.now - j.last_change_at, 0, self._switch_s)
+                row, ok = sia_values([ring_speed(j.speed_of, _by_type(c)) for c in cs],
+                                     None if cur is None else 0, f, least)
+                for k, c in enumerate(cs):
+                    val[i, uses.index(c)] = row[k]
+                    mask[i, uses.index(c)] = ok[k]
                 continue
             ref = min(single_speed(j.speed_of, t, j.min_np) for t, _ in cap) if cap \
                 else float(j.min_np)
@@ -543,8 +571,9 @@ class TypedPolicy(Policy):
                     self._switch_s if set(c) == set(cur) else self._switch_s + self._start_s
                 r = ring_speed(j.speed_of, _by_type(c))
                 val[i, uses.index(c)] = value(self.horizon_s * ref, r, stall)
+                mask[i, uses.index(c)] = val[i, uses.index(c)] > 0
         got = solve(val, [{_key(k): n for k, n in c.items()} for c in uses],
-                    {_key(k): n for k, n in cap.items()}, time_limit_s=PROGRAM_LIMIT_S,
+                    {_key(k): n for k, n in cap.items()}, time_limit_s=PROGRAM_LIMIT_S, mask=mask,
                     must=[cur is not None for cur in curs])
         if any(cur is not None and i not in got for i, cur in enumerate(curs)):
             return None

@@ -553,7 +553,7 @@ class TypedPolicy(Policy):
                 self._goal_rows[j.id] = ({_frozen(c): p for c, p in zip(cs, preds)}, best)
                 continue
             if self.objective == "sia":  # Sia's, as the simulator (round_program.sia_values)
-                every = self._configs(j, cap)  # normalised by its least over all, as Sia
+                every = cs if cur is None else self._configs(j, cap)  # its least of all, as Sia
                 least = min((r for r in (ring_speed(j.speed_of, _by_type(c)) for c in every)
                              if r > 0), default=None)
                 f = 1.0 if cur is None else reallocation_factor(

@@ -560,21 +560,58 @@ def unlink_own(path: Optional[str], ino: Optional[int]) -> None:
     """Remove the socket ``path`` if it is still the one this zygote bound (inode ``ino``):
     a newer zygote of the same key may have taken the name since; and a kept zygote's pid file
     (``KEY.pid`` beside ``KEY.sock``) if it names this process, so that the next launcher
-    starts a fresh zygote instead of waiting for this one's socket."""
+    starts a fresh zygote instead of waiting for this one's socket.  Issue 38: its log
+    (``KEY.sock.log``) too if empty, and its ``KEY.lock`` if no one holds it (taken without
+    waiting, removed while held: a starter that waited on it retries on the new file,
+    ``launcher.spawn.zygote_client._locked``); if someone holds it, a starter is at work and
+    the lock file stays."""
     if path is None:
         return
+    lock_fd = None
+    if path.endswith(".sock"):
+        import fcntl
+        try:
+            lock_fd = os.open(path[:-len(".sock")] + ".lock",
+                              os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            if lock_fd is not None:
+                os.close(lock_fd)
+            lock_fd = None
+    try:
+        _unlink_files(path, ino, lock_fd)
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)
+
+
+def _unlink_files(path: str, ino: Optional[int], lock_fd: Optional[int]) -> None:
     try:
         if ino is None or os.stat(path).st_ino == ino:
             os.unlink(path)
     except OSError:
         pass
-    if path.endswith(".sock"):
-        pid_file = path[:-len(".sock")] + ".pid"
+    base = path[:-len(".sock")] if path.endswith(".sock") else path
+    try:   # a kept zygote's log only under its lock: a starter may have just opened it
+        if os.stat(path + ".log").st_size == 0 and (
+                lock_fd is not None or not os.path.exists(base + ".lock")):
+            os.unlink(path + ".log")
+    except OSError:
+        pass
+    if not path.endswith(".sock"):
+        return
+    try:
+        with open(base + ".pid") as f:
+            if f.read(32).strip() == str(os.getpid()):
+                os.unlink(base + ".pid")
+    except (OSError, ValueError):
+        pass
+    if lock_fd is not None:
         try:
-            with open(pid_file) as f:
-                if f.read(32).strip() == str(os.getpid()):
-                    os.unlink(pid_file)
-        except (OSError, ValueError):
+            if os.stat(base + ".lock").st_ino == os.fstat(lock_fd).st_ino and \
+                    not os.path.exists(base + ".pid") and not os.path.exists(path):
+                os.unlink(base + ".lock")
+        except OSError:
             pass
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -308,10 +309,10 @@ def test_the_import_time_environment_keys_the_zygote():
     assert read and all(zygote_client.IMPORT_ENV.fullmatch(name) for name in read), read
 
 
-def _launch(tmp_path, flag, probe):
+def _launch(tmp_path, flag, probe, **env):
     out = subprocess.run([LAUNCHER, flag, "-np", "2", sys.executable, str(probe)],
                          capture_output=True, text=True, timeout=240, cwd=str(tmp_path),
-                         env={k: v for k, v in dict(os.environ, PYTHONPATH=str(ROOT)).items()
+                         env={k: v for k, v in dict(os.environ, PYTHONPATH=str(ROOT), **env).items()
                               if k not in (zygote_client.KEEP_ENV, zygote_client.KEEP_DIR_ENV)})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     return [json.loads(line.split(">:", 1)[1]) for line in out.stdout.splitlines()
@@ -324,7 +325,14 @@ def test_the_launcher_forks_workers_from_a_zygote_unless_told_not_to(tmp_path):
                      "p = psutil.Process(os.getppid())\n"
                      "print(json.dumps({'rank': os.environ['HOROVOD_RANK'],"
                      " 'parent': p.cmdline()[:3], 'ppid': p.pid}))\n")
-    forked = _launch(tmp_path, "--zygote", probe)
+    import tempfile
+    tmpdir = tempfile.mkdtemp(prefix="hz")   # short: a socket's path has a limit
+    try:
+        forked = _launch(tmp_path, "--zygote", probe, TMPDIR=tmpdir)
+        # issue 38: the launcher's own zygote left nothing in the temporary folder
+        assert os.listdir(tmpdir) == [], os.listdir(tmpdir)
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
     execd = _launch(tmp_path, "--no-zygote", probe)
     assert sorted(w["rank"] for w in forked) == sorted(w["rank"] for w in execd) == ["0", "1"]
     assert all(zygote_client.ZYGOTE_BOOT in w["parent"] for w in forked), forked
@@ -620,6 +628,39 @@ def test_a_kept_zygote_ends_after_its_idle_time_or_on_sigterm_once_its_workers_h
         assert fresh.pid != zygote.pid
         psutil.wait_procs([fresh], timeout=30)
         assert not fresh.is_running() or fresh.status() == psutil.STATUS_ZOMBIE
+        # issue 38: a kept zygote that exits cleanly removes its files (the log was empty)
+        assert os.listdir(folder) == [], os.listdir(folder)
+    finally:
+        _end_kept(folder)
+
+
+def test_a_dead_kept_zygotes_files_are_swept_and_a_live_ones_are_untouched(
+        monkeypatch, tmp_path):
+    folder = _kept_folder(monkeypatch)
+    try:
+        sock = zygote_client.kept_zygote(sys.executable, _env(), folder, 60)
+        wait_for("the live zygote's socket", lambda: zygote_client.listening(sock), 120)
+        live = {n: os.stat(os.path.join(folder, n)).st_ino for n in os.listdir(folder)}
+        assert {n.split(".", 1)[1] for n in live} == {"sock", "sock.log", "lock", "pid"}, live
+        dead = subprocess.Popen([sys.executable, "-c", ""])
+        dead.wait()   # a pid that named a zygote killed -9 (reaped: no longer live)
+        old = time.time() - zygote_client.SWEEP_AFTER_S - 60
+        for key in ("dead0000000000aa", "dead0000000000bb"):
+            for suffix in (".sock", ".pid", ".sock.log", ".lock"):
+                Path(folder, key + suffix).write_text(str(dead.pid) if suffix == ".pid" else "")
+        for name in os.listdir(folder):   # all old: only liveness can spare the live one
+            if not name.startswith("dead0000000000bb"):   # ... and youth this one
+                os.utime(os.path.join(folder, name), (old, old))
+        dir_fd = zygote_client.open_private_dir(folder)
+        try:
+            assert zygote_client.sweep_dead(dir_fd, folder) == ["dead0000000000aa"]
+        finally:
+            os.close(dir_fd)
+        names = set(os.listdir(folder))
+        assert {n for n in names if n.startswith("dead")} == {
+            "dead0000000000bb" + s for s in (".sock", ".pid", ".sock.log", ".lock")}, names
+        assert {n: os.stat(os.path.join(folder, n)).st_ino for n in names
+                if not n.startswith("dead")} == live
     finally:
         _end_kept(folder)
 

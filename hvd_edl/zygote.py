@@ -58,7 +58,6 @@ REQUEST_TIMEOUT_S = 10.0
 _PR_SET_PDEATHSIG = 1
 _PR_SET_MM = 35
 _PR_SET_MM_MAP = 14
-_KEEP = []   # the buffers /proc/self/environ and cmdline point at: alive as long as the process
 _STARTED = time.time()   # a module file changed after this was imported by an older version
 _SHADOWS_AT_START: Set[str] = set()   # module_shadows.shadows() once the import was done
 
@@ -86,18 +85,24 @@ def show_in_proc(argv: List[str], env: Dict[str, str]) -> None:
         return int(fields[n - 3])
     args = b"".join(os.fsencode(a) + b"\0" for a in argv)
     envs = b"".join(os.fsencode(k) + b"=" + os.fsencode(v) + b"\0" for k, v in env.items())
-    abuf = ctypes.create_string_buffer(args, len(args) or 1)
-    ebuf = ctypes.create_string_buffer(envs, len(envs) or 1)
+    # the kernel reads these areas for as long as the process lives, and Python's finalisation
+    # frees its own objects while a worker exits (a sampler then read freed memory as its
+    # environment): malloc'd copies, never freed, outlive the interpreter
+    libc.malloc.restype = ctypes.c_void_p
+    abuf, ebuf = libc.malloc(len(args) or 1), libc.malloc(len(envs) or 1)
+    if not abuf or not ebuf:
+        raise OSError(12, "show_in_proc: malloc failed")
+    ctypes.memmove(abuf, args, len(args))
+    ctypes.memmove(ebuf, envs, len(envs))
     libc.sbrk.restype = ctypes.c_void_p
     m = _MmMap(start_code=field(26), end_code=field(27), start_stack=field(28),
                start_data=field(45), end_data=field(46), start_brk=field(47),
-               brk=libc.sbrk(0), arg_start=ctypes.addressof(abuf),
-               arg_end=ctypes.addressof(abuf) + len(args), env_start=ctypes.addressof(ebuf),
-               env_end=ctypes.addressof(ebuf) + len(envs), exe_fd=0xFFFFFFFF)
+               brk=libc.sbrk(0), arg_start=abuf,
+               arg_end=abuf + len(args), env_start=ebuf,
+               env_end=ebuf + len(envs), exe_fd=0xFFFFFFFF)
     if libc.prctl(_PR_SET_MM, _PR_SET_MM_MAP, ctypes.byref(m), ctypes.sizeof(m), 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"prctl(PR_SET_MM_MAP): {os.strerror(err)}")
-    _KEEP[:] = [abuf, ebuf]
 
 
 def refusal(request: dict) -> Optional[str]:

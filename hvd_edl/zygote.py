@@ -634,6 +634,43 @@ def _send(conn: socket.socket, text: str) -> None:
         pass
 
 
+def preload_dynamo(scratch_parent: str) -> None:
+    """Import ``torch._dynamo`` here, once, leaving no trace of the import in what a worker
+    inherits.  ``torch.optim``'s first optimizer imports it lazily (``_disable_dynamo``): about
+    1 CPU-second per worker, half of a small Horovod worker's CPU (py-spy on Horovod's elastic
+    script, 4 workers), and at exit the finalisers of the ``torch.library`` objects it made
+    took another fifth.  The import writes ``TORCHINDUCTOR_CACHE_DIR`` into ``os.environ``,
+    makes ``$TMPDIR/torchinductor_$USER`` and caches ``tempfile.tempdir``: here the cache
+    folder is a scratch folder under ``scratch_parent`` (removed after; a worker's own cache
+    folder is found when it is used, ``DiskDynamoCache.path_prefix``), and the environment and
+    ``tempfile.tempdir`` are put back.  The variables it reads at import are part of the key
+    (``zygote_client.IMPORT_ENV``; tests/test_zygote.py fails on one that is not).  The
+    ``torch.library`` finalisers inherited by a worker are not run at its exit (deregistering
+    operators in a process that ends).  Any failure: nothing preloaded (a worker imports it
+    itself, as before)."""
+    import shutil
+    import tempfile
+    saved_env, saved_tempdir = dict(os.environ), tempfile.tempdir
+    scratch = os.path.join(scratch_parent, f"dynamo-cache.{os.getpid()}")
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch
+    try:
+        import torch._dynamo  # noqa: F401
+        import torch.library
+        import weakref
+        for f in list(weakref.finalize._registry):
+            info = f.peek()
+            if info is not None and info[1] is torch.library._del_library:
+                f.atexit = False
+    except Exception:  # noqa: BLE001 - an optimisation only: the worker imports it as before
+        pass
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        tempfile.tempdir = saved_tempdir
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     """``SOCKET IDLE_S|- PARENT_FD|-``: import ``hvd_edl.torch``, check that ``/proc`` can be made to show a
     worker's own command line and environment, then serve on ``SOCKET`` (bound under a temporary
@@ -645,8 +682,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     parent_fd = int(argv[2]) if len(argv) > 2 and argv[2] != "-" else None
     try:
         import hvd_edl.torch  # noqa: F401 - the import every worker would pay
+        preload_dynamo(os.path.dirname(os.path.abspath(path)))
         show_in_proc(sys.orig_argv, dict(os.environ))  # the worker's /proc view must be possible
         _SHADOWS_AT_START.update(module_shadows.shadows())   # not what it imported: not new
+        import gc
+        gc.collect()
+        gc.freeze()   # CPython's advice before fork: a worker's collections never touch (and
+        # so never copy) the pages of the objects imported here
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         tmp = f"{path}.{os.getpid()}"
         listener.bind(tmp)

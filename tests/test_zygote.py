@@ -309,6 +309,35 @@ def test_the_import_time_environment_keys_the_zygote():
     assert read and all(zygote_client.IMPORT_ENV.fullmatch(name) for name in read), read
 
 
+DYNAMO_READS = """
+import os, sys
+import hvd_edl.torch
+reads = set()   # the names read while torch._dynamo is imported
+cls = type(os.environ)
+get, getitem, contains = cls.get, cls.__getitem__, cls.__contains__
+cls.get = lambda self, k, d=None: (reads.add(k), get(self, k, d))[1]
+cls.__getitem__ = lambda self, k: (reads.add(k), getitem(self, k))[1]
+cls.__contains__ = lambda self, k: (reads.add(k), contains(self, k))[1]
+os.environ["TORCHINDUCTOR_CACHE_DIR"] = sys.argv[1]   # as the preload does
+import torch._dynamo
+cls.get, cls.__getitem__, cls.__contains__ = get, getitem, contains
+print(" ".join(sorted(str(k) for k in reads)))
+"""
+
+
+def test_what_the_preloaded_dynamo_reads_at_import_keys_the_zygote(tmp_path):
+    """The zygote preloads ``torch._dynamo`` (hvd_edl.zygote.preload_dynamo): every environment
+    variable its import reads is part of the key, but the temporary folder's (whose traces the
+    preload removes); a torch that reads a new one fails here."""
+    out = subprocess.run([sys.executable, "-c", DYNAMO_READS, str(tmp_path)], capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr[-3000:]
+    reads = set(out.stdout.split())
+    assert "TORCHINDUCTOR_CACHE_DIR" in reads, reads   # the import was watched
+    unkeyed = {k for k in reads if not zygote_client.IMPORT_ENV.fullmatch(k)}
+    assert unkeyed <= {"TMPDIR", "TEMP", "TMP"}, unkeyed
+
+
 def _launch(tmp_path, flag, probe, **env):
     out = subprocess.run([LAUNCHER, flag, "-np", "2", sys.executable, str(probe)],
                          capture_output=True, text=True, timeout=240, cwd=str(tmp_path),
@@ -321,18 +350,24 @@ def _launch(tmp_path, flag, probe, **env):
 
 def test_the_launcher_forks_workers_from_a_zygote_unless_told_not_to(tmp_path):
     probe = tmp_path / "who.py"
-    probe.write_text("import json, os, psutil\n"
+    probe.write_text("import json, os, sys, tempfile, psutil\n"
                      "p = psutil.Process(os.getppid())\n"
                      "print(json.dumps({'rank': os.environ['HOROVOD_RANK'],"
-                     " 'parent': p.cmdline()[:3], 'ppid': p.pid}))\n")
+                     " 'parent': p.cmdline()[:3], 'ppid': p.pid,"
+                     " 'dynamo': 'torch._dynamo' in sys.modules, 'tmp': tempfile.gettempdir(),"
+                     " 'cache': os.environ.get('TORCHINDUCTOR_CACHE_DIR')}))\n")
     import tempfile
     tmpdir = tempfile.mkdtemp(prefix="hz")   # short: a socket's path has a limit
     try:
         forked = _launch(tmp_path, "--zygote", probe, TMPDIR=tmpdir)
-        # issue 38: the launcher's own zygote left nothing in the temporary folder
+        # issue 38: the launcher's own zygote left nothing in the temporary folder (its preload
+        # of torch._dynamo made its cache folder in a scratch folder of its own, removed)
         assert os.listdir(tmpdir) == [], os.listdir(tmpdir)
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+    # torch._dynamo preloaded (an optimizer's first use imports it), without its traces: the
+    # worker's temporary folder is its own, no cache folder set in its environment
+    assert all(w["dynamo"] and w["tmp"] == tmpdir and w["cache"] is None for w in forked), forked
     execd = _launch(tmp_path, "--no-zygote", probe)
     assert sorted(w["rank"] for w in forked) == sorted(w["rank"] for w in execd) == ["0", "1"]
     assert all(zygote_client.ZYGOTE_BOOT in w["parent"] for w in forked), forked

@@ -23,10 +23,18 @@ import time
 
 # variables that the worker's interpreter, its libraries (libgomp, OpenBLAS, MKL, torch) or
 # hvd_edl's own modules read while ``import hvd_edl.torch`` runs: two environments that differ
-# in one of them need two zygotes (tests/test_zygote.py checks hvd_edl's module-level reads)
+# in one of them need two zygotes (tests/test_zygote.py checks hvd_edl's module-level reads);
+# the second line: what ``import torch._dynamo`` reads (the zygote preloads it:
+# hvd_edl.zygote.preload_dynamo; tests/test_zygote.py checks every name it reads is here), less
+# TMPDIR/TEMP/TMP, whose traces the preload removes
 IMPORT_ENV = re.compile(r"PYTHON.*|LD_.*|OMP_.*|GOMP_.*|KMP_.*|MKL_.*|OPENBLAS_.*|TORCH_.*"
                         r"|PYTORCH_.*|LANG|LANGUAGE|LC_.*|MALLOC_.*|HVD_EDL_IDLE_WAIT_MS"
-                        r"|HVD_EDL_STREAM_.*|HVD_EDL_SYNC_.*")
+                        r"|HVD_EDL_STREAM_.*|HVD_EDL_SYNC_.*"
+                        r"|TORCHDYNAMO_.*|TORCHINDUCTOR_.*|INDUCTOR_.*|AOT_?INDUCTOR_.*|AOT_.*"
+                        r"|PARTITIONER_.*|SYMPY_.*|MPMATH_.*|TRITON_.*|CUTLASS_.*|CUTEDSL_.*"
+                        r"|PT2_.*|LOG_AUTOTUNE.*|LOG_TLPARSE|DUMP_AOTI.*|ENABLE_.*TMA.*"
+                        r"|FAKE_ALLOW_META|UNSAFE_SKIP_FSDP_.*|CI|CXX|SAGE_ROOT|_PYTHON_.*"
+                        r"|HOME|USER|LOGNAME|LNAME|USERNAME")
 PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?")
 # the zygote's start: nothing from the working directory on sys.path (the worker's own path is
 # set per worker)

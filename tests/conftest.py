@@ -219,6 +219,8 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput"):
         import leftovers
         leftovers.start()
+    else:
+        _enter_own_costs_cgroup(config.workerinput["workerid"])
 
 
 def pytest_unconfigure(config):
@@ -247,6 +249,22 @@ def pytest_collection_modifyitems(config, items):
 # Summed per file by benchmarks/suite/test_costs.py.
 TEST_COSTS_ENV = "HVD_EDL_TEST_COSTS"
 TEST_COSTS_CGROUP_ENV = "HVD_EDL_TEST_COSTS_CGROUP"
+TEST_COSTS_CGROUPS_ENV = "HVD_EDL_TEST_COSTS_CGROUPS"
+
+
+def _enter_own_costs_cgroup(worker: str) -> None:
+    """With HVD_EDL_TEST_COSTS_CGROUPS=DIR (a cgroup v1 cpuacct folder; root), this xdist worker
+    moves into a cpuacct cgroup DIR/<worker> of its own, so every test's ``tree_cpu_s`` counts
+    what that test started (kept zygotes' forks, services, sshd sessions in namespace hosts)
+    under make test's own schedule, not mixed with the other worker's."""
+    parent = os.environ.get(TEST_COSTS_CGROUPS_ENV)
+    if not parent:
+        return
+    folder = os.path.join(parent, worker)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+    os.environ[TEST_COSTS_CGROUP_ENV] = folder
 
 
 def _tree_cpu_s() -> Optional[float]:
@@ -274,7 +292,7 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     row = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall0, 3),
            "cpu_s": round(_cpu_s() - cpu0, 3),
-           "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+           "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "end": round(time.time(), 1)}
     if tree0 is not None:
         row["tree_cpu_s"] = round(_tree_cpu_s() - tree0, 3)
     line = json.dumps(row)

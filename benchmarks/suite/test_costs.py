@@ -13,6 +13,13 @@ them), so compare those between runs on a shared machine, side by side.
     PYTHONPATH=$PWD .venv/bin/python benchmarks/suite/test_costs.py --read costs.jsonl
 
 ``--out FILE`` also writes the table as JSON (benchmarks/results/test_costs.json by convention).
+
+``--suite`` runs the whole suite instead, as ``make test`` does (``pytest -n 2 --dist
+loadgroup tests``), with HVD_EDL_TEST_COSTS_CGROUPS set: each xdist worker sits in a cpuacct
+cgroup of its own (tests/conftest.py), so every test's ``tree_cpu_s`` is what it started under
+make test's own schedule, and the run's total CPU is the parent cgroup's:
+
+    sudo PYTHONPATH=$PWD .venv/bin/python benchmarks/suite/test_costs.py --suite --out F.json
 """
 from __future__ import annotations
 
@@ -87,6 +94,30 @@ def run_files(files: List[str], costs_path: Path, pytest_args: List[str]) -> Dic
     return runs
 
 
+def run_suite(costs_path: Path, pytest_args: List[str], jobs: int = 2) -> Dict[str, dict]:
+    """The whole suite as ``make test`` runs it (``jobs`` xdist workers, ``--dist loadgroup``),
+    each worker in a cpuacct cgroup of its own under one made here; returns {"suite": {"rc",
+    "wall_s", "tree_cpu_s"}} (the parent cgroup's CPU seconds: every process of the run)."""
+    cgroup = _make_cgroup()
+    env = dict(os.environ, HVD_EDL_TEST_COSTS=str(costs_path))
+    if cgroup is not None:
+        env["HVD_EDL_TEST_COSTS_CGROUPS"] = str(cgroup)
+    start = time.monotonic()
+    try:
+        rc = subprocess.call([sys.executable, "-m", "pytest", "-n", str(jobs), "--dist",
+                              "loadgroup", "-q", "-p", "no:cacheprovider", *pytest_args, "tests"],
+                             env=env)
+        tree = int((cgroup / "cpuacct.usage").read_text()) / 1e9 if cgroup else None
+    finally:
+        if cgroup is not None:
+            for sub in cgroup.iterdir():
+                if sub.is_dir():
+                    _remove_cgroup(sub)
+            _remove_cgroup(cgroup)
+    return {"suite": {"rc": rc, "wall_s": round(time.monotonic() - start, 1),
+                      "tree_cpu_s": round(tree, 1) if tree is not None else None}}
+
+
 def per_file(costs_path: Path) -> Dict[str, dict]:
     """{file: {"tests", "wall_s", "cpu_s", "slowest": [[test, wall_s, cpu_s], ...]}} summed
     from the JSON lines in ``costs_path``."""
@@ -114,15 +145,18 @@ def main(argv=None) -> int:
     parser.add_argument("--read", type=Path, help="summarise this costs file instead of running")
     parser.add_argument("--out", type=Path, help="also write the per-file table as JSON here")
     parser.add_argument("--top", type=int, default=5, help="slowest tests shown per file")
+    parser.add_argument("--suite", action="store_true",
+                        help="run the whole suite as make test does (two xdist workers)")
     args, pytest_args = parser.parse_known_args(argv)
-    if bool(args.files) == bool(args.read):
-        parser.error("give test files to run, or --read COSTS_FILE")
+    if sum((bool(args.files), bool(args.read), args.suite)) != 1:
+        parser.error("give test files to run, --suite, or --read COSTS_FILE")
     runs = {}
     if args.read:
         costs = args.read
     else:
         costs = Path(tempfile.mkstemp(prefix="test_costs.", suffix=".jsonl")[1])
-        runs = run_files(args.files, costs, pytest_args)
+        runs = run_suite(costs, pytest_args) if args.suite else \
+            run_files(args.files, costs, pytest_args)
     table = per_file(costs)
     print(f"{'file':40} {'tests':>5} {'wall_s':>8} {'cpu_s':>8} {'tree_cpu_s':>10}")
     for name, entry in sorted(table.items(), key=lambda kv: -kv[1]["wall_s"]):
@@ -136,6 +170,9 @@ def main(argv=None) -> int:
                   f"  {test.split('::', 1)[1]}")
     if args.out:
         args.out.write_text(json.dumps({"files": table, "runs": runs}, indent=1) + "\n")
+    if "suite" in runs:
+        print(f"suite: pytest rc {runs['suite']['rc']}, {runs['suite']['wall_s']} s, "
+              f"{runs['suite']['tree_cpu_s']} CPU s in all")
     print(f"costs per test: {costs}")
     return 0 if all(r["rc"] == 0 for r in runs.values()) else 1
 

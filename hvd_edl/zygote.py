@@ -372,6 +372,7 @@ class Zygote:
         self.listener = listener
         self.idle_s = idle_s
         self.parent_fd = parent_fd
+        self.launcher_gone = False   # the parent pipe closed: its folder is left to us
         self.path, self.path_ino = path, path_ino   # the socket's name and its inode, once bound
         self.draining = False   # no new stubs: exit when the last worker has
         self.drain_asked = False   # SIGTERM came
@@ -400,6 +401,7 @@ class Zygote:
                 elif key.data == "parent":   # the launcher is gone: so are its workers
                     for w in self.workers.values():
                         _killpg(w.pid, signal.SIGKILL)
+                    self.launcher_gone = True
                     return
                 else:
                     self._from_stub(key.fileobj)
@@ -704,9 +706,15 @@ def main(argv: Optional[List[str]] = None) -> None:
         finally:
             os._exit(1)
     zygote_pid = os.getpid()
+    zygote = Zygote(listener, idle_s, parent_fd, path, ino)
     try:
-        Zygote(listener, idle_s, parent_fd, path, ino).serve()   # a worker leaves by SystemExit
+        zygote.serve()   # a worker leaves by SystemExit
     finally:
         if os.getpid() == zygote_pid:
             unlink_own(path, ino)
+            if zygote.launcher_gone:   # a launcher that died (SIGKILL) left its mkdtemp folder:
+                try:                   # the last of its zygotes removes it, once empty
+                    os.rmdir(os.path.dirname(path))
+                except OSError:
+                    pass
             os._exit(0)   # nothing to flush; finalising torch's modules takes seconds

@@ -377,6 +377,38 @@ def test_the_launcher_forks_workers_from_a_zygote_unless_told_not_to(tmp_path):
     assert all("hvd-edl-run" in " ".join(w["parent"]) for w in execd), execd
 
 
+def test_a_launcher_killed_9_leaves_no_zygote_folder(tmp_path):
+    """Issue 38: a launcher killed by SIGKILL cannot remove its zygotes' mkdtemp folder; its
+    zygote, seeing the launcher's pipe close, kills the workers and removes the folder."""
+    import tempfile
+    probe = tmp_path / "wait.py"
+    probe.write_text("import os, sys, time\n"
+                     "open(sys.argv[1] + os.environ['HOROVOD_RANK'], 'w').write(str(os.getpid()))\n"
+                     "time.sleep(600)\n")
+    tmpdir = tempfile.mkdtemp(prefix="hz")   # short: a socket's path has a limit
+    env = {k: v for k, v in dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=tmpdir).items()
+           if k not in (zygote_client.KEEP_ENV, zygote_client.KEEP_DIR_ENV)}
+    launcher = subprocess.Popen([LAUNCHER, "--zygote", "-np", "1", sys.executable, str(probe),
+                                 str(tmp_path / "pid")], cwd=str(tmp_path), env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pid_file = tmp_path / "pid0"
+        wait_for("the worker", lambda: pid_file.exists() and pid_file.read_text(), 120)
+        worker = int(pid_file.read_text())
+        assert os.listdir(tmpdir), "the launcher's zygote folder is where the test looks"
+        launcher.kill()
+        launcher.wait(timeout=30)
+        wait_for("the worker gone", lambda: not psutil.pid_exists(worker)
+                 or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE, 30)
+        wait_for("the zygote folder gone", lambda: os.listdir(tmpdir) == [], 30,
+                 lambda: str(os.listdir(tmpdir)))
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
 def test_an_interpreter_whose_zygote_fails_runs_its_workers_by_exec(tmp_path, probe):
     """A zygote that cannot start (here: an interpreter without torch) leaves its workers to the
     exec path, visible to nobody, and is not started again for the next worker."""

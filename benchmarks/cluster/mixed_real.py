@@ -42,10 +42,7 @@ SAMPLES = tr.DATASET * 24
 def inner(a) -> int:
     ctx = json.loads(a.inner)
     tmp = Path(tempfile.mkdtemp(prefix="mixed-real-"))
-    prices = tmp / "prices.csv"
-    prices.write_text("type,on_demand,spot,tflops\n" + "".join(
-        f"{t},{'' if od is None else od},{'' if sp is None else sp},{tf}\n"
-        for t, (od, sp, tf) in tr.PRICES.items()))
+    prices = tr.write_prices(tmp)
     risk = tmp / "risk.csv"  # no revocations in this run: the prediction is speed and start
     risk.write_text("type,zone,revocations_per_hour,replacement_start_s\nslow,,0,20\n")
     t_cal = time.time()

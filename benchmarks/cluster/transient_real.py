@@ -593,13 +593,20 @@ def run_stream(policy: str, tmp: Path, ssh, prices: Path, risk: Path, devices: s
             "load_1min_at_end": round(os.getloadavg()[0], 1)}
 
 
-def inner(a) -> int:
-    ctx = json.loads(a.inner)
-    tmp = Path(tempfile.mkdtemp(prefix="transient-real-"))
+def write_prices(tmp: Path) -> Path:
+    """:data:`PRICES` as a price table (docs/transient.md: ``type,on_demand,spot,tflops``; a
+    blank cell: not offered that way) in ``tmp/prices.csv``; returns its path."""
     prices = tmp / "prices.csv"
     prices.write_text("type,on_demand,spot,tflops\n" + "".join(
         f"{t},{'' if od is None else od},{'' if sp is None else sp},{tf}\n"
         for t, (od, sp, tf) in PRICES.items()))
+    return prices
+
+
+def inner(a) -> int:
+    ctx = json.loads(a.inner)
+    tmp = Path(tempfile.mkdtemp(prefix="transient-real-"))
+    prices = write_prices(tmp)
     # the risk the stream runs: two revocations of the two spot hosts within about
     # --window seconds, each host back BACK_S after it went (the replacement's start-up)
     rate = 3600.0 * 2 / (2 * a.window)

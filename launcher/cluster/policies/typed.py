@@ -377,6 +377,14 @@ class TypedPolicy(Policy):
                     j, c, moved=sum(held[j.id].values()) if j.id in held else 0)
             self._note_goals(snap, waiting, alloc, placed or {}, moving)
 
+    def _goal_row(self, j: JobView, placed):
+        """``(predictions by configuration, best, Goal, configuration placed or None)`` of job
+        ``j`` with an objective in this round's program; None for a job without one."""
+        if not j.goal or j.id not in getattr(self, "_goal_rows", {}):
+            return None
+        preds, best = self._goal_rows[j.id]
+        return preds, best, Goal.from_dict(dict(j.goal)), (placed.get(j.id) or (None, None))[1]
+
     def _note_goals(self, snap, waiting: List[JobView], alloc, placed,
                     moving: List[JobView] = ()) -> None:
         """The choice and reason of each job with an objective after the program: the
@@ -386,11 +394,10 @@ class TypedPolicy(Policy):
         starting = self._starting + sum(
             sum(alloc[j.id].values()) for j in waiting if j.id in alloc)
         for j in moving:
-            if not j.goal or j.id not in getattr(self, "_goal_rows", {}):
+            row = self._goal_row(j, placed)
+            if row is None:
                 continue
-            preds, best = self._goal_rows[j.id]
-            g = Goal.from_dict(dict(j.goal))
-            c = (placed.get(j.id) or (None, None))[1]
+            preds, best, g, c = row
             here = next(iter(preds.values()), None)  # the first: where it runs
             if c is None or here is None:
                 if here is not None:  # "best elsewhere": the best of the other placements
@@ -405,11 +412,10 @@ class TypedPolicy(Policy):
             self._why[j.id] = (f"typed: moves ({better(g.objective, p, here):.0%} better): "
                                f"{p.why}")
         for j in waiting:
-            if not j.goal or j.id not in getattr(self, "_goal_rows", {}):
+            row = self._goal_row(j, placed)
+            if row is None:
                 continue
-            preds, best = self._goal_rows[j.id]
-            g = Goal.from_dict(dict(j.goal))
-            c = (placed.get(j.id) or (None, None))[1]
+            preds, best, g, c = row
             if j.id in alloc and c is not None:
                 n = sum(c.values())
                 p = self._predict_config(snap, j, c, starting - n) or preds.get(_frozen(c))

@@ -22,7 +22,6 @@ horovodrun's (``launcher/horovodrun_flags.py``).  ``--mpi`` / ``--jsrun`` / ``--
 from __future__ import annotations
 
 import argparse
-import difflib
 import logging
 import os
 import shutil
@@ -54,6 +53,7 @@ class _Parser(argparse.ArgumentParser):
             known = [o for a in self._actions for o in a.option_strings]
             flags = [t.split("=", 1)[0] for t in message.split(":", 1)[1].split()
                      if t.startswith("-")]
+            import difflib  # here: only a refused command line needs it
             hints = []
             for flag in flags:
                 # --min_np is --min-np mistyped; every horovodrun flag is known here, so a

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import logging
 import math
-import statistics
 import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
@@ -131,6 +130,7 @@ class StragglerDetector:
         if len(judged) < 2:
             self._above_since.clear()
             return []
+        import statistics  # here: a launcher's start need not import it (fractions, decimal)
         found: List[Finding] = []
         for s in judged:
             others = [o.compute_s for o in judged if o is not s]

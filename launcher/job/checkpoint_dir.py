@@ -27,8 +27,6 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-import filelock
-
 from hvd_edl import checkpoint
 
 
@@ -108,7 +106,7 @@ class CheckpointDir:
         self.every_s = every_s
         self.keep = keep
         self.key: Optional[checkpoint.Key] = None  # the user's checkpoint key (acquire)
-        self._lock: Optional[filelock.BaseFileLock] = None
+        self._lock = None  # a filelock.FileLock while this job holds the directory
         self._verified: Dict[Tuple[str, int, int], Optional[str]] = {}  # -> problem or None
 
     def acquire(self) -> None:
@@ -148,6 +146,7 @@ class CheckpointDir:
         if not regular:
             raise CheckpointDirError(f"--checkpoint-dir {self.path}: its lock "
                                      f"{checkpoint.LOCK_NAME} is not a regular file; remove it")
+        import filelock  # here: a launcher without --checkpoint-dir need not import it
         lock = filelock.FileLock(str(lock_path))
         try:
             lock.acquire(timeout=0)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import gc
 import logging
 import resource
@@ -221,8 +220,8 @@ async def _discard(reader: asyncio.StreamReader, max_bytes: int) -> None:
 
 
 def _malloc_trim() -> Optional[Callable[[int], int]]:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    try:  # the C library the interpreter runs on (ctypes.util.find_library ran ldconfig: a
+        return ctypes.CDLL(None).malloc_trim  # process at every import of this module)
     except (OSError, AttributeError):
         return None  # not glibc: nothing to hand back explicitly
 

@@ -50,9 +50,6 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
-import psutil
-import requests
-
 from hvd_edl import private_file
 from hvd_edl.private_file import PrivateFileError, read_private, write_private
 from launcher.serve.control_auth import CallRefused, post_signed
@@ -129,6 +126,7 @@ def _launcher_running(pid: int, job_file: Path) -> bool:
     """True when process ``pid`` exists and was started before ``job_file`` was written, so it
     is the launcher that wrote it and not a later process that reused the pid of a launcher
     ended by ``kill -9`` (whose job file stays behind)."""
+    import psutil  # here: the launcher, which imports this module, never needs it
     try:
         return psutil.Process(pid).create_time() <= job_file.stat().st_mtime + 1.0
     except (psutil.Error, OSError):
@@ -284,16 +282,17 @@ class ControlClient:
         Raises:
             ControlError: the job refused the call (its message) or cannot be reached.
         """
+        from http.client import HTTPException
         try:
             return post_signed(self.url, PREFIX + name, self.secret, args, self.timeout_s)
         except CallRefused as e:
             raise ControlError(str(e), e.status) from None
-        except requests.Timeout:
+        except TimeoutError:
             raise ControlError(f"the job at {self.url} did not answer within "
                                f"{self.timeout_s:g} s (--timeout)") from None
-        except requests.ConnectionError:
+        except ConnectionError:
             raise ControlError(self._unreachable()) from None
-        except requests.RequestException as e:
+        except (OSError, HTTPException) as e:
             raise ControlError(f"cannot reach the job at {self.url}: "
                                f"{type(e).__name__}") from None
 

@@ -231,10 +231,34 @@ def pytest_unconfigure(config):
             print("\n" + "\n".join(lines), file=sys.stderr, flush=True)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
+    """The namespace-cluster files' tests join one xdist group, and every ``xdist_group`` mark
+    takes effect.  xdist's worker tells its scheduler a test's group by the node id's ``@GROUP``
+    suffix, which xdist 3.8 sets as ``item._nodeid``; pytest 9 reads a node id from ``item._id``
+    (a ``NodeId``), so no suffix reached the scheduler and ``--dist loadgroup`` grouped nothing:
+    test_cluster.py, test_ray.py and test_cluster_users.py ran on both workers, each building
+    its own cluster (sshd per host, Ray's daemons, a remote zygote per host and user), two
+    clusters at once.  Last (after xdist's own hook): the suffix is added only where xdist's
+    did not."""
     for item in items:
         if item.path.name in NAMESPACE_CLUSTER_FILES:
             item.add_marker(pytest.mark.xdist_group("namespace-cluster"))
+    if not getattr(config.option, "loadgroup", False):   # an xdist worker under loadgroup
+        return
+    for item in items:
+        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                         for m in item.iter_markers("xdist_group")})
+        if groups and "@" not in item.nodeid:
+            _set_node_id(item, f"{item.nodeid}@{'_'.join(groups)}")
+
+
+def _set_node_id(item, nodeid: str) -> None:
+    """What xdist's ``item._nodeid = ...`` did before pytest 9 (see above)."""
+    if isinstance(getattr(item, "_id", None), str) or not hasattr(item, "_id"):
+        item._nodeid = nodeid
+    else:
+        item._id = type(item._id).parse(nodeid)
 
 
 # Where the suite's time goes (issue 38): with HVD_EDL_TEST_COSTS=PATH set, every test appends

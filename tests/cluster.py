@@ -359,7 +359,8 @@ class Cluster:
                 # every later login waits 60 s on) stay out of the hosts' sessions.  The
                 # product's ssh command is unchanged.
                 "SetEnv SHLVL=1\n")
-        self.known_hosts.write_text("\n".join(known) + "\n")
+        self._built_known_hosts = "\n".join(known) + "\n"
+        self.known_hosts.write_text(self._built_known_hosts)
         for h in self.hosts.values():
             self._start_sshd(h)
         for h in self.hosts.values():
@@ -492,16 +493,21 @@ class Cluster:
         for h in self.hosts.values():
             (self.dir / f"{h.name}.authorized_keys.{user}").write_text(public_key)
 
-    def change_host_key(self, where: Where) -> None:
+    def change_host_key(self, where: Where, changed: bool = True) -> None:
         """List a wrong key for a host in the launcher's known-hosts (what ssh sees when a host
-        was reinstalled or is impersonated)."""
+        was reinstalled or is impersonated), or (``changed=False``) its own key again, as the
+        cluster was built."""
         h = self.host(where)
-        other = self.dir / f"{h.name}.otherkey"
-        if not other.exists():
-            _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)])
         lines = [line for line in self.known_hosts.read_text().splitlines()
                  if not line.startswith(f"{h.name},")]
-        lines.append(f"{h.name},{h.addr} {Path(str(other) + '.pub').read_text().strip()}")
+        if changed:
+            other = self.dir / f"{h.name}.otherkey"
+            if not other.exists():
+                _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)])
+            lines.append(f"{h.name},{h.addr} {Path(str(other) + '.pub').read_text().strip()}")
+        else:
+            lines += [line for line in self._built_known_hosts.splitlines()
+                      if line.startswith(f"{h.name},")]
         self.known_hosts.write_text("\n".join(lines) + "\n")
 
     def close(self) -> None:

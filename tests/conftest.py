@@ -213,6 +213,24 @@ def rdv():
 NAMESPACE_CLUSTER_FILES = {"test_cluster.py", "test_ray.py"}
 
 
+@pytest.fixture(scope="session")
+def shared_cluster():
+    """One namespace cluster of 3 hosts (tests/cluster.py) for the namespace-cluster group's
+    tests that need no other shape (test_cluster.py's module, test_cluster_faults.py's
+    vanished host): they run one after another on one xdist worker, and a host's remote zygote
+    (docs/zygote.md: one per user and key on each host, kept 60 s after its last worker) serves
+    the next file's jobs too, instead of each new cluster paying 3 imports (issue 38).  A test
+    that changes a host (cut, partition, frozen, refused key) puts it back before it ends.
+    Skips where no namespace cluster can be built; closed when the session ends."""
+    from cluster import Cluster, ClusterUnavailable
+    try:
+        c = Cluster(hosts=3)
+    except ClusterUnavailable as e:
+        pytest.skip(f"no namespace cluster: {e}")
+    yield c
+    c.close()
+
+
 def pytest_configure(config):
     """The run's first process (xdist's controller, or the only one) marks the session: what
     it left behind is said at its end (tests/leftovers.py)."""

@@ -38,10 +38,8 @@ def _cluster(**kw) -> Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    c = _cluster(hosts=3)
-    yield c
-    c.close()
+def cluster(shared_cluster):
+    return shared_cluster   # the session's (conftest.py): its hosts' zygotes serve later files
 
 
 class ClusterJob(Job):
@@ -300,6 +298,7 @@ def test_ssh_failures_name_the_host_and_the_job_goes_on(cluster, cluster_job, tm
         assert "its slot rests" in out, out[-3000:]
     finally:
         cluster.refuse_key("h2", False)
+        cluster.change_host_key("h3", False)   # the session's cluster serves later tests
         _restore_host_key(cluster, "h3")
 
 

@@ -229,7 +229,7 @@ def test_the_service_rests_an_unreached_host_and_shows_the_ring_from_telemetry(t
 
 @pytest.mark.xdist_group("namespace-cluster")  # one namespace cluster at a time (conftest.py)
 @pytest.mark.timeout(240)
-def test_a_vanished_pool_host_leaves_the_ring_shown_and_rests(tmp_path):
+def test_a_vanished_pool_host_leaves_the_ring_shown_and_rests(shared_cluster, tmp_path):
     """End to end on namespace hosts (tests/cluster.py): ``serve -H h1:1,h2:1,h3:1``, a job on
     all three; h3 is cut off the bridge.  Its launcher fences w3; the service records the ring
     of 2 from the job's telemetry (a ``ring`` event, what ``status`` shows as ``world_size``)
@@ -237,10 +237,9 @@ def test_a_vanished_pool_host_leaves_the_ring_shown_and_rests(tmp_path):
     here; default 10) later rests h3 (a ``rest`` event): its slot is taken from the job and no
     job is given h3 while it rests.  The order comes from the service's own event log (its
     times and the state it held at each), not from a polled ``status`` landing in a window."""
-    from test_cluster import _cluster
     from launcher.cluster import reach
     unreachable_s = 3.0
-    c = _cluster(hosts=3)
+    c = shared_cluster   # test_cluster.py's (conftest.py): h3 reconnected before the end
     cli = [sys.executable, "-m", "launcher.cluster.cli"]
     state, cfile = tmp_path / "state", tmp_path / "cluster.json"
     out = open(tmp_path / "serve.log", "w")
@@ -314,7 +313,6 @@ def test_a_vanished_pool_host_leaves_the_ring_shown_and_rests(tmp_path):
         for p in psutil.process_iter(["cmdline"]):  # a job outlives its service by design
             if str(state) in " ".join(p.info["cmdline"] or []):
                 p.kill()
-        c.close()
 
 
 def test_slots_its_launcher_rests_are_given_back_decision():

@@ -62,6 +62,11 @@ if mode in ("term", "wait"):
 '''
 
 
+# The tests that share the module's zygote run on one xdist worker: each worker that ran one
+# of them started its own (its import: about 3.5 CPU-s of make test, issue 38).
+ONE_ZYGOTE = pytest.mark.xdist_group("test-zygote-module-zygote")
+
+
 @pytest.fixture(scope="module")
 def zygotes():
     z = LocalZygotes()
@@ -105,6 +110,7 @@ def _seen(out):
     return json.loads(out.splitlines()[0])
 
 
+@ONE_ZYGOTE
 def test_a_forked_worker_sees_what_an_execd_one_sees(zygotes, probe, tmp_path):
     env = _env()
     for command in ([sys.executable, "probe.py", "a", "b c"],
@@ -120,6 +126,7 @@ def test_a_forked_worker_sees_what_an_execd_one_sees(zygotes, probe, tmp_path):
     assert seen["proc_cmdline"] == [sys.executable, "-m", "probe_mod", "x"]
 
 
+@ONE_ZYGOTE
 def test_exit_codes_and_output_match_the_exec_path(zygotes, probe, tmp_path):
     env = _env()
     for mode, code in (("exit", 7), ("raise", 1), ("signal", -signal.SIGTERM),
@@ -131,6 +138,7 @@ def test_exit_codes_and_output_match_the_exec_path(zygotes, probe, tmp_path):
         assert forked[2] == execd[2], (mode, forked[2], execd[2])   # the same traceback
 
 
+@ONE_ZYGOTE
 def test_signals_reach_the_worker_and_it_dies_with_its_stub(zygotes, probe, tmp_path):
     env = _env()
     pid_file = tmp_path / "pid"
@@ -163,6 +171,7 @@ def test_signals_reach_the_worker_and_it_dies_with_its_stub(zygotes, probe, tmp_
     assert stub.wait(timeout=60) == -signal.SIGKILL
 
 
+@ONE_ZYGOTE
 def test_commands_a_zygote_does_not_run_take_the_exec_path(zygotes, probe, tmp_path):
     env = _env()
     script = tmp_path / "run.sh"
@@ -193,6 +202,7 @@ def test_commands_a_zygote_does_not_run_take_the_exec_path(zygotes, probe, tmp_p
     assert _seen(fell_back.stdout)["proc_cmdline"] == [sys.executable, "probe.py"]
 
 
+@ONE_ZYGOTE
 def test_a_script_directory_with_its_own_copy_of_a_loaded_package_takes_the_exec_path(
         zygotes, tmp_path):
     """An exec'd worker imports the ``hvd_edl`` (or ``numpy``, ``tqdm``) next to its script, not

@@ -265,10 +265,12 @@ def pytest_collection_modifyitems(config, items):
     if not getattr(config.option, "loadgroup", False):   # an xdist worker under loadgroup
         return
     for item in items:
-        groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
-                         for m in item.iter_markers("xdist_group")})
-        if groups and "@" not in item.nodeid:
-            _set_node_id(item, f"{item.nodeid}@{'_'.join(groups)}")
+        # the closest mark (a test's own over its module's), not xdist's join of all of them:
+        # test_cluster_faults.py's vanished-host test joins the namespace-cluster group
+        mark = item.get_closest_marker("xdist_group")
+        if mark is not None and "@" not in item.nodeid:
+            group = mark.args[0] if mark.args else mark.kwargs.get("name", "default")
+            _set_node_id(item, f"{item.nodeid}@{group}")
 
 
 def _set_node_id(item, nodeid: str) -> None:

@@ -25,3 +25,13 @@ def test_the_namespace_cluster_files_share_one_group(request):
     items = [i for i in request.session.items if i.path.name in NAMESPACE_CLUSTER_FILES]
     assert all("namespace-cluster" in [m.args[0] for m in i.iter_markers("xdist_group")]
                for i in items), [i.nodeid for i in items]
+
+
+def test_a_tests_own_group_wins_over_its_modules(request):
+    """test_cluster_faults.py is one group, its vanished-host test the namespace-cluster one
+    (it uses that group's cluster): the node id carries the test's own."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("only under xdist's --dist loadgroup (make test)")
+    ids = [i.nodeid for i in request.session.items
+           if i.name == "test_a_vanished_pool_host_leaves_the_ring_shown_and_rests"]
+    assert all(i.endswith("@namespace-cluster") for i in ids), ids

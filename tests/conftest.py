@@ -362,7 +362,10 @@ EXEC_PATH_TESTS = {
 # every launcher a test starts forks its local Python workers from it, so a job pays no
 # `import hvd_edl.torch` of its own; ended (SIGTERM, then SIGKILL by pid) when the session ends.
 # HVD_EDL_TEST_KEPT_ZYGOTE=0 turns it off (each launcher its own zygote, as a user's run).
-KEPT_ZYGOTE_IDLE_S = 120.0
+# Its idle life outlasts the longest stretch a worker runs without a local job (the
+# namespace-cluster group: minutes of remote workers only); at 120 s it had exited by then and
+# the next local job paid a second import (issue 38).  A killed session's zygotes end by it.
+KEPT_ZYGOTE_IDLE_S = 600.0
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -2,7 +2,7 @@
 one, how a zygote is keyed, started and found, and the stub that stands for one worker.
 
 Standard library only, and no import of this package: the local stub runs this file by path
-(``python -I -S zygote_client.py SOCKET WAIT_S -- COMMAND...``, about 20 ms), and over ssh its
+(``python -I -S zygote_client.py SOCKET WAIT_S -- COMMAND...``, about 30 ms of CPU), and over ssh its
 source travels ahead of the remote supervisor's (``remote_worker.py``), which uses
 :class:`Session` the same way.
 

@@ -51,7 +51,7 @@ import zipfile
 from importlib.util import MAGIC_NUMBER
 from typing import Dict, List, Optional, Set
 
-from hvd_edl import module_shadows
+from hvd_edl import forked_exit, module_shadows
 
 MAX_REQUEST_BYTES = 4 << 20
 REQUEST_TIMEOUT_S = 10.0
@@ -492,7 +492,10 @@ class Zygote:
                 os.write(2, f"hvd_edl zygote: cannot start the worker: {e}\n".encode())
             finally:
                 os._exit(127)
-        _run(state["what"])
+        try:
+            _run(state["what"])
+        except SystemExit as e:   # the script's end: exit without the inherited modules' teardown
+            forked_exit.finish(e.code)
 
     def _drain(self) -> None:
         """Take no more stubs (the socket closed and, when it is still this zygote's, removed);

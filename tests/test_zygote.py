@@ -138,6 +138,83 @@ def test_exit_codes_and_output_match_the_exec_path(zygotes, probe, tmp_path):
         assert forked[2] == execd[2], (mode, forked[2], execd[2])   # the same traceback
 
 
+EXIT_PROBE = '''
+import atexit, ctypes, gzip, os, sys, tempfile, threading, time, zipfile
+out, mode = sys.argv[1], sys.argv[2]
+
+
+class Noted:
+    def __init__(self, path):
+        self.path = path
+
+    def __del__(self, open=open):   # an exec'd interpreter's teardown may have lost builtins
+        with open(self.path, "w") as f:
+            f.write("del ran")
+
+
+noted = Noted(os.path.join(out, "del"))
+left_open = open(os.path.join(out, "left_open.txt"), "w")
+left_open.write("buffered, never closed")
+gz = gzip.open(os.path.join(out, "left.gz"), "wt")
+gz.write("gzip, never closed")
+zf = zipfile.ZipFile(os.path.join(out, "left.zip"), "w")
+zf.writestr("a.txt", "zip, never closed")
+tmp = tempfile.NamedTemporaryFile(dir=out, prefix="tmp-")
+atexit.register(lambda: open(os.path.join(out, "atexit"), "w").write("atexit ran"))
+main_done = threading.Event()
+
+
+def outlive_main():
+    main_done.wait(30)
+    time.sleep(0.2)   # still running well after the main thread ended
+    open(os.path.join(out, "thread"), "w").write("thread ran")
+
+
+threading.Thread(target=outlive_main).start()
+ctypes.CDLL(None).printf(b"from C's stdio, buffered")
+print("from Python, no newline", end="")
+main_done.set()
+if mode == "code":
+    sys.exit(3)
+if mode == "message":
+    sys.exit("a message")
+'''
+
+
+@ONE_ZYGOTE
+def test_a_forked_workers_exit_does_what_an_execd_ones_does(zygotes, tmp_path):
+    """A forked worker skips the inherited modules' teardown (``hvd_edl/forked_exit.py``), yet
+    ends as an exec'd one: exit status, output (C's buffered stdio too), non-daemon threads
+    waited for, ``atexit`` run, the script's objects dropped (an open file flushed, gzip and
+    zip files completed, a temporary file removed, ``__del__`` run)."""
+    import gzip
+    import zipfile
+    (tmp_path / "exit_probe.py").write_text(EXIT_PROBE)
+    env = _env()
+    for mode, code in (("end", 0), ("code", 3), ("message", 1)):
+        seen = {}
+        for how, z in (("execd", None), ("forked", zygotes)):
+            out = tmp_path / f"{mode}-{how}"
+            out.mkdir()
+            rc, stdout, stderr = _run(z, [sys.executable, "exit_probe.py", str(out), mode],
+                                      str(tmp_path), env)
+            with gzip.open(out / "left.gz", "rt") as f:
+                gz_text = f.read()
+            with zipfile.ZipFile(out / "left.zip") as f:
+                zip_text = f.read("a.txt").decode()
+            seen[how] = (rc, stdout, stderr, gz_text, zip_text, sorted(
+                (p.name, p.read_text() if p.suffix not in (".gz", ".zip") else "")
+                for p in out.iterdir()))
+        assert seen["forked"] == seen["execd"], (mode, seen)
+        rc, stdout, stderr, gz_text, zip_text, files = seen["forked"]
+        assert rc == code and stdout == "from Python, no newlinefrom C's stdio, buffered"
+        assert stderr == ("a message\n" if mode == "message" else "")
+        assert (gz_text, zip_text) == ("gzip, never closed", "zip, never closed")
+        assert dict(files) == {"del": "del ran", "left_open.txt": "buffered, never closed",
+                               "atexit": "atexit ran", "thread": "thread ran",
+                               "left.gz": "", "left.zip": ""}
+
+
 @ONE_ZYGOTE
 def test_signals_reach_the_worker_and_it_dies_with_its_stub(zygotes, probe, tmp_path):
     env = _env()

@@ -248,6 +248,25 @@ def _std_stream(fd: int, write: bool, unbuffered: bool, encoding: str, errors: s
                             line_buffering=line, write_through=write and unbuffered)
 
 
+def _rebase_dynamo_debug_dir() -> None:
+    """``torch._dynamo.config.debug_dir_root`` defaults to ``$PWD/torch_compile_debug``, read when
+    the config module is imported: preloaded (:func:`preload_dynamo`), that was the zygote's
+    working directory (``/``), so ``TORCH_COMPILE_DEBUG=1`` wrote there.  Recomputed here, in the
+    worker's own, as its default (not a user override: a thread's fresh context sees it too)."""
+    config = sys.modules.get("torch._dynamo.config")
+    if config is None:
+        return
+    try:
+        entry = config._config["debug_dir_root"]
+        entry.default = config.default_debug_dir_root()
+        config._mark_get_dict_dirty("debug_dir_root")
+    except Exception:  # noqa: BLE001 - another torch's config: set it as a user would
+        try:
+            config.debug_dir_root = config.default_debug_dir_root()
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def _become(request: dict) -> dict:
     """In the forked child: turn this process into what ``exec`` of the request's command would
     have made (see the module doc).  Returns the main module's namespace and what to run."""
@@ -256,6 +275,7 @@ def _become(request: dict) -> dict:
     os.environ.clear()
     os.environ.update(env)
     os.chdir(request["cwd"])
+    _rebase_dynamo_debug_dir()
     rest = command[1:]
     unbuffered = bool(env.get("PYTHONUNBUFFERED"))
     while rest[0] == "-u":

@@ -442,7 +442,9 @@ def test_the_launcher_forks_workers_from_a_zygote_unless_told_not_to(tmp_path):
                      "print(json.dumps({'rank': os.environ['HOROVOD_RANK'],"
                      " 'parent': p.cmdline()[:3], 'ppid': p.pid,"
                      " 'dynamo': 'torch._dynamo' in sys.modules, 'tmp': tempfile.gettempdir(),"
-                     " 'cache': os.environ.get('TORCHINDUCTOR_CACHE_DIR')}))\n")
+                     " 'cache': os.environ.get('TORCHINDUCTOR_CACHE_DIR'), 'cwd': os.getcwd(),"
+                     " 'debug': getattr(sys.modules.get('torch._dynamo.config'),"
+                     " 'debug_dir_root', None)}))\n")
     import tempfile
     tmpdir = tempfile.mkdtemp(prefix="hz")   # short: a socket's path has a limit
     try:
@@ -455,6 +457,9 @@ def test_the_launcher_forks_workers_from_a_zygote_unless_told_not_to(tmp_path):
     # torch._dynamo preloaded (an optimizer's first use imports it), without its traces: the
     # worker's temporary folder is its own, no cache folder set in its environment
     assert all(w["dynamo"] and w["tmp"] == tmpdir and w["cache"] is None for w in forked), forked
+    # its debug folder (TORCH_COMPILE_DEBUG=1) is under the worker's working directory, as an
+    # exec'd worker's import makes it, not under the zygote's ("/torch_compile_debug")
+    assert all(w["debug"] == os.path.join(w["cwd"], "torch_compile_debug") for w in forked), forked
     execd = _launch(tmp_path, "--no-zygote", probe)
     assert sorted(w["rank"] for w in forked) == sorted(w["rank"] for w in execd) == ["0", "1"]
     assert all(zygote_client.ZYGOTE_BOOT in w["parent"] for w in forked), forked

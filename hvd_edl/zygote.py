@@ -252,19 +252,27 @@ def _rebase_dynamo_debug_dir() -> None:
     """``torch._dynamo.config.debug_dir_root`` defaults to ``$PWD/torch_compile_debug``, read when
     the config module is imported: preloaded (:func:`preload_dynamo`), that was the zygote's
     working directory (``/``), so ``TORCH_COMPILE_DEBUG=1`` wrote there.  Recomputed here, in the
-    worker's own, as its default (not a user override: a thread's fresh context sees it too)."""
+    worker's own, as its default (not a user override: a thread's fresh context sees it too).
+    ``TORCH_COMPILE_DEBUG=1`` also has ``import torch`` put the trace log's folder (opened at
+    its first record) at ``debug_dir_root/tlparse``: moved along."""
     config = sys.modules.get("torch._dynamo.config")
     if config is None:
         return
     try:
         entry = config._config["debug_dir_root"]
-        entry.default = config.default_debug_dir_root()
+        old, new = entry.default, config.default_debug_dir_root()
+        entry.default = new
         config._mark_get_dict_dirty("debug_dir_root")
     except Exception:  # noqa: BLE001 - another torch's config: set it as a user would
         try:
             config.debug_dir_root = config.default_debug_dir_root()
         except Exception:  # noqa: BLE001
             pass
+        return
+    handler = getattr(sys.modules.get("torch._logging._internal"), "LOG_TRACE_HANDLER", None)
+    if isinstance(old, str) and getattr(handler, "stream", 0) is None \
+            and getattr(handler, "root_dir", None) == os.path.join(old, "tlparse"):
+        handler.root_dir = os.path.join(new, "tlparse")
 
 
 def _become(request: dict) -> dict:

@@ -412,6 +412,30 @@ print(" ".join(sorted(str(k) for k in reads)))
 """
 
 
+DEBUG_DIR = """
+import json, os, sys
+import torch   # TORCH_COMPILE_DEBUG=1: imports torch._dynamo.config, makes the trace handler
+from hvd_edl import zygote
+os.chdir(sys.argv[1])   # a worker's own working directory, as _become makes it
+zygote._rebase_dynamo_debug_dir()
+import torch._dynamo.config as config, torch._logging._internal as internal
+print(json.dumps([config.debug_dir_root, internal.LOG_TRACE_HANDLER.root_dir]))
+"""
+
+
+def test_a_workers_compile_debug_folder_is_under_its_own_working_directory(tmp_path):
+    """``torch._dynamo.config.debug_dir_root`` (and, with ``TORCH_COMPILE_DEBUG=1``, the trace
+    log's folder) is read from the working directory at import: in a zygote, ``/``, where a user
+    cannot write (a script setting ``torch._inductor.config.trace.enabled`` failed).  A worker
+    moves them to its own, as an exec'd worker has them."""
+    out = subprocess.run([sys.executable, "-c", DEBUG_DIR, str(tmp_path)], cwd="/",
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), TORCH_COMPILE_DEBUG="1"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    root = os.path.join(str(tmp_path), "torch_compile_debug")
+    assert json.loads(out.stdout.splitlines()[-1]) == [root, os.path.join(root, "tlparse")]
+
+
 def test_what_the_preloaded_dynamo_reads_at_import_keys_the_zygote(tmp_path):
     """The zygote preloads ``torch._dynamo`` (hvd_edl.zygote.preload_dynamo): every environment
     variable its import reads is part of the key, but the temporary folder's (whose traces the

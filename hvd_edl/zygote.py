@@ -667,6 +667,37 @@ def _send(conn: socket.socket, text: str) -> None:
         pass
 
 
+SCRATCH_PREFIX = "dynamo-cache."   # preload_dynamo's scratch folder: PREFIX + the zygote's pid
+
+
+def sweep_dead_scratch(parent: str) -> List[str]:
+    """Remove the scratch folders (:func:`preload_dynamo`) in ``parent`` of zygotes that are no
+    longer alive: a zygote killed during its import (a kept zygote's folder outlives it; the
+    kept zygotes' sweep removes only their key's files).  A live pid's is kept (its own, or
+    another zygote's import under way, or a reused pid: left for a later sweep).  Returns the
+    names removed."""
+    import shutil
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        pid = name[len(SCRATCH_PREFIX):]
+        if not name.startswith(SCRATCH_PREFIX) or not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+            continue           # alive (or not ours to signal: not ours to remove)
+        except ProcessLookupError:
+            pass
+        except OSError:
+            continue
+        shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        removed.append(name)
+    return removed
+
+
 def preload_dynamo(scratch_parent: str) -> None:
     """Import ``torch._dynamo`` here, once, leaving no trace of the import in what a worker
     inherits.  ``torch.optim``'s first optimizer imports it lazily (``_disable_dynamo``): about
@@ -684,7 +715,8 @@ def preload_dynamo(scratch_parent: str) -> None:
     import shutil
     import tempfile
     saved_env, saved_tempdir = dict(os.environ), tempfile.tempdir
-    scratch = os.path.join(scratch_parent, f"dynamo-cache.{os.getpid()}")
+    sweep_dead_scratch(scratch_parent)   # an earlier zygote's, killed during this import
+    scratch = os.path.join(scratch_parent, f"{SCRATCH_PREFIX}{os.getpid()}")
     if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch
     try:

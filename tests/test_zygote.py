@@ -436,6 +436,21 @@ def test_a_workers_compile_debug_folder_is_under_its_own_working_directory(tmp_p
     assert json.loads(out.stdout.splitlines()[-1]) == [root, os.path.join(root, "tlparse")]
 
 
+def test_a_zygote_killed_during_its_preload_leaves_a_scratch_folder_the_next_one_removes(
+        tmp_path):
+    """A zygote killed while it imports torch._dynamo leaves its scratch cache folder in its
+    (kept) folder; the next zygote's preload removes those of dead pids, not a live one's."""
+    from hvd_edl import zygote
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for pid in (dead.pid, os.getpid()):
+        (tmp_path / f"{zygote.SCRATCH_PREFIX}{pid}" / "dynamo").mkdir(parents=True)
+    (tmp_path / "other.sock.log").write_text("")
+    assert zygote.sweep_dead_scratch(str(tmp_path)) == [f"{zygote.SCRATCH_PREFIX}{dead.pid}"]
+    assert sorted(os.listdir(tmp_path)) == sorted([f"{zygote.SCRATCH_PREFIX}{os.getpid()}",
+                                                   "other.sock.log"])
+
+
 def test_what_the_preloaded_dynamo_reads_at_import_keys_the_zygote(tmp_path):
     """The zygote preloads ``torch._dynamo`` (hvd_edl.zygote.preload_dynamo): every environment
     variable its import reads is part of the key, but the temporary folder's (whose traces the

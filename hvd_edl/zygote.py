@@ -255,9 +255,9 @@ def _rebase_dynamo_debug_dir() -> None:
     worker's own, as its default (not a user override: a thread's fresh context sees it too).
     ``TORCH_COMPILE_DEBUG=1`` also has ``import torch`` put the trace log's folder (opened at
     its first record) at ``debug_dir_root/tlparse``: moved along."""
-    config = sys.modules.get("torch._dynamo.config")
-    if config is None:
+    if "torch._dynamo.config" not in sys.modules:
         return
+    import torch._dynamo.config as config   # imported already (the zygote's)
     try:
         entry = config._config["debug_dir_root"]
         old, new = entry.default, config.default_debug_dir_root()

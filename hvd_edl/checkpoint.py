@@ -671,6 +671,7 @@ class CheckpointWriter:
         self._lock = threading.Lock()
         self._job: Optional[Tuple[Dict[str, Any], int]] = None
         self._wake = threading.Condition(self._lock)
+        self._idle = threading.Condition(self._lock)  # notified when a write ends
         self._thread = threading.Thread(target=self._run, name="hvd_edl-checkpoint",
                                         daemon=True)
         self._thread.start()
@@ -711,10 +712,8 @@ class CheckpointWriter:
 
     def wait(self, timeout_s: float) -> bool:
         """Wait up to ``timeout_s`` seconds for the write in flight; True when none is."""
-        deadline = time.monotonic() + timeout_s
-        while self._busy.is_set() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return not self._busy.is_set()
+        with self._lock:   # blocked until the writer says it is done: no polling
+            return self._idle.wait_for(lambda: not self._busy.is_set(), timeout_s)
 
     def _protected(self) -> List[Path]:
         """The newest checkpoints known good: the last this process wrote, the one it resumed
@@ -802,6 +801,7 @@ class CheckpointWriter:
                 with self._lock:
                     self._held = ()
                     self._busy.clear()
+                    self._idle.notify_all()
 
 
 _writer: Optional[CheckpointWriter] = None

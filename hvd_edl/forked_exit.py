@@ -64,6 +64,9 @@ def finish(code) -> None:
         traceback.print_exc()
     try:
         atexit._run_exitfuncs()   # prints each function's error, as at a normal exit
+        for name in ("last_type", "last_value", "last_traceback"):   # the uncaught exception's
+            if hasattr(sys, name):                                    # frames: dropped as CPython
+                setattr(sys, name, None)                              # drops them, after atexit
         main = sys.modules.get("__main__")
         if main is not None:
             main.__dict__.clear()

@@ -352,6 +352,7 @@ def _run(what) -> None:
         while tb is not None and tb.tb_frame.f_code.co_filename in ours:
             tb = tb.tb_next
         sys.excepthook(type(e), e.with_traceback(tb), tb)   # the printer reads __traceback__
+        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, tb   # as PyErr_Print
         if isinstance(e, KeyboardInterrupt):
             _unhandled_interrupt.append(True)
         raise SystemExit(1)
@@ -520,10 +521,14 @@ class Zygote:
                 os.write(2, f"hvd_edl zygote: cannot start the worker: {e}\n".encode())
             finally:
                 os._exit(127)
+        code = None
         try:
             _run(state["what"])
         except SystemExit as e:   # the script's end: exit without the inherited modules' teardown
-            forked_exit.finish(e.code)
+            code = e.code
+        # out of the handler: the exception, its traceback and the frames it held (a function's
+        # locals where it called sys.exit) are dropped first, as CPython does before its exit
+        forked_exit.finish(code)
 
     def _drain(self) -> None:
         """Take no more stubs (the socket closed and, when it is still this zygote's, removed);

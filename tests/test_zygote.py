@@ -215,6 +215,40 @@ def test_a_forked_workers_exit_does_what_an_execd_ones_does(zygotes, tmp_path):
                                "left.gz": "", "left.zip": ""}
 
 
+FRAME_PROBE = '''
+import atexit, sys
+atexit.register(lambda: print("atexit", flush=True))
+
+
+class Noted:
+    def __del__(self):
+        print("del", flush=True)
+
+
+def main():
+    local = Noted()
+    if sys.argv[1] == "exit":
+        sys.exit(4)
+    raise ValueError("uncaught")
+
+
+main()
+'''
+
+
+@ONE_ZYGOTE
+def test_a_forked_worker_drops_the_frames_its_exit_held(zygotes, tmp_path):
+    """The locals of the function that called ``sys.exit`` (or raised the uncaught exception)
+    are dropped at a forked worker's exit as at an exec'd one's: the exception held them."""
+    (tmp_path / "frame_probe.py").write_text(FRAME_PROBE)
+    env = _env()
+    for mode, code in (("exit", 4), ("raise", 1)):
+        seen = {how: _run(z, [sys.executable, "frame_probe.py", mode], str(tmp_path), env)
+                for how, z in (("execd", None), ("forked", zygotes))}
+        assert seen["forked"] == seen["execd"], (mode, seen)
+        assert seen["forked"][0] == code and "del" in seen["forked"][1].split(), seen
+
+
 @ONE_ZYGOTE
 def test_signals_reach_the_worker_and_it_dies_with_its_stub(zygotes, probe, tmp_path):
     env = _env()

@@ -44,7 +44,7 @@ def exit_status(code) -> int:
     if code is None:
         return 0
     if isinstance(code, int):
-        return code
+        return code if -(1 << 63) <= code < (1 << 63) else -1   # C long overflow: -1, as CPython
     try:
         print(code, file=sys.stderr)
     except Exception:  # noqa: BLE001 - as CPython: the status stays 1
@@ -75,7 +75,7 @@ def finish(code) -> None:
         traceback.print_exc()
     for stream in (sys.stdout, sys.stderr):
         try:
-            if stream is not None:
+            if stream is not None and not _closed(stream):   # as CPython's flush_std_files
                 stream.flush()
         except Exception:  # noqa: BLE001 - as CPython: exit status 120
             status = FLUSH_FAILED_STATUS
@@ -84,3 +84,12 @@ def finish(code) -> None:
     except (OSError, AttributeError):
         pass
     os._exit(status & 0xFF)   # as exit(): the low byte
+
+
+def _closed(stream) -> bool:
+    """CPython's ``file_is_closed``: a stream whose ``closed`` is true is not flushed (a script
+    that closed ``sys.stdout`` ends with status 0); an unreadable ``closed``: not closed."""
+    try:
+        return bool(stream.closed)
+    except Exception:  # noqa: BLE001 - as CPython: the error cleared, the stream flushed
+        return False

@@ -249,6 +249,21 @@ def test_a_forked_worker_drops_the_frames_its_exit_held(zygotes, tmp_path):
         assert seen["forked"][0] == code and "del" in seen["forked"][1].split(), seen
 
 
+
+@ONE_ZYGOTE
+@pytest.mark.parametrize("script, code", [("import sys; print('x'); sys.stdout.close()", 0),
+                                          ("import sys; sys.exit(2 ** 70)", 255),
+                                          ("import sys; sys.exit(2 ** 32 + 3)", 3)])
+def test_a_forked_workers_exit_status_edges(zygotes, tmp_path, script, code):
+    """A script that closed ``sys.stdout`` ends with 0 (CPython flushes no closed stream, not
+    120), an exit code beyond a C long is 255, one beyond a C int its low byte: as exec'd."""
+    (tmp_path / "edge.py").write_text(script + "\n")
+    env = _env()
+    seen = {how: _run(z, [sys.executable, "edge.py"], str(tmp_path), env)
+            for how, z in (("execd", None), ("forked", zygotes))}
+    assert seen["forked"] == seen["execd"] and seen["forked"][0] == code, seen
+
+
 @ONE_ZYGOTE
 def test_signals_reach_the_worker_and_it_dies_with_its_stub(zygotes, probe, tmp_path):
     env = _env()

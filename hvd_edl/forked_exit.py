@@ -14,8 +14,8 @@ does what ``Py_FinalizeEx`` does first, in its order, and then ``os._exit``:
    ``threading._register_atexit`` holds: ``concurrent.futures``' pools);
 3. the ``atexit`` functions (Horovod's shutdown, ``logging.shutdown``, ``weakref.finalize``'s
    exit hooks, the runtime's ``/exiting``);
-4. the script's own objects dropped (``__main__``'s namespace cleared, then a collection of the
-   worker's own generations: the frozen, inherited objects are not visited), so their
+4. the script's own objects dropped (``__main__``'s objects one at a time, latest first, its
+   modules, classes and functions kept until a collection of the worker's own generations: the frozen, inherited objects are not visited), so their
    ``__del__`` and ``close`` run as at a normal exit: a file left open is flushed, a
    ``GzipFile`` or ``ZipFile`` written to the end, a ``NamedTemporaryFile`` removed;
 5. ``sys.stdout`` / ``sys.stderr`` flushed (a failure: status 120, as CPython), and C's stdio
@@ -34,6 +34,7 @@ import gc
 import os
 import sys
 import traceback
+import types
 
 FLUSH_FAILED_STATUS = 120  # CPython's exit status when the standard streams cannot be flushed
 
@@ -50,6 +51,26 @@ def exit_status(code) -> int:
     except Exception:  # noqa: BLE001 - as CPython: the status stays 1
         pass
     return 1
+
+
+def _drop_names(space: dict) -> None:
+    """Drop a script's globals so that its objects' ``__del__`` still finds the rest, as CPython's
+    teardown (a collection of ``__main__``'s cycle, every finaliser run before anything is
+    cleared) does: first its objects, one at a time, latest first (one made later may use one
+    made earlier), with its modules, classes, functions and ``__dunder__`` names still there;
+    then a collection of their cycles; then every name (``dict.clear`` empties the dict before
+    it drops a value: a ``__del__`` calling ``os.remove`` raised NameError)."""
+    kept = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType)
+    value = None
+    for name in reversed(list(space)):
+        if isinstance(name, str) and name.startswith("__"):
+            continue
+        value = space.get(name)
+        if not isinstance(value, kept):
+            space.pop(name, None)
+    del value
+    gc.collect()
+    space.clear()
 
 
 def finish(code) -> None:
@@ -69,7 +90,7 @@ def finish(code) -> None:
                 setattr(sys, name, None)                              # drops them, after atexit
         main = sys.modules.get("__main__")
         if main is not None:
-            main.__dict__.clear()
+            _drop_names(main.__dict__)
         gc.collect()
     except BaseException:  # noqa: B902
         traceback.print_exc()

@@ -250,6 +250,43 @@ def test_a_forked_worker_drops_the_frames_its_exit_held(zygotes, tmp_path):
 
 
 
+GLOBALS_PROBE = '''
+import os, threading
+lock = threading.Lock()
+
+
+class Cleaner:
+    def __init__(self, path):
+        self.path = path
+        open(path, "w").close()
+
+    def __del__(self):   # the module's globals (os, lock, a function) as an exec'd exit sees them
+        with lock:
+            os.remove(self.path)
+        say("removed")
+
+
+def say(what):
+    print(what, flush=True)
+
+
+cleaner = Cleaner(os.path.abspath("scratch"))
+'''
+
+
+@ONE_ZYGOTE
+def test_a_forked_workers_objects_find_their_globals_at_exit(zygotes, tmp_path):
+    """The script's objects are dropped at a forked worker's exit with the script's modules,
+    functions and earlier objects still there: ``__del__`` calling ``os.remove`` works (a cleared
+    ``__main__`` made it a NameError and left the file)."""
+    (tmp_path / "globals_probe.py").write_text(GLOBALS_PROBE)
+    env = _env()
+    for how, z in (("execd", None), ("forked", zygotes)):
+        assert _run(z, [sys.executable, "globals_probe.py"], str(tmp_path), env) == \
+            (0, "removed\n", ""), how
+        assert not (tmp_path / "scratch").exists(), how
+
+
 @ONE_ZYGOTE
 @pytest.mark.parametrize("script, code", [("import sys; print('x'); sys.stdout.close()", 0),
                                           ("import sys; sys.exit(2 ** 70)", 255),

@@ -292,9 +292,10 @@ class ControlClient:
                                f"{self.timeout_s:g} s (--timeout)") from None
         except ConnectionError:
             raise ControlError(self._unreachable()) from None
-        except (OSError, HTTPException) as e:
-            raise ControlError(f"cannot reach the job at {self.url}: "
-                               f"{type(e).__name__}") from None
+        except (OSError, HTTPException) as e:   # no name, an answer that is not HTTP, ...
+            said = " ".join(str(e).split())[:200]   # one line
+            detail = f"{type(e).__name__}: {said}" if said else type(e).__name__
+            raise ControlError(f"cannot reach the job at {self.url}: {detail}") from None
 
 
     def _unreachable(self) -> str:

@@ -12,13 +12,10 @@ import pytest
 
 from hvd_edl import messages
 from hvd_edl.client import CoordinatorClient, CoordinatorUnreachable
-from launcher.job.coordinator import Coordinator
-from launcher.job.registry import WorkerRecord
-from launcher.observe.events import EventLog
 from launcher.serve.bounded_http import listen_socket
 from launcher.serve.coordinator_server import CoordinatorServer
 
-from test_migration import _Rendezvous
+from benchmarks.common.formed_ring import ring_of_two
 
 DEADLINE_S = 10.0
 
@@ -26,12 +23,7 @@ DEADLINE_S = 10.0
 @pytest.fixture
 def served():
     """A real coordinator (generation 1: w1, w2) behind its real server; (server, secret)."""
-    coord = Coordinator(min_np=1, max_np=2, elastic=True, events=EventLog(None),
-                        rendezvous=_Rendezvous(), rendezvous_addr="127.0.0.1")
-    for i in (1, 2):
-        coord.add_worker(WorkerRecord(f"w{i}", "localhost", i - 1, i, 0.0, initial=True))
-    for i in (1, 2):
-        coord.ready(messages.Ready(f"w{i}", elastic_run=True))
+    coord = ring_of_two(max_np=2, elastic_run=True)
     secret = messages.new_secret()
     server = CoordinatorServer(coord, secret, "127.0.0.1")
     server.start()

@@ -7,6 +7,7 @@ import subprocess
 
 import pytest
 
+from benchmarks.common.formed_ring import NoRingRendezvous as _Rendezvous, ring_of_two
 from conftest import VENV_BIN, Job, long_digits
 from hvd_edl import audit, messages
 from launcher import ctl
@@ -15,31 +16,9 @@ from launcher.observe.events import EventLog
 from launcher.job.registry import WorkerRecord, WorkerState
 
 
-class _Rendezvous:
-    """The coordinator's view of a rendezvous (unit tests: no servers; no ring is formed)."""
-
-    def open(self, generation, hosts=(), **kwargs):
-        return 1
-
-    def token(self, generation):
-        return "token"
-
-    def abort(self, generation):
-        pass
-
-    def close(self):
-        pass
-
-
 def _ring_of_two(events=None, rendezvous=None) -> Coordinator:
     """A real coordinator (unit tests: no servers) whose generation 1 is w1, w2 on localhost."""
-    coord = Coordinator(min_np=1, max_np=4, elastic=True, events=events or EventLog(None),
-                        rendezvous=rendezvous or _Rendezvous(), rendezvous_addr="127.0.0.1")
-    for i in (1, 2):
-        coord.add_worker(WorkerRecord(f"w{i}", "localhost", i - 1, i, 0.0, initial=True))
-    for i in (1, 2):
-        coord.ready(messages.Ready(f"w{i}"))
-    return coord
+    return ring_of_two(events=events, rendezvous=rendezvous)
 
 CTL = str(VENV_BIN / "hvd-edl-ctl")
 DIGITS_TRAIN = 1347

@@ -31,29 +31,11 @@ sys.path.insert(0, str(ROOT))
 
 from hvd_edl import messages  # noqa: E402
 from hvd_edl.client import CoordinatorClient  # noqa: E402
-from launcher.job.coordinator import Coordinator  # noqa: E402
-from launcher.job.registry import WorkerRecord  # noqa: E402
-from launcher.observe.events import EventLog  # noqa: E402
+from benchmarks.common.formed_ring import ring_of_two  # noqa: E402
 from launcher.serve.coordinator_server import CoordinatorServer  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "beat_cost.json"
 HZ = os.sysconf("SC_CLK_TCK")
-
-
-class _Rendezvous:
-    """No Gloo rendezvous: the ring is formed, never initialised."""
-
-    def open(self, generation, hosts=(), **kwargs):
-        return 1
-
-    def token(self, generation):
-        return "token"
-
-    def abort(self, generation):
-        pass
-
-    def close(self):
-        pass
 
 
 class RequestsClient:
@@ -109,12 +91,7 @@ def main() -> None:
     p.add_argument("--beats", type=int, default=2000, help="beats per round")
     p.add_argument("--rounds", type=int, default=3, help="rounds per client (alternating)")
     args = p.parse_args()
-    coord = Coordinator(min_np=1, max_np=2, elastic=True, events=EventLog(None),
-                        rendezvous=_Rendezvous(), rendezvous_addr="127.0.0.1")
-    for i in (1, 2):
-        coord.add_worker(WorkerRecord(f"w{i}", "localhost", i - 1, i, 0.0, initial=True))
-    for i in (1, 2):
-        coord.ready(messages.Ready(f"w{i}", elastic_run=True))
+    coord = ring_of_two(max_np=2, elastic_run=True)
     secret = messages.new_secret()
     server = CoordinatorServer(coord, secret, "127.0.0.1")
     port = server.start()

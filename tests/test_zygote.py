@@ -550,6 +550,12 @@ def test_what_the_preloaded_dynamo_reads_at_import_keys_the_zygote(tmp_path):
     assert unkeyed <= {"TMPDIR", "TEMP", "TMP"}, unkeyed
 
 
+def _as_nobody():
+    """``preexec_fn``: the child runs as user and group nobody (65534; the caller is root)."""
+    os.setgid(65534)
+    os.setuid(65534)
+
+
 def _launch(tmp_path, flag, probe, **env):
     out = subprocess.run([LAUNCHER, flag, "-np", "2", sys.executable, str(probe)],
                          capture_output=True, text=True, timeout=240, cwd=str(tmp_path),
@@ -766,15 +772,11 @@ def test_a_kept_zygote_forks_for_the_next_job_what_an_exec_would(monkeypatch, pr
             # be theirs to run: the system's interpreter)
             os.chmod(folder, 0o711)
             os.chmod(sock, 0o777)
-
-            def as_nobody():
-                os.setgid(65534)
-                os.setuid(65534)
             asked = subprocess.run(
                 ["/usr/bin/python3", "-I", "-S", "-c",
                  "import socket, sys; s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]);"
                  " print(s.recv(100).decode())", sock],
-                preexec_fn=as_nobody, capture_output=True, text=True, timeout=60)
+                preexec_fn=_as_nobody, capture_output=True, text=True, timeout=60)
             assert asked.stdout.strip() == "refused not this user's zygote", asked
             os.chmod(folder, 0o700)   # a folder open to others is not used (own zygote then)
         # a worker of job 2 runs on; then a module the zygote loaded is replaced on disk by a
@@ -822,15 +824,11 @@ def test_a_stub_hands_nothing_to_a_socket_another_user_serves():
     folder = tempfile.mkdtemp(prefix="hvd-edl-peer-test-")   # one the other user can reach
     os.chmod(folder, 0o777)
     sock = os.path.join(folder, "k.sock")
-
-    def as_nobody():
-        os.setgid(65534)
-        os.setuid(65534)
     server = subprocess.Popen(
         ["/usr/bin/python3", "-I", "-S", "-c",
          "import os, socket, sys, time; s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]);"
          " os.chmod(sys.argv[1], 0o777); s.listen(5); time.sleep(60)", sock],
-        preexec_fn=as_nobody)
+        preexec_fn=_as_nobody)
     try:
         wait_for("the other user's socket", lambda: os.path.exists(sock), 30)
         assert zygote_client.listening(sock)

@@ -30,7 +30,7 @@ import time
 IMPORT_ENV = re.compile(r"PYTHON.*|LD_.*|OMP_.*|GOMP_.*|KMP_.*|MKL_.*|OPENBLAS_.*|TORCH_.*"
                         r"|PYTORCH_.*|LANG|LANGUAGE|LC_.*|MALLOC_.*|HVD_EDL_IDLE_WAIT_MS"
                         r"|HVD_EDL_STREAM_.*|HVD_EDL_SYNC_.*"
-                        r"|TORCHDYNAMO_.*|TORCHINDUCTOR_.*|INDUCTOR_.*|AOT_?INDUCTOR_.*|AOT_.*"
+                        r"|TORCHDYNAMO_.*|TORCHINDUCTOR_.*|INDUCTOR_.*|AOTINDUCTOR_.*|AOT_.*"
                         r"|PARTITIONER_.*|SYMPY_.*|MPMATH_.*|TRITON_.*|CUTLASS_.*|CUTEDSL_.*"
                         r"|PT2_.*|LOG_AUTOTUNE.*|LOG_TLPARSE|DUMP_AOTI.*|ENABLE_.*TMA.*"
                         r"|FAKE_ALLOW_META|UNSAFE_SKIP_FSDP_.*|CI|CXX|SAGE_ROOT|_PYTHON_.*"
